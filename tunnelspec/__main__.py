@@ -1,0 +1,3 @@
+from tunnelspec.cli import main
+
+main()

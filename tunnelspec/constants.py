@@ -1,0 +1,10 @@
+"""Project-wide constants. Loopback is one constant: never '', 0.0.0.0 or localhost."""
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_RPC_PORT = 50052
+DEFAULT_TUNNEL_PORT = 15052
+DEFAULT_HTTP_PORT = 8080
+DEFAULT_FORKS = 20
+STATE_DIR = "/var/lib/tunnelspec"
+OPT_DIR = "/opt/tunnelspec"
+ETC_DIR = "/etc/tunnelspec"
