@@ -32,6 +32,63 @@ def main() -> None:
     through SSH tunnels from the main host."""
 
 
+def _run_options(check, diff, limit, tags, skip_tags, forks, verbose, extra_vars=(), **kw):
+    from tunnelspec.engine.context import RunOptions
+
+    ev = {}
+    for item in extra_vars:
+        if "=" not in item:
+            raise click.UsageError(f"-e expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        ev[k] = v
+    return RunOptions(check=check, diff=diff, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags),
+                      forks=forks, verbose=verbose, extra_vars=ev, **kw)
+
+
+def _split(values) -> list[str]:
+    return [t for v in values for t in v.split(",") if t]
+
+
+def run_options(f):
+    """Options shared by every command that runs a playbook (Ansible's spelling)."""
+    opts = [
+        click.option("--check", "-C", is_flag=True, help="Change nothing; exit 3 when something would change."),
+        click.option("--diff", "-D", is_flag=True, help="Show before/after of changed files (secrets masked)."),
+        click.option("--limit", "-l", help="Only hosts matching this pattern."),
+        click.option("--tags", "-t", multiple=True, help="Only tasks with these tags (comma-separated)."),
+        click.option("--skip-tags", multiple=True, help="Skip tasks with these tags."),
+        click.option("--forks", "-f", default=20, show_default=True, type=click.IntRange(1, 500),
+                     help="Hosts worked on in parallel."),
+        click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
+                     help="Output: human recap or JSON lines (one event per line)."),
+        click.option("--accept-new-host-keys", is_flag=True,
+                     help="Pin unknown host keys on first use (reported). A changed key always fails."),
+        click.option("-e", "--extra-vars", "extra_vars", multiple=True, help="KEY=VALUE, highest precedence."),
+        click.option("-v", "--verbose", count=True),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, **kw):
+    from tunnelspec.runner import connect_options_from_env, run_playbook_file
+
+    options = _run_options(**kw)
+    code = run_playbook_file(inventory_file, playbook, options, fmt,
+                             connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster)
+    sys.exit(code)
+
+
+@main.command("play")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@run_options
+def play_cmd(inventory_file, playbook, **kw):
+    """Run any playbook against INVENTORY (like ansible-playbook)."""
+    _play(inventory_file, playbook, **kw)
+
+
 # ---- inventory -------------------------------------------------------------------------------
 @main.group()
 def inventory() -> None:
@@ -54,6 +111,71 @@ def inventory_list(inventory_file: str) -> None:
 @main.group()
 def lab() -> None:
     """A local lab of real hosts (systemd-nspawn containers) to try everything."""
+
+
+_lab_dir = click.option("--dir", "lab_dir", default="lab", show_default=True,
+                        type=click.Path(file_okay=False), help="Where the lab writes its files.")
+
+
+@lab.command("up")
+@click.option("--hosts", default="main,rpc-a,rpc-b", show_default=True,
+              help="Comma-separated host names; the first is main, the others rpc nodes.")
+@_lab_dir
+@click.option("--subnet", default=None, help="Lab subnet inside 10.77.0.0/16 [10.77.0.0/24].")
+@click.option("--bridge", default=None, help="Bridge name, one per lab [tslab0].")
+def lab_up(hosts: str, lab_dir: str, subnet: str | None, bridge: str | None) -> None:
+    """Build the image (once), boot the hosts, write inventory, known_hosts, key, ssh_config."""
+    from tunnelspec.lab import Lab
+
+    Lab(lab_dir, subnet=subnet, bridge=bridge).up([h for h in hosts.split(",") if h])
+
+
+@lab.command("status")
+@_lab_dir
+def lab_status(lab_dir: str) -> None:
+    """Each host: address, nspawn PID, link and `systemctl is-system-running`."""
+    from tunnelspec.lab import Lab
+
+    rows = Lab(lab_dir).status()
+    if not rows:
+        click.echo(f"no lab in {lab_dir}")
+        return
+    click.echo(f"{'HOST':<12} {'ADDRESS':<15} {'PID':>8}  {'LINK':<5} SYSTEM")
+    for r in rows:
+        pid = str(r.pid) if r.running else "-"
+        click.echo(f"{r.name:<12} {r.ip:<15} {pid:>8}  {'up' if r.link_up else 'down':<5} "
+                   f"{r.system_state}")
+
+
+@lab.command("down")
+@_lab_dir
+def lab_down(lab_dir: str) -> None:
+    """Power off the hosts and remove overlays, mounts, cgroups, namespaces, veths, bridge."""
+    from tunnelspec.lab import Lab
+
+    Lab(lab_dir).down()
+
+
+@lab.command("exec", context_settings={"ignore_unknown_options": True})
+@_lab_dir
+@click.argument("host")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+def lab_exec(lab_dir: str, host: str, argv: tuple[str, ...]) -> None:
+    """Run a command inside a lab host: tunnelspec lab exec HOST -- CMD..."""
+    from tunnelspec.lab import Lab
+
+    sys.exit(Lab(lab_dir).exec(host, list(argv), capture=False).returncode)
+
+
+@lab.command("link")
+@_lab_dir
+@click.argument("host")
+@click.argument("state", type=click.Choice(["up", "down"]))
+def lab_link(lab_dir: str, host: str, state: str) -> None:
+    """Cut (down) or restore (up) a host's network link."""
+    from tunnelspec.lab import Lab
+
+    Lab(lab_dir).link(host, up=(state == "up"))
 
 
 # ---- end of command groups -------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""The connection interface every task talks to."""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.secrets import Secret, display_argv
+
+# Writes go to a temp file in the target's directory, then a rename: readers never see half a file
+# and a failure leaves the old file in place.
+_PUT_SCRIPT = r"""
+set -eu
+umask 077
+dir=$(dirname -- "$1")
+tmp=$(mktemp "$dir/.tunnelspec.XXXXXXXX")
+trap 'rm -f -- "$tmp"' EXIT
+cat > "$tmp"
+chmod "$2" "$tmp"
+if [ -n "$3" ]; then chown "$3" "$tmp"; fi
+mv -f -- "$tmp" "$1"
+trap - EXIT
+"""
+
+
+@dataclass
+class Result:
+    argv: list
+    rc: int
+    stdout: str
+    stderr: str
+    stdout_bytes: bytes = field(default=b"", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass
+class ConnectOptions:
+    known_hosts: str | None = None          # path or file content (from TUNNELSPEC_KNOWN_HOSTS)
+    accept_new_host_keys: bool = False
+    connect_timeout: float = 10.0
+    login_timeout: float = 20.0
+    keepalive_interval: float = 15.0
+    private_key: Secret | None = None       # key content from TUNNELSPEC_SSH_KEY
+    use_ssh_config: bool = True
+    new_host_keys: list = field(default_factory=list)  # (host, line) pinned this run
+
+
+def reveal_argv(argv) -> list[str]:
+    return [a.reveal() if isinstance(a, Secret) else str(a) for a in argv]
+
+
+class Connection(abc.ABC):
+    """One host. Every command is an argv list; secrets in argv are revealed only at the edge."""
+
+    name: str
+    is_root: bool = True
+
+    @abc.abstractmethod
+    async def _exec(self, argv: list[str], input: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
+        ...
+
+    @abc.abstractmethod
+    async def open_connection(self, host: str, port: int):
+        """A TCP stream (reader, writer) to host:port as seen from this host."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        ...
+
+    def _wrap_become(self, argv: list[str]) -> list[str]:
+        return argv
+
+    async def run(self, argv, *, input: bytes | str | None = None, timeout: float | None = None,
+                  check: bool = False, become: bool = True) -> Result:
+        real = reveal_argv(argv)
+        if become:
+            real = self._wrap_become(real)
+        data = input.encode() if isinstance(input, str) else input
+        try:
+            rc, out, err = await asyncio.wait_for(self._exec(real, data, timeout), timeout) \
+                if timeout else await self._exec(real, data, None)
+        except asyncio.TimeoutError:
+            raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
+        res = Result(list(argv), rc, out.decode(errors="replace"), err.decode(errors="replace"), out)
+        if check and rc != 0:
+            raise TaskFailed(f"command failed (rc={rc}): {display_argv(argv)}\n{_tail(res.stderr or res.stdout)}")
+        return res
+
+    async def put(self, data: bytes | str, path: str, mode: int = 0o644, owner: str | None = None) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        await self.run(["sh", "-c", _PUT_SCRIPT, "sh", path, format(mode, "o"), owner or ""],
+                       input=data, check=True)
+
+    async def get(self, path: str) -> bytes | None:
+        res = await self.run(["sh", "-c", '[ -e "$1" ] || exit 3; cat -- "$1"', "sh", path])
+        if res.rc == 3:
+            return None
+        if res.rc != 0:
+            raise TaskFailed(f"cannot read {path}: {_tail(res.stderr)}")
+        return res.stdout_bytes
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def quote(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def expand_user_path(p: str | None, base: Path | None = None) -> str | None:
+    if not p:
+        return None
+    path = Path(p).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    return str(path)

@@ -1,0 +1,47 @@
+"""Turn a host's inventory variables into an open connection."""
+
+from __future__ import annotations
+
+import getpass
+import os
+
+from tunnelspec.connection.base import ConnectOptions, Connection, expand_user_path
+from tunnelspec.connection.local import LocalConnection
+from tunnelspec.connection.ssh import SSHConnection
+from tunnelspec.errors import UsageError
+
+
+def _truthy(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    return str(v).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:
+    """(spec, pin_path): the known_hosts to check against and where new keys would be pinned."""
+    if opts.known_hosts:
+        spec = opts.known_hosts
+        return spec, (spec if "\n" not in spec else None)
+    path = host_vars.get("tunnelspec_known_hosts")
+    if path:
+        p = expand_user_path(str(path), inventory_dir)
+        return p, p
+    p = os.path.expanduser("~/.ssh/known_hosts")
+    return p, p
+
+
+async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> Connection:
+    kind = str(host_vars.get("ansible_connection", "ssh"))
+    become = _truthy(host_vars.get("ansible_become", False))
+    if kind == "local":
+        return LocalConnection(name, become=become)
+    if kind not in ("ssh", "smart"):
+        raise UsageError(f"{name}: ansible_connection={kind} is not supported (use ssh or local)")
+    address = str(host_vars.get("ansible_host", name))
+    port = int(host_vars.get("ansible_port", 22))
+    user = str(host_vars.get("ansible_user", getpass.getuser()))
+    key = expand_user_path(host_vars.get("ansible_ssh_private_key_file"), inventory_dir)
+    spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
+    local_opts = ConnectOptions(**{**opts.__dict__, "known_hosts": spec})
+    local_opts.new_host_keys = opts.new_host_keys
+    return await SSHConnection.open(name, address, port, user, [key] if key else [], become, local_opts, pin)

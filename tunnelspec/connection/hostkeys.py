@@ -1,0 +1,77 @@
+"""Host-key policy: strict by default; accepting a new key is explicit and reported; a changed
+key always fails, naming both fingerprints."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import asyncssh
+
+from tunnelspec.errors import HostKeyError
+
+
+def load_known_hosts_text(spec: str | None) -> str:
+    """spec is a path or the file's content (TUNNELSPEC_KNOWN_HOSTS accepts both)."""
+    if not spec:
+        return ""
+    if "\n" not in spec and (spec.startswith(("/", "~", ".")) or os.path.exists(spec)):
+        p = Path(spec).expanduser()
+        return p.read_text() if p.exists() else ""
+    return spec
+
+
+def host_patterns(address: str, port: int) -> list[str]:
+    return [address] if port == 22 else [f"[{address}]:{port}"]
+
+
+def fingerprint(key: asyncssh.SSHKey) -> str:
+    return key.get_fingerprint("sha256")
+
+
+def keys_for(text: str, address: str, port: int) -> list[asyncssh.SSHKey]:
+    if not text.strip():
+        return []
+    kh = asyncssh.import_known_hosts(text)
+    trusted, *_ = kh.match(address, address, port)
+    return list(trusted)
+
+
+class HostKeyPolicy:
+    """Validates keys not matched by asyncssh's own known_hosts check."""
+
+    def __init__(self, host_name: str, address: str, port: int, known_text: str, accept_new: bool,
+                 pin_path: str | None):
+        self.host_name, self.address, self.port = host_name, address, port
+        self.known = keys_for(known_text, address, port)
+        self.accept_new = accept_new
+        self.pin_path = pin_path
+        self.seen_key: asyncssh.SSHKey | None = None
+        self.pinned_line: str | None = None
+
+    def validate(self, key: asyncssh.SSHKey) -> bool:
+        self.seen_key = key
+        if self.known:
+            return False  # a known host presenting another key: never accepted
+        if self.accept_new:
+            line = f"{','.join(host_patterns(self.address, self.port))} {key.export_public_key().decode().strip()}\n"
+            self.pinned_line = line
+            if self.pin_path:
+                p = Path(self.pin_path).expanduser()
+                p.parent.mkdir(parents=True, exist_ok=True)
+                with open(p, "a") as f:
+                    f.write(line)
+            return True
+        return False
+
+    def error(self) -> HostKeyError:
+        fp = fingerprint(self.seen_key) if self.seen_key else "(none received)"
+        where = f"{self.host_name} ({self.address}:{self.port})"
+        if self.known:
+            pinned = ", ".join(fingerprint(k) for k in self.known)
+            return HostKeyError(
+                f"{where}: HOST KEY CHANGED. Pinned {pinned}, host presented {fp}. This may be an attack; "
+                "if the host was really reinstalled, remove the old line from known_hosts and re-verify.")
+        return HostKeyError(
+            f"{where}: unknown host key {fp}. Verify it out of band (`tunnelspec hostkeys scan`), then pin it "
+            "in the inventory's known_hosts, or pass --accept-new-host-keys to pin it on first use.")

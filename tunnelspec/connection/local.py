@@ -1,0 +1,36 @@
+"""ansible_connection=local: the controller is the host."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from tunnelspec.connection.base import Connection
+
+
+class LocalConnection(Connection):
+    def __init__(self, name: str, become: bool = False):
+        self.name = name
+        self.is_root = os.geteuid() == 0
+        self._become = become and not self.is_root
+
+    def _wrap_become(self, argv):
+        return ["sudo", "-n", "--", *argv] if self._become else argv
+
+    async def _exec(self, argv, input, timeout):
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        try:
+            out, err = await proc.communicate(input)
+        except asyncio.CancelledError:
+            proc.kill()
+            await proc.wait()
+            raise
+        return proc.returncode, out, err
+
+    async def open_connection(self, host, port):
+        return await asyncio.open_connection(host, port)
+
+    async def close(self):
+        return None

@@ -1,0 +1,87 @@
+"""Remote hosts over asyncssh: one connection per host, reused for every task."""
+
+from __future__ import annotations
+
+import asyncssh
+
+from tunnelspec.connection.base import Connection, ConnectOptions, quote
+from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
+from tunnelspec.connection.retry import connect_retrying
+from tunnelspec.errors import HostKeyError, HostUnreachable
+
+
+class _Client(asyncssh.SSHClient):
+    def __init__(self, policy: HostKeyPolicy):
+        self.policy = policy
+
+    def validate_host_public_key(self, host, addr, port, key):
+        return self.policy.validate(key)
+
+
+class SSHConnection(Connection):
+    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, user: str, become: bool):
+        self.name = name
+        self._conn = conn
+        self.user = user
+        self.is_root = user == "root"
+        self._become = become and not self.is_root
+
+    @classmethod
+    async def open(cls, name: str, address: str, port: int, user: str, key_files: list[str],
+                   become: bool, opts: ConnectOptions, pin_path: str | None) -> "SSHConnection":
+        known_text = load_known_hosts_text(opts.known_hosts)
+        policy = HostKeyPolicy(name, address, port, known_text, opts.accept_new_host_keys, pin_path)
+        client_keys = []
+        if opts.private_key:
+            client_keys.append(asyncssh.import_private_key(opts.private_key.reveal()))
+        client_keys.extend(key_files)
+        kwargs = dict(
+            port=port, username=user,
+            known_hosts=asyncssh.import_known_hosts(known_text) if known_text.strip() else ([], [], []),
+            client_factory=lambda: _Client(policy),
+            client_keys=client_keys or (),
+            connect_timeout=opts.connect_timeout, login_timeout=opts.login_timeout,
+            keepalive_interval=opts.keepalive_interval, keepalive_count_max=3,
+            compression_algs=None,
+            # Never prompt: no password or keyboard-interactive, and encrypted keys are skipped.
+            password_auth=False, kbdint_auth=False, ignore_encrypted=True,
+        )
+        if not opts.use_ssh_config:
+            kwargs["config"] = None
+        try:
+            async for attempt in connect_retrying():
+                with attempt:
+                    conn = await asyncssh.connect(address, **kwargs)
+        except asyncssh.HostKeyNotVerifiable:
+            raise policy.error() from None
+        except asyncssh.PermissionDenied as e:
+            raise HostUnreachable(f"{name} ({user}@{address}:{port}): authentication failed: {e.reason}. "
+                                  "Check ansible_user, ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or the agent.") from None
+        except HostKeyError:
+            raise
+        except (OSError, asyncssh.Error, TimeoutError) as e:
+            raise HostUnreachable(f"{name} ({address}:{port}): cannot connect: {e}") from None
+        if policy.pinned_line:
+            opts.new_host_keys.append((name, policy.pinned_line.strip()))
+        return cls(name, conn, user, become)
+
+    def _wrap_become(self, argv):
+        return ["sudo", "-n", "--", *argv] if self._become else argv
+
+    async def _exec(self, argv, input, timeout):
+        try:
+            proc = await self._conn.run(quote(argv), input=input, encoding=None, check=False)
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
+            raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
+        rc = proc.exit_status if proc.exit_status is not None else 255
+        return rc, proc.stdout or b"", proc.stderr or b""
+
+    async def open_connection(self, host, port):
+        return await self._conn.open_connection(host, port)
+
+    async def close(self):
+        self._conn.close()
+        try:
+            await self._conn.wait_closed()
+        except Exception:  # noqa: BLE001 - closing a dead connection is not an error
+            pass

@@ -1,0 +1,1 @@
+"""The engine: playbooks in, per-host results out."""

@@ -1,0 +1,146 @@
+"""Playbooks: YAML plays of ordered tasks. Everything is validated at load time, with file:line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunnelspec.engine.yamlload import LineDict, load_yaml
+from tunnelspec.errors import PlaybookError
+from tunnelspec.tasks import TASKS, load_all
+
+_TASK_KEYS = {"name", "when", "tags", "notify", "register", "listen", "no_log"}
+_PLAY_KEYS = {"name", "hosts", "tasks", "handlers", "vars", "tags", "gate", "serial_gate"}
+
+
+@dataclass
+class TaskSpec:
+    name: str
+    module: str
+    args: dict
+    file: str
+    line: int
+    when: list = field(default_factory=list)
+    tags: list = field(default_factory=list)
+    notify: list = field(default_factory=list)
+    register: str | None = None
+    listen: list = field(default_factory=list)
+    no_log: bool = False
+
+
+@dataclass
+class Play:
+    name: str
+    hosts: str
+    tasks: list[TaskSpec]
+    handlers: list[TaskSpec]
+    vars: dict
+    tags: list
+    gate: dict | None
+    file: str
+    line: int
+
+
+@dataclass
+class Playbook:
+    path: str
+    plays: list[Play]
+
+
+def _as_list(v) -> list:
+    if v is None:
+        return []
+    return list(v) if isinstance(v, list) else [v]
+
+
+def _task(d, file: str, play_tags: list, is_handler: bool) -> TaskSpec:
+    line = getattr(d, "line", None)
+    if not isinstance(d, dict):
+        raise PlaybookError("a task must be a mapping", file, line)
+    modules = [k for k in d if k not in _TASK_KEYS]
+    if not modules:
+        raise PlaybookError("task has no module (e.g. `file:`, `template:`, `command:`)", file, line)
+    if len(modules) > 1:
+        unknown = [m for m in modules if m not in TASKS]
+        hint = f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else f"several modules {modules}"
+        raise PlaybookError(f"{hint}: a task has exactly one module", file, line)
+    module = modules[0]
+    mline = d.key_lines.get(module, line) if isinstance(d, LineDict) else line
+    cls = TASKS.get(module)
+    if cls is None:
+        from difflib import get_close_matches
+
+        close = get_close_matches(module, TASKS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise PlaybookError(f"unknown module {module!r}{hint}", file, mline)
+    args = d[module] or {}
+    if not isinstance(args, dict):
+        raise PlaybookError(f"arguments of {module!r} must be a mapping", file, mline)
+    extra = cls.unknown_args(args)
+    if extra:
+        bad = extra[0]
+        bline = args.key_lines.get(bad, mline) if isinstance(args, LineDict) else mline
+        raise PlaybookError(f"unknown argument {bad!r} for module {module!r}; known: {', '.join(sorted(cls.args))}",
+                            file, bline)
+    missing = [n for n, a in cls.args.items() if a.required and n not in args]
+    if missing:
+        raise PlaybookError(f"module {module!r} needs argument {missing[0]!r}", file, mline)
+    if cls.handler_only and not is_handler:
+        raise PlaybookError(f"module {module!r} is not idempotent and may only be used as a handler", file, mline)
+    name = str(d.get("name") or module)
+    return TaskSpec(name=name, module=module, args=dict(args), file=file, line=line or 0,
+                    when=_as_list(d.get("when")), tags=_as_list(d.get("tags")) + play_tags,
+                    notify=[str(n) for n in _as_list(d.get("notify"))], register=d.get("register"),
+                    listen=[str(x) for x in _as_list(d.get("listen"))], no_log=bool(d.get("no_log", False)))
+
+
+def load_playbook(path: str | Path) -> Playbook:
+    load_all()
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlaybookError(f"cannot read playbook: {e.strerror}", str(path)) from None
+    data = load_yaml(text, str(path))
+    file = str(path)
+    if not isinstance(data, list):
+        raise PlaybookError("a playbook is a list of plays", file, getattr(data, "line", 1))
+    plays = []
+    for p in data:
+        line = getattr(p, "line", None)
+        if not isinstance(p, dict):
+            raise PlaybookError("a play must be a mapping", file, line)
+        unknown = set(p) - _PLAY_KEYS
+        if unknown:
+            k = sorted(unknown)[0]
+            raise PlaybookError(f"unknown play key {k!r}", file, p.key_lines.get(k, line))
+        if "hosts" not in p:
+            raise PlaybookError("play has no 'hosts'", file, line)
+        tags = [str(t) for t in _as_list(p.get("tags"))]
+        tasks = [_task(t, file, tags, False) for t in _as_list(p.get("tasks"))]
+        handlers = [_task(t, file, tags, True) for t in _as_list(p.get("handlers"))]
+        names = {h.name for h in handlers} | {x for h in handlers for x in h.listen}
+        for t in tasks + handlers:
+            for n in t.notify:
+                if n not in names:
+                    raise PlaybookError(f"task {t.name!r} notifies unknown handler {n!r}", file, t.line)
+        gate = p.get("gate")
+        if gate is not None:
+            from tunnelspec.engine.gates import GATES
+
+            if not isinstance(gate, dict) or gate.get("kind") not in GATES:
+                raise PlaybookError(f"gate must be a mapping with kind one of {sorted(GATES)}", file,
+                                    p.key_lines.get("gate", line))
+        plays.append(Play(name=str(p.get("name") or p["hosts"]), hosts=str(p["hosts"]), tasks=tasks,
+                          handlers=handlers, vars=dict(p.get("vars") or {}), tags=tags, gate=gate,
+                          file=file, line=line or 0))
+    return Playbook(str(path), plays)
+
+
+def builtin_playbook(name: str) -> Path:
+    """Playbooks shipped with the package (the repo's playbooks/ dir is the source of truth)."""
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here / "data" / "playbooks" / name, here.parent / "playbooks" / name):
+        if cand.exists():
+            return cand
+    raise PlaybookError(f"built-in playbook {name!r} not found", name)

@@ -1,0 +1,72 @@
+"""jinja2 with StrictUndefined: an unknown variable is an error, never an empty string."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import jinja2
+
+from tunnelspec.secrets import Secret
+
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                          autoescape=False)
+_ENV.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).strip().lower() in {"1", "true", "yes", "on"}
+_ENV.filters["shlex_join"] = lambda v: __import__("shlex").join(map(str, v))
+_WHOLE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.S)
+
+
+class TemplateError(Exception):
+    pass
+
+
+def env() -> jinja2.Environment:
+    return _ENV
+
+
+def render_value(value: Any, variables: dict) -> Any:
+    """Render strings inside value; a string that is one whole expression keeps its native type."""
+    try:
+        if isinstance(value, str):
+            if "{{" not in value and "{%" not in value:
+                return value
+            m = _WHOLE.match(value)
+            if m and "{{" not in m.group(1):
+                out = _ENV.compile_expression(m.group(1), undefined_to_none=False)(**variables)
+                if isinstance(out, jinja2.Undefined):
+                    str(out)  # raises UndefinedError with the variable's name
+                return out
+            return _ENV.from_string(value).render(**variables)
+        if isinstance(value, dict):
+            return {k: render_value(v, variables) for k, v in value.items()}
+        if isinstance(value, list):
+            return [render_value(v, variables) for v in value]
+        return value
+    except jinja2.UndefinedError as e:
+        raise TemplateError(str(e)) from None
+    except jinja2.TemplateError as e:
+        raise TemplateError(f"template error: {e}") from None
+
+
+def evaluate(expr: str | bool, variables: dict) -> bool:
+    if isinstance(expr, bool):
+        return expr
+    try:
+        return bool(_ENV.compile_expression(str(expr), undefined_to_none=False)(**variables))
+    except jinja2.UndefinedError as e:
+        raise TemplateError(str(e)) from None
+    except jinja2.TemplateError as e:
+        raise TemplateError(f"in 'when: {expr}': {e}") from None
+
+
+def render_file(text: str, variables: dict, name: str = "template") -> str:
+    try:
+        return _ENV.from_string(text).render(**variables)
+    except jinja2.UndefinedError as e:
+        raise TemplateError(f"{name}: {e}") from None
+    except jinja2.TemplateError as e:
+        raise TemplateError(f"{name}:{getattr(e, 'lineno', '?')}: {e}") from None
+
+
+def collect_secrets(variables: dict) -> list[str]:
+    return [v.reveal() for v in variables.values() if isinstance(v, Secret)]

@@ -1,0 +1,1 @@
+"""Read-only observations: a command plus a pure parser of its output."""

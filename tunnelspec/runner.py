@@ -1,0 +1,62 @@
+"""Glue between the CLI and the engine: load, validate, run, report. No click here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from tunnelspec.connection import ConnectOptions
+from tunnelspec.engine.context import RunOptions
+from tunnelspec.engine.executor import Run
+from tunnelspec.engine.playbook import load_playbook
+from tunnelspec.errors import UsageError
+from tunnelspec.reporting.human import HumanReporter
+from tunnelspec.reporting.jsonl import JsonReporter
+from tunnelspec.secrets import Secret
+
+
+def reporter(fmt: str, verbose: int = 0, stream=None):
+    if fmt == "json":
+        return JsonReporter(stream)
+    if fmt == "human":
+        return HumanReporter(stream, verbose)
+    raise UsageError(f"unknown output format {fmt!r} (human or json)")
+
+
+def connect_options_from_env(accept_new_host_keys: bool = False) -> ConnectOptions:
+    """Credentials from the environment: CI never prompts and never writes a secret to disk."""
+    key = os.environ.get("TUNNELSPEC_SSH_KEY")
+    known = os.environ.get("TUNNELSPEC_KNOWN_HOSTS")
+    return ConnectOptions(known_hosts=known or None, accept_new_host_keys=accept_new_host_keys,
+                          private_key=Secret(key) if key else None)
+
+
+def load_cluster(inv):
+    """The typed cluster view when the inventory describes one (main + rpc), else None."""
+    if "main" not in inv.groups and "rpc" not in inv.groups:
+        return None
+    from tunnelspec.inventory.cluster import Cluster
+
+    return Cluster.from_inventory(inv)
+
+
+def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
+                      connect_options: ConnectOptions | None = None, require_cluster: bool = False,
+                      stream=None) -> int:
+    from tunnelspec.inventory import load_inventory
+
+    inv = load_inventory(inventory_path)
+    cluster = load_cluster(inv) if not require_cluster else None
+    if require_cluster:
+        from tunnelspec.inventory.cluster import Cluster
+
+        cluster = Cluster.from_inventory(inv)
+    playbook = load_playbook(playbook_path)
+    if options.limit and not inv.match(options.limit):
+        raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")
+    run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout),
+              connect_options or connect_options_from_env(), cluster)
+    summary = asyncio.run(run.run_playbook(playbook))
+    return summary.exit_code()

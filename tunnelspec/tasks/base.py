@@ -1,0 +1,121 @@
+"""What every task is: declared arguments, a read-only check, an apply.
+
+The executor runs check → (apply → check again, which must be clean). A task whose action cannot be
+idempotent (a restart, a daemon-reload) sets `handler_only = True` and runs only when notified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from tunnelspec.errors import TaskFailed
+
+_MISSING = object()
+
+
+@dataclass
+class Arg:
+    type: type | tuple = str
+    required: bool = False
+    default: Any = None
+    choices: tuple | None = None
+    secret: bool = False
+
+
+@dataclass
+class Diff:
+    before: str
+    after: str
+    path: str = ""
+
+
+@dataclass
+class Change:
+    changed: bool
+    msg: str
+    diff: Diff | None = None
+    data: dict = field(default_factory=dict)
+
+
+def ok(msg: str) -> Change:
+    return Change(False, msg)
+
+
+def change(msg: str, diff: Diff | None = None, **data) -> Change:
+    return Change(True, msg, diff, data)
+
+
+TASKS: dict[str, type["Task"]] = {}
+
+
+def register_task(cls: type["Task"]) -> type["Task"]:
+    TASKS[cls.module] = cls
+    return cls
+
+
+def _coerce(name: str, spec: Arg, value: Any):
+    if value is None:
+        return None
+    types = spec.type if isinstance(spec.type, tuple) else (spec.type,)
+    if isinstance(value, types):
+        out = value
+    elif bool in types and isinstance(value, str) and value.lower() in {"true", "false", "yes", "no", "1", "0"}:
+        out = value.lower() in {"true", "yes", "1"}
+    elif int in types and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        out = int(value)
+    elif str in types and isinstance(value, (int, float)) and not isinstance(value, bool):
+        out = str(value)
+    elif list in types and isinstance(value, str):
+        out = [value]
+    else:
+        raise ValueError(f"argument {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
+    if spec.choices and out not in spec.choices:
+        raise ValueError(f"argument {name!r} must be one of {', '.join(map(str, spec.choices))}, got {out!r}")
+    return out
+
+
+class Task:
+    module: ClassVar[str] = ""
+    args: ClassVar[dict[str, Arg]] = {}
+    handler_only: ClassVar[bool] = False
+    # Tasks that only observe (verify steps) report ok/failed and never "changed".
+    read_only: ClassVar[bool] = False
+
+    def __init__(self, params: dict):
+        self.p = params
+
+    @classmethod
+    def unknown_args(cls, params: dict) -> list[str]:
+        return sorted(set(params) - set(cls.args))
+
+    @classmethod
+    def validate(cls, params: dict) -> dict:
+        """Type-check templated params; raises ValueError with the argument's name."""
+        out = {}
+        for name, spec in cls.args.items():
+            value = params.get(name, _MISSING)
+            if value is _MISSING or value is None:
+                if spec.required:
+                    raise ValueError(f"missing required argument {name!r}")
+                out[name] = spec.default
+                continue
+            out[name] = _coerce(name, spec, value)
+        extra = cls.unknown_args(params)
+        if extra:
+            raise ValueError(f"unknown argument(s) {', '.join(map(repr, extra))} for module {cls.module!r}; "
+                             f"known: {', '.join(sorted(cls.args))}")
+        return out
+
+    def secrets(self) -> list[str]:
+        return [str(self.p[n]) for n, a in self.args.items() if a.secret and self.p.get(n)]
+
+    async def check(self, ctx) -> Change:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def apply(self, ctx, change: Change) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def fail(msg: str) -> TaskFailed:
+    return TaskFailed(msg)

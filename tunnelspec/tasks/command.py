@@ -1,0 +1,40 @@
+"""command: run an argv, guarded by `creates`/`removes` so it is idempotent."""
+
+from __future__ import annotations
+
+import shlex
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.facts.files import file_state
+from tunnelspec.secrets import display_argv
+from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
+
+
+@register_task
+class Command(Task):
+    module = "command"
+    args = {"argv": Arg(list), "cmd": Arg(str), "creates": Arg(str), "removes": Arg(str), "chdir": Arg(str),
+            "timeout": Arg((int, float))}
+
+    def _argv(self) -> list[str]:
+        if self.p["argv"]:
+            return [str(a) for a in self.p["argv"]]
+        if self.p["cmd"]:
+            return shlex.split(self.p["cmd"])
+        raise TaskFailed("command needs `argv` (a list) or `cmd`")
+
+    async def check(self, ctx):
+        argv = self._argv()
+        if not (self.p["creates"] or self.p["removes"]):
+            raise TaskFailed("command needs `creates` or `removes` to be idempotent")
+        if self.p["creates"] and (await file_state(ctx.conn, self.p["creates"])).exists:
+            return ok(f"{self.p['creates']} exists")
+        if self.p["removes"] and not (await file_state(ctx.conn, self.p["removes"])).exists:
+            return ok(f"{self.p['removes']} absent")
+        return change(f"run {display_argv(argv)}")
+
+    async def apply(self, ctx, ch):
+        argv = self._argv()
+        if self.p["chdir"]:
+            argv = ["sh", "-c", 'cd -- "$1" && shift && exec "$@"', "sh", self.p["chdir"], *argv]
+        await ctx.conn.run(argv, check=True, timeout=self.p["timeout"])

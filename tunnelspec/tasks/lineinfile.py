@@ -1,0 +1,54 @@
+"""lineinfile: one line present (replacing a regexp match) or absent."""
+
+from __future__ import annotations
+
+import re
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+
+
+def edit(text: str, line: str, regexp: str | None, present: bool) -> str:
+    lines = text.splitlines()
+    rx = re.compile(regexp) if regexp else None
+    if present:
+        idx = [i for i, l in enumerate(lines) if (rx.search(l) if rx else l == line)]
+        if idx:
+            lines[idx[-1]] = line
+        else:
+            lines.append(line)
+    else:
+        lines = [l for l in lines if not (rx.search(l) if rx else l == line)]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+@register_task
+class LineInFile(Task):
+    module = "lineinfile"
+    args = {"path": Arg(str, required=True), "line": Arg(str), "regexp": Arg(str),
+            "state": Arg(str, default="present", choices=("present", "absent")), "create": Arg(bool, default=False),
+            "mode": Arg((str, int))}
+
+    async def _current(self, ctx) -> str | None:
+        data = await ctx.conn.get(self.p["path"])
+        return None if data is None else data.decode()
+
+    async def check(self, ctx):
+        present = self.p["state"] == "present"
+        if present and self.p["line"] is None:
+            raise TaskFailed("lineinfile with state=present needs `line`")
+        cur = await self._current(ctx)
+        if cur is None:
+            if not present:
+                return ok("file absent")
+            if not self.p["create"]:
+                raise TaskFailed(f"{self.p['path']} does not exist (set create: true)")
+            cur = ""
+        new = edit(cur, self.p["line"] or "", self.p["regexp"], present)
+        if new == cur:
+            return ok("line " + ("present" if present else "absent"))
+        return change("line " + ("added/replaced" if present else "removed"), Diff(cur, new, self.p["path"]), new=new)
+
+    async def apply(self, ctx, ch):
+        mode = int(str(self.p["mode"] or "644"), 8)
+        await ctx.conn.put(ch.data["new"], self.p["path"], mode)

@@ -1,0 +1,109 @@
+"""user (a system user) and authorized_key (one key line, with options)."""
+
+from __future__ import annotations
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+
+NOLOGIN = "/usr/sbin/nologin"
+
+
+@register_task
+class User(Task):
+    module = "user"
+    args = {"name": Arg(str, required=True), "system": Arg(bool, default=True), "shell": Arg(str, default=NOLOGIN),
+            "home": Arg(str), "create_home": Arg(bool, default=False),
+            "state": Arg(str, default="present", choices=("present", "absent"))}
+
+    async def check(self, ctx):
+        res = await ctx.conn.run(["getent", "passwd", self.p["name"]])
+        present = res.rc == 0
+        if self.p["state"] == "absent":
+            return change(f"remove user {self.p['name']}") if present else ok("user absent")
+        if not present:
+            return change(f"create user {self.p['name']}", create=True)
+        fields = res.stdout.strip().split(":")
+        diffs = []
+        if fields[6] != self.p["shell"]:
+            diffs.append(("shell", fields[6], self.p["shell"]))
+        if self.p["home"] and fields[5] != self.p["home"]:
+            diffs.append(("home", fields[5], self.p["home"]))
+        if diffs:
+            return change(", ".join(f"{k} {a} → {b}" for k, a, b in diffs),
+                          Diff("\n".join(f"{k}={a}" for k, a, _ in diffs), "\n".join(f"{k}={b}" for k, _, b in diffs)))
+        return ok("user present")
+
+    async def apply(self, ctx, ch):
+        name = self.p["name"]
+        if self.p["state"] == "absent":
+            # Stop the user's leftover processes first or userdel refuses.
+            await ctx.conn.run(["pkill", "-KILL", "-u", name])
+            await ctx.conn.run(["userdel", "--remove", name], check=False)
+            res = await ctx.conn.run(["getent", "passwd", name])
+            if res.rc == 0:
+                raise TaskFailed(f"could not remove user {name}")
+            return
+        if ch.data.get("create"):
+            argv = ["useradd", "--shell", self.p["shell"], "--user-group"]
+            if self.p["system"]:
+                argv.append("--system")
+            if self.p["home"]:
+                argv += ["--home-dir", self.p["home"]]
+            argv += ["--create-home"] if self.p["create_home"] else ["--no-create-home"]
+            await ctx.conn.run(argv + ["--", name], check=True)
+        else:
+            argv = ["usermod", "--shell", self.p["shell"]]
+            if self.p["home"]:
+                argv += ["--home", self.p["home"]]
+            await ctx.conn.run(argv + ["--", name], check=True)
+
+
+def key_line(options: str | None, key: str) -> str:
+    key = " ".join(key.split())
+    return f"{options} {key}" if options else key
+
+
+def _key_body(line: str) -> str | None:
+    """The 'type base64' part of an authorized_keys line, whatever options precede it."""
+    parts = line.split()
+    for i, p in enumerate(parts):
+        if p.startswith(("ssh-", "ecdsa-", "sk-")) and i + 1 < len(parts):
+            return f"{p} {parts[i + 1]}"
+    return None
+
+
+@register_task
+class AuthorizedKey(Task):
+    module = "authorized_key"
+    args = {"path": Arg(str, required=True), "key": Arg(str, required=True), "options": Arg(str),
+            "owner": Arg(str), "state": Arg(str, default="present", choices=("present", "absent")),
+            "exclusive": Arg(bool, default=False)}
+
+    async def check(self, ctx):
+        data = await ctx.conn.get(self.p["path"])
+        cur = (data or b"").decode()
+        body = _key_body(self.p["key"])
+        if not body:
+            raise TaskFailed("authorized_key: `key` is not an OpenSSH public key line")
+        want_line = key_line(self.p["options"], self.p["key"])
+        lines = [l for l in cur.splitlines() if l.strip()]
+        if self.p["state"] == "absent":
+            kept = [l for l in lines if _key_body(l) != body]
+        elif self.p["exclusive"]:
+            kept = [want_line]
+        else:
+            kept = [l for l in lines if _key_body(l) != body] + [want_line]
+            # Keep the file's order when the line is already right.
+            if want_line in lines and sum(_key_body(l) == body for l in lines) == 1:
+                kept = lines
+        new = "\n".join(kept) + ("\n" if kept else "")
+        if new == cur or (not kept and data is None):
+            return ok("key " + ("present" if self.p["state"] == "present" else "absent"))
+        return change("key line " + ("installed" if self.p["state"] == "present" else "removed"),
+                      Diff(cur, new, self.p["path"]), new=new)
+
+    async def apply(self, ctx, ch):
+        owner = self.p["owner"]
+        d = self.p["path"].rsplit("/", 1)[0]
+        await ctx.conn.run(["install", "-d", "-m", "700", *(["-o", owner] if owner else []), "--", d], check=True)
+        await ctx.conn.put(ch.data["new"], self.p["path"], 0o600, owner)
