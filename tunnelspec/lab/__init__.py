@@ -1,0 +1,5 @@
+"""The systemd-nspawn lab: real hosts on one Linux machine (see lab.py)."""
+
+from tunnelspec.lab.lab import DEFAULT_BRIDGE, DEFAULT_HOSTS, DEFAULT_SUBNET, HostStatus, Lab
+
+__all__ = ["Lab", "HostStatus", "DEFAULT_HOSTS", "DEFAULT_SUBNET", "DEFAULT_BRIDGE"]

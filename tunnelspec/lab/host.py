@@ -1,0 +1,187 @@
+"""One lab host: an overlay of the image, booted by `systemd-nspawn --boot` in its own netns.
+
+Each host lives under `<state>/<host>/`: `upper/`, `work/`, `root/` (the overlay mount),
+`nspawn.log`. The nspawn process runs under a tiny `sh` supervisor in its own session, so the
+recorded PID is also the process group to kill, and a reboot inside the host (nspawn exit 133)
+boots it again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunnelspec.errors import LabError
+from tunnelspec.lab import cgroups
+from tunnelspec.lab.keys import ensure_keypair, write_private
+
+CCACHE_DIR = Path("/var/cache/tunnelspec/ccache")
+FIXTURES_DIR = Path("/var/cache/tunnelspec/fixtures")
+CCACHE_IN_HOST = "/var/cache/ccache"
+FIXTURES_IN_HOST = "/srv/tunnelspec-fixtures"
+MAX_REBOOTS = 50
+
+# Re-runs nspawn only when the host asked for a reboot (exit 133); bounded like every loop.
+SUPERVISE = (
+    'n=0; while [ "$n" -lt ' + str(MAX_REBOOTS) + ' ]; do "$@"; rc=$?; '
+    '[ "$rc" -eq 133 ] || exit "$rc"; n=$((n+1)); done; exit 133'
+)
+
+
+@dataclass
+class HostSpec:
+    name: str
+    index: int
+    ip: str
+    netns: str
+    machine: str   # unique across labs: names nspawn's /run/systemd/nspawn entries
+    home: Path     # <state>/<host>
+
+
+def is_mounted(path: Path) -> bool:
+    return os.path.ismount(path)
+
+
+def mount_overlay(spec: HostSpec, image: Path) -> Path:
+    root = spec.home / "root"
+    if is_mounted(root):
+        return root
+    for sub in ("upper", "work", "root"):
+        (spec.home / sub).mkdir(parents=True, exist_ok=True)
+    opts = f"lowerdir={image},upperdir={spec.home / 'upper'},workdir={spec.home / 'work'}"
+    res = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(root)],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        raise LabError(f"host {spec.name}: overlay mount failed: {res.stdout.strip()}")
+    return root
+
+
+def unmount(path: Path) -> None:
+    if is_mounted(path):
+        subprocess.run(["umount", "--lazy", str(path)], check=False)
+
+
+def personalise(spec: HostSpec, root: Path, client_pub: str) -> str:
+    """Own machine-id, hostname, host key and root's authorized_keys; returns the host pub key."""
+    key_path = spec.home / "ssh_host_ed25519_key"
+    host_pub = ensure_keypair(key_path, f"root@{spec.name}")
+    mid = spec.home / "machine-id"
+    if not mid.exists():
+        mid.write_text(uuid.uuid4().hex + "\n")
+    (root / "etc/machine-id").write_text(mid.read_text())
+    (root / "etc/hostname").write_text(spec.name + "\n")
+    (root / "etc/hosts").write_text(
+        f"127.0.0.1\tlocalhost\n{spec.ip}\t{spec.name}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write_private(root / "etc/ssh/ssh_host_ed25519_key", key_path.read_bytes())
+    (root / "etc/ssh/ssh_host_ed25519_key.pub").write_text(host_pub + "\n")
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(ssh_dir, 0o700)
+    write_private(ssh_dir / "authorized_keys", (client_pub + "\n").encode())
+    return host_pub
+
+
+def nspawn_argv(spec: HostSpec, root: Path) -> list[str]:
+    return [
+        "systemd-nspawn", "--boot", "--quiet",
+        f"--directory={root}", f"--machine={spec.machine}", f"--hostname={spec.name}",
+        # No systemd on the controller: nothing to register with, no unit to move into.
+        "--register=no", "--keep-unit",
+        f"--network-namespace-path=/run/netns/{spec.netns}",
+        "--resolv-conf=off", "--link-journal=no", "--console=passive",
+        f"--bind={CCACHE_DIR}:{CCACHE_IN_HOST}",
+        f"--bind-ro={FIXTURES_DIR}:{FIXTURES_IN_HOST}",
+    ]
+
+
+def start(spec: HostSpec, root: Path, cgroup_paths: list[Path]) -> int:
+    log = open(spec.home / "nspawn.log", "ab")
+    paths = [str(p) for p in cgroup_paths]
+    try:
+        proc = subprocess.Popen(
+            ["sh", "-c", SUPERVISE, "sh", *nspawn_argv(spec, root)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, preexec_fn=lambda: cgroups.join(paths), close_fds=True)
+    finally:
+        log.close()
+    return proc.pid
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(x) for x in f.read().split())
+    except OSError:
+        pass
+    return kids
+
+
+def container_init(supervisor_pid: int) -> int | None:
+    """The host's PID 1 as seen from the controller: the descendant whose NSpid ends in 1."""
+    todo, seen = [supervisor_pid], 0
+    while todo and seen < 64:
+        pid = todo.pop()
+        seen += 1
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                nspid = next((l.split()[1:] for l in f if l.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if len(nspid) >= 2 and nspid[-1] == "1":
+            return pid
+        todo.extend(_children(pid))
+    return None
+
+
+def enter_argv(init_pid: int, argv: list[str]) -> list[str]:
+    """Run argv inside the host (all its namespaces, its root), with a clean login-like env."""
+    return ["nsenter", f"--target={init_pid}", "--mount", "--uts", "--ipc", "--net", "--pid",
+            "--cgroup", "--root", "--wd",
+            "env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME=/root", "LANG=C.UTF-8", "CCACHE_DIR=" + CCACHE_IN_HOST, *argv]
+
+
+def stop(supervisor_pid: int | None, cgroup_paths: list[str], deadline_s: float = 30.0) -> None:
+    """Power off cleanly, then kill whatever is left (by the PIDs we started and their cgroups)."""
+    if alive(supervisor_pid):
+        init = container_init(supervisor_pid)
+        if init:
+            subprocess.run(enter_argv(init, ["systemctl", "poweroff", "--no-block"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20)
+        end = time.monotonic() + deadline_s
+        while alive(supervisor_pid) and time.monotonic() < end:
+            time.sleep(0.2)
+        if alive(supervisor_pid):
+            try:
+                os.killpg(supervisor_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    # Anything still in the host's cgroups (e.g. a crashed nspawn's payload) is ours to end.
+    for _ in range(50):
+        left = cgroups.pids(cgroup_paths)
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)

@@ -1,0 +1,152 @@
+"""The lab's Debian image: built once with debootstrap, customised, cached by content key.
+
+The key hashes the package list and the customisation script, so changing either builds a new
+image; an unchanged key reuses `/var/cache/tunnelspec/image-<key>.tar.zst` and its unpacked tree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+from tunnelspec.errors import LabError
+
+CACHE_DIR = Path("/var/cache/tunnelspec")
+IMAGES_DIR = Path("/var/lib/tunnelspec-lab/images")
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+
+PACKAGES = (
+    # systemd as PID 1 with logind/dbus so `systemctl` over SSH behaves as on a real host
+    "systemd", "systemd-sysv", "dbus", "libpam-systemd", "dbus-user-session",
+    "openssh-server", "iproute2", "netbase", "procps", "util-linux", "coreutils", "sudo", "curl",
+    "ca-certificates",
+    # llama.cpp CPU build (-DLLAMA_CURL=OFF, so no libcurl-dev) and our tasks
+    "git", "cmake", "g++", "make", "ccache", "libgomp1", "python3",
+)
+
+# Bump when CUSTOMISE_FILES or _customise() change: it is part of the content key.
+CUSTOMISE_VERSION = "3"
+
+# Paths are inside the image. Host keys and machine-id are deliberately absent: every host gets
+# its own, written into its overlay before boot.
+CUSTOMISE_FILES = {
+    "etc/ssh/sshd_config.d/tunnelspec-lab.conf": (
+        "# tunnelspec lab: keys only, one pinned ed25519 host key per host\n"
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n"
+        "PermitRootLogin prohibit-password\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+    ),
+    # Shared ccache, bind-mounted from the controller: content-based compiler check and base_dir=/
+    # make hits portable between hosts whose compilers and build paths are identical.
+    "etc/ccache.conf": (
+        "cache_dir = /var/cache/ccache\n"
+        "compiler_check = content\n"
+        "base_dir = /\n"
+        "hash_dir = false\n"
+        "max_size = 5G\n"
+        "umask = 000\n"
+    ),
+    "etc/environment": "CCACHE_DIR=/var/cache/ccache\n",
+    "etc/systemd/journald.conf.d/tunnelspec-lab.conf": "[Journal]\nStorage=persistent\n",
+    # No DNS inside the lab: a name lookup must never leave the machine.
+    "etc/resolv.conf": "",
+    "etc/hostname": "",
+}
+
+MASKED_UNITS = (
+    # We configure eth0 ourselves from the controller; networkd must not touch it.
+    "systemd-networkd.service", "systemd-networkd.socket", "systemd-networkd-wait-online.service",
+    # Need real block devices / hardware that a container does not have.
+    "e2scrub_reap.service", "e2scrub_all.timer", "e2scrub_all.service",
+    "systemd-firstboot.service",
+)
+
+
+def content_key() -> str:
+    h = hashlib.sha256()
+    h.update("\n".join(sorted(PACKAGES)).encode())
+    h.update(f"\0{SUITE}\0{CUSTOMISE_VERSION}\0".encode())
+    for path in sorted(CUSTOMISE_FILES):
+        h.update(f"{path}\0{CUSTOMISE_FILES[path]}\0".encode())
+    h.update("\0".join(MASKED_UNITS).encode())
+    return h.hexdigest()[:16]
+
+
+def _run(argv: list[str], what: str) -> None:
+    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if res.returncode != 0:
+        tail = "\n".join(res.stdout.splitlines()[-20:])
+        raise LabError(f"{what} failed (exit {res.returncode}): {' '.join(argv[:3])} ...\n{tail}")
+
+
+def _customise(root: Path) -> None:
+    for key in root.glob("etc/ssh/ssh_host_*"):
+        key.unlink()
+    for rel in ("etc/machine-id", "var/lib/dbus/machine-id"):
+        (root / rel).unlink(missing_ok=True)
+    # An empty machine-id file is what systemd treats as "not yet initialised" without running
+    # first-boot services; each host's overlay replaces it with its own id anyway.
+    (root / "etc/machine-id").write_text("")
+    (root / "var/lib/dbus/machine-id").symlink_to("/etc/machine-id")
+    for rel, text in CUSTOMISE_FILES.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.is_symlink():
+            path.unlink()
+        path.write_text(text)
+        path.chmod(0o644)
+    (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
+    _run(["chroot", str(root), "systemctl", "enable", "ssh.service"], "enabling sshd")
+    _run(["chroot", str(root), "systemctl", "mask", *MASKED_UNITS], "masking units")
+    shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
+    (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+
+
+def ensure_image(log: Callable[[str], None] = print) -> Path:
+    """Return the unpacked image directory (lowerdir for the hosts' overlays), building if needed."""
+    key = content_key()
+    tarball = CACHE_DIR / f"image-{key}.tar.zst"
+    unpacked = IMAGES_DIR / key
+    if (unpacked / ".complete").exists():
+        return unpacked
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    IMAGES_DIR.mkdir(parents=True, exist_ok=True)
+    staging = IMAGES_DIR / f"{key}.partial"
+    if staging.exists():
+        shutil.rmtree(staging)  # a crashed earlier attempt
+    staging.mkdir(mode=0o755)
+    if tarball.exists():
+        t0 = time.monotonic()
+        _run(["tar", "-C", str(staging), "--numeric-owner", "--xattrs", "-I", "zstd -d",
+              "-xpf", str(tarball)], "unpacking the cached image")
+        log(f"lab: image {key} unpacked from {tarball} in {time.monotonic() - t0:.1f} s")
+    else:
+        _build(staging, tarball, key, log)
+    (staging / ".complete").write_text(key + "\n")
+    staging.rename(unpacked)
+    return unpacked
+
+
+def _build(root: Path, tarball: Path, key: str, log: Callable[[str], None]) -> None:
+    t0 = time.monotonic()
+    debs = CACHE_DIR / "debootstrap-debs"
+    debs.mkdir(parents=True, exist_ok=True)
+    log(f"lab: building image {key} with debootstrap ({len(PACKAGES)} packages) ...")
+    _run(["debootstrap", "--variant=minbase", f"--cache-dir={debs}",
+          "--include=" + ",".join(PACKAGES), SUITE, str(root), MIRROR], "debootstrap")
+    t1 = time.monotonic()
+    _customise(root)
+    tmp = tarball.with_suffix(".partial")
+    # Written to a temp name then renamed, so a crash never leaves a truncated cache entry.
+    _run(["tar", "-C", str(root), "--numeric-owner", "--xattrs", "--exclude=./.complete",
+          "-I", "zstd -T0 -3", "-cpf", str(tmp), "."], "archiving the image")
+    os.replace(tmp, tarball)
+    log(f"lab: image {key} built: debootstrap {t1 - t0:.0f} s, customise+archive "
+        f"{time.monotonic() - t1:.0f} s -> {tarball}")

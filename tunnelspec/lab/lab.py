@@ -1,0 +1,308 @@
+"""The lab: N real hosts (systemd-nspawn + real systemd + real sshd) on a private bridge.
+
+    lab = Lab("lab")                     # files land in ./lab; state in /var/lib/tunnelspec-lab/
+    lab.up(["main", "rpc-a", "rpc-b"])   # idempotent: keeps running hosts, restarts dead ones
+    lab.hosts                            # {"main": "10.77.0.10", ...}
+    lab.exec("rpc-a", ["systemctl", "is-system-running"])
+    lab.link("rpc-a", up=False)          # cut its cable; up=True restores it
+    lab.down()                           # nothing left behind
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tunnelspec.errors import LabError
+from tunnelspec.lab import cgroups, host, network, outputs, prereq, state
+from tunnelspec.lab.host import HostSpec
+from tunnelspec.lab.keys import ensure_keypair
+from tunnelspec.lab.network import LabNet
+
+DEFAULT_HOSTS = ("main", "rpc-a", "rpc-b")
+DEFAULT_SUBNET = "10.77.0.0/24"
+DEFAULT_BRIDGE = "tslab0"
+NSPAWN_RUN = Path("/run/systemd/nspawn")
+TMPFS_MARKER = state.STATE_ROOT / "nspawn-tmpfs.mounted"
+HOST_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
+POLL_S = 0.2
+
+
+@dataclass
+class HostStatus:
+    name: str
+    ip: str
+    pid: int | None
+    running: bool
+    system_state: str  # `systemctl is-system-running`, or "-" when the host is down
+    link_up: bool
+
+
+class Lab:
+    def __init__(self, dir: str | Path = "lab", subnet: str | None = None,
+                 bridge: str | None = None, log: Callable[[str], None] = print):
+        self.dir = Path(dir).resolve()
+        self.log = log
+        known = state.find_by_dir(self.dir)
+        bridge = bridge or (known["bridge"] if known else DEFAULT_BRIDGE)
+        subnet = subnet or (known["subnet"] if known else DEFAULT_SUBNET)
+        if not re.fullmatch(r"[a-z][a-z0-9]{1,9}", bridge):
+            raise LabError(f"invalid bridge name {bridge!r} (lowercase letters/digits, ≤10)")
+        self.net = LabNet(bridge, network.parse_subnet(subnet))
+
+    # ---- files the lab writes -----------------------------------------------------------------
+    @property
+    def key_file(self) -> Path:
+        return self.dir / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.dir / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.dir / "ssh_config"
+
+    @property
+    def inventory(self) -> Path:
+        return self.dir / "inventory.ini"
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        st = state.load(self.net.bridge)
+        return {n: h["ip"] for n, h in st["hosts"].items()} if st else {}
+
+    # ---- up -------------------------------------------------------------------------------------
+    def up(self, hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
+           deadline_s: float = 180.0) -> dict[str, float]:
+        """Bring the lab up; returns timings in seconds (image, fixtures, boot, total)."""
+        prereq.check_platform()
+        prereq.check_tools()
+        hosts = list(hosts)
+        self._validate_hosts(hosts)
+        st = self._load_or_new(hosts)
+        t0 = time.monotonic()
+        from tunnelspec.lab.image import ensure_image
+        image = ensure_image(self.log)
+        t_image = time.monotonic() - t0
+        fixtures = _fixtures()
+        t_fix = time.monotonic() - t0 - t_image
+        st["image"] = str(image)
+        state.save(self.net.bridge, st)
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        client_pub = ensure_keypair(self.key_file, "tunnelspec-lab-client")
+        for d in (host.CCACHE_DIR, host.FIXTURES_DIR):
+            d.mkdir(parents=True, exist_ok=True)
+        _ensure_nspawn_tmpfs()
+        network.ensure_bridge(self.net)
+
+        t_boot0 = time.monotonic()
+        host_keys = {}
+        for spec in self._specs(hosts):
+            host_keys[spec.ip] = self._ensure_host(st, spec, image, client_pub)
+        self._write_files(host_keys, fixtures)
+        self._wait_ready(hosts, deadline_s)
+        t_boot = time.monotonic() - t_boot0
+        timings = {"image": t_image, "fixtures": t_fix, "boot": t_boot,
+                   "total": time.monotonic() - t0}
+        self.log(f"lab: {len(hosts)} hosts up on {self.net.bridge} ({self.net.subnet}) — image "
+                 f"{t_image:.1f} s, fixtures {t_fix:.1f} s, boot {t_boot:.1f} s, total "
+                 f"{timings['total']:.1f} s; files in {self.dir}")
+        return timings
+
+    def _validate_hosts(self, hosts: list[str]) -> None:
+        if not hosts:
+            raise LabError("the lab needs at least one host")
+        for name in hosts:
+            if not HOST_NAME_RE.match(name):
+                raise LabError(f"invalid lab host name {name!r} (lowercase, digits, '-')")
+        if len(set(hosts)) != len(hosts):
+            raise LabError(f"duplicate lab host names in {hosts}")
+
+    def _load_or_new(self, hosts: list[str]) -> dict:
+        st = state.load(self.net.bridge)
+        if st is None:
+            st = {"dir": str(self.dir), "bridge": self.net.bridge, "subnet": str(self.net.subnet),
+                  "order": hosts, "hosts": {}}
+            state.save(self.net.bridge, st)
+            return st
+        if st["dir"] != str(self.dir):
+            raise LabError(f"bridge {self.net.bridge} is used by the lab in {st['dir']}: take it "
+                           f"down first or pass another bridge and subnet")
+        if st["subnet"] != str(self.net.subnet):
+            raise LabError(f"the lab in {self.dir} runs on {st['subnet']}, not {self.net.subnet}: "
+                           f"run `tunnelspec lab down` first")
+        if st["order"] != hosts:
+            raise LabError(f"the lab in {self.dir} has hosts {','.join(st['order'])}, not "
+                           f"{','.join(hosts)}: run `tunnelspec lab down` first")
+        return st
+
+    def _specs(self, hosts: list[str]) -> list[HostSpec]:
+        home = state.state_dir(self.net.bridge)
+        return [HostSpec(name=n, index=i, ip=self.net.host_ip(i), netns=self.net.netns(n),
+                         machine=f"{self.net.bridge}-{n}", home=home / n)
+                for i, n in enumerate(hosts)]
+
+    def _ensure_host(self, st: dict, spec: HostSpec, image: Path, client_pub: str) -> str:
+        rec = st["hosts"].setdefault(spec.name, {"ip": spec.ip, "index": spec.index, "pid": None,
+                                                 "netns": spec.netns, "cgroups": []})
+        state.save(self.net.bridge, st)  # recorded before anything is created
+        network.ensure_host_link(self.net, spec.index, spec.name)
+        if host.alive(rec["pid"]):
+            return (spec.home / "ssh_host_ed25519_key.pub").read_text().strip()
+        # Dead or never started: clear what a crashed run left in its cgroups, then boot.
+        host.stop(None, rec["cgroups"])
+        cgroups.remove(rec["cgroups"])
+        rec["cgroups"] = [str(p) for p in cgroups.create(spec.machine)]
+        rec["root"] = str(spec.home / "root")
+        state.save(self.net.bridge, st)
+        root = host.mount_overlay(spec, image)
+        host_pub = host.personalise(spec, root, client_pub)
+        rec["pid"] = host.start(spec, root, [Path(p) for p in rec["cgroups"]])
+        state.save(self.net.bridge, st)
+        self.log(f"lab: {spec.name} ({spec.ip}) booting, nspawn supervisor pid {rec['pid']}")
+        return host_pub
+
+    def _write_files(self, host_keys: dict[str, str], fixtures) -> None:
+        hosts = self.hosts
+        self.known_hosts.write_text(outputs.known_hosts_text(host_keys))
+        self.ssh_config.write_text(outputs.ssh_config_text(hosts, self.key_file, self.known_hosts))
+        self.inventory.write_text(
+            outputs.inventory_text(hosts, self.key_file, self.known_hosts, fixtures))
+
+    def _wait_ready(self, hosts: list[str], deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        pending = set(hosts)
+        states: dict[str, str] = {}
+        while pending and time.monotonic() < end:
+            for name in sorted(pending):
+                rec = state.load(self.net.bridge)["hosts"][name]
+                if not host.alive(rec["pid"]):
+                    raise LabError(f"lab host {name} stopped while booting; see "
+                                   f"{state.state_dir(self.net.bridge) / name / 'nspawn.log'}")
+                states[name] = self._system_state(name)
+                if states[name] in ("running", "degraded") and self._ssh_ok(name):
+                    pending.discard(name)
+            if pending:
+                time.sleep(POLL_S)
+        if pending:
+            raise LabError("lab hosts not ready after %.0f s: %s" % (deadline_s, ", ".join(
+                f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending))))
+        for name in hosts:
+            if states[name] == "degraded":
+                failed = self.exec(name, ["systemctl", "--failed", "--plain", "--no-legend"])
+                self.log(f"lab: WARNING {name} is degraded; failed units:\n{failed.stdout}")
+
+    def _system_state(self, name: str) -> str:
+        try:
+            res = self.exec(name, ["systemctl", "is-system-running"], timeout=10)
+        except (LabError, subprocess.TimeoutExpired):
+            return "unknown"
+        return res.stdout.strip() or "unknown"
+
+    def _ssh_ok(self, name: str) -> bool:
+        """sshd answers and accepts our key, with strict host-key checking against our file."""
+        res = subprocess.run(["ssh", "-F", str(self.ssh_config), name, "true"],
+                             stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+        return res.returncode == 0
+
+    # ---- status / helpers -------------------------------------------------------------------
+    def status(self) -> list[HostStatus]:
+        st = state.load(self.net.bridge)
+        if st is None:
+            return []
+        out = []
+        for name in st["order"]:
+            rec = st["hosts"].get(name)
+            if rec is None:
+                continue
+            running = host.alive(rec["pid"])
+            out.append(HostStatus(name, rec["ip"], rec["pid"], running,
+                                  self._system_state(name) if running else "-",
+                                  network.link_is_up(self.net, rec["index"])))
+        return out
+
+    def _record(self, name: str) -> dict:
+        st = state.load(self.net.bridge)
+        if st is None or name not in st["hosts"]:
+            raise LabError(f"no lab host {name!r} in {self.dir} (hosts: "
+                           f"{', '.join(self.hosts) or 'none, run `tunnelspec lab up`'})")
+        return st["hosts"][name]
+
+    def exec(self, name: str, argv: list[str], input: bytes | str | None = None,
+             timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+        """Run argv inside a host through its namespaces (works even with its link cut)."""
+        rec = self._record(name)
+        init = host.container_init(rec["pid"]) if host.alive(rec["pid"]) else None
+        if init is None:
+            raise LabError(f"lab host {name} is not running")
+        kw = {"capture_output": True, "text": True} if capture else {}
+        if isinstance(input, bytes) and capture:
+            kw["text"] = False
+        return subprocess.run(host.enter_argv(init, argv), input=input, timeout=timeout, **kw)
+
+    def link(self, name: str, up: bool) -> None:
+        network.set_link(self.net, self._record(name)["index"], up)
+
+    # ---- down -------------------------------------------------------------------------------
+    def down(self) -> None:
+        prereq.check_platform()
+        st = state.load(self.net.bridge)
+        if st is not None:
+            for name, rec in st["hosts"].items():
+                host.stop(rec["pid"], rec["cgroups"])
+                host.unmount(Path(rec.get("root", state.state_dir(self.net.bridge) / name / "root")))
+                busy = cgroups.remove(rec["cgroups"])
+                if busy:
+                    raise LabError(f"lab host {name}: cgroups still busy: {', '.join(busy)}")
+                _remove_nspawn_runtime(f"{self.net.bridge}-{name}")
+                network.remove_host_link(self.net, rec["index"], name)
+                rec["pid"] = None
+                state.save(self.net.bridge, st)
+        network.remove_bridge(self.net)
+        shutil.rmtree(state.state_dir(self.net.bridge), ignore_errors=True)
+        for path in (self.inventory, self.known_hosts, self.ssh_config):
+            path.unlink(missing_ok=True)
+        if not state.all_labs():
+            _release_nspawn_tmpfs()
+        self.log(f"lab: {self.dir} down ({self.net.bridge} removed)")
+
+
+def _fixtures():
+    try:
+        from tunnelspec.lab.fixtures import ensure_fixtures
+    except ImportError as err:
+        raise LabError(f"lab fixtures unavailable (tunnelspec.lab.fixtures: {err})") from None
+    return ensure_fixtures(str(host.FIXTURES_DIR))
+
+
+def _ensure_nspawn_tmpfs() -> None:
+    """nspawn needs /run/systemd/nspawn on a tmpfs; /run is a plain directory here."""
+    run_fs = subprocess.run(["stat", "-f", "-c", "%T", "/run"], capture_output=True, text=True)
+    if run_fs.stdout.strip() == "tmpfs" or host.is_mounted(NSPAWN_RUN):
+        return
+    NSPAWN_RUN.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tunnelspec-lab", str(NSPAWN_RUN)],
+                   check=True)
+    TMPFS_MARKER.parent.mkdir(parents=True, exist_ok=True)
+    TMPFS_MARKER.write_text("mounted by tunnelspec lab\n")
+
+
+def _remove_nspawn_runtime(machine: str) -> None:
+    for sub in ("propagate", "unix-export", "incoming"):
+        path = NSPAWN_RUN / sub / machine
+        if path.exists():
+            host.unmount(path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _release_nspawn_tmpfs() -> None:
+    if TMPFS_MARKER.exists():
+        host.unmount(NSPAWN_RUN)
+        TMPFS_MARKER.unlink()
