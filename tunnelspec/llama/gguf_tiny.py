@@ -1,0 +1,105 @@
+"""A tiny llama-architecture GGUF model (~0.5 MB) for tests: no download, byte-for-byte reproducible.
+
+Random weights give gibberish, but the same file used as target and draft makes every draft token
+accepted, which proves the remote-draft path end to end. `gguf` and `numpy` are test/lab
+dependencies, so they are imported only when a model is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+CONTEXT = 512
+EMBED = 64
+HEADS = 4
+HEADS_KV = 4
+BLOCKS = 2
+FEED_FORWARD = 128
+ROPE_DIMS = 16
+RMS_EPS = 1e-5
+SEED = 20261001
+
+# <unk>, <s>, </s>, then one token per byte: the "llama" (SentencePiece) tokenizer falls back to
+# byte tokens, so any prompt tokenizes.
+N_VOCAB = 3 + 256
+UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+def _vocab():
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256
+    return tokens, [0.0] * len(tokens), types
+
+
+def _tensors():
+    """(name, array) in a fixed order, from one seeded generator: the bytes never change."""
+    import numpy as np
+
+    rng = np.random.default_rng(SEED)
+
+    def weight(*shape):
+        # numpy shape is (rows, cols) = (out, in); gguf reverses it into ggml's ne order.
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    def ones(n):
+        return np.ones(n, dtype=np.float32)
+
+    head_dim = EMBED // HEADS
+    out = [("token_embd.weight", weight(N_VOCAB, EMBED)), ("output_norm.weight", ones(EMBED)),
+           ("output.weight", weight(N_VOCAB, EMBED))]
+    for i in range(BLOCKS):
+        b = f"blk.{i}"
+        out += [
+            (f"{b}.attn_norm.weight", ones(EMBED)),
+            (f"{b}.attn_q.weight", weight(EMBED, EMBED)),
+            (f"{b}.attn_k.weight", weight(HEADS_KV * head_dim, EMBED)),
+            (f"{b}.attn_v.weight", weight(HEADS_KV * head_dim, EMBED)),
+            (f"{b}.attn_output.weight", weight(EMBED, EMBED)),
+            (f"{b}.ffn_norm.weight", ones(EMBED)),
+            (f"{b}.ffn_gate.weight", weight(FEED_FORWARD, EMBED)),
+            (f"{b}.ffn_up.weight", weight(FEED_FORWARD, EMBED)),
+            (f"{b}.ffn_down.weight", weight(EMBED, FEED_FORWARD)),
+        ]
+    return out
+
+
+def write_tiny_llama(path: str | os.PathLike) -> str:
+    """Write the model to `path` (atomically) and return its sha256."""
+    import gguf
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    w.add_name("tunnelspec-tiny-llama")
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(EMBED)
+    w.add_block_count(BLOCKS)
+    w.add_feed_forward_length(FEED_FORWARD)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(HEADS_KV)
+    w.add_rope_dimension_count(ROPE_DIMS)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens, scores, types = _vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    for name, arr in _tensors():
+        w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    os.replace(tmp, path)
+    return digest
