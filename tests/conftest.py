@@ -1,0 +1,89 @@
+"""Shared pytest fixtures. Each section belongs to one part of the code; keep them apart."""
+
+# --- lab fixture ------------------------------------------------------------------------------
+# One lab (3 real hosts) for the whole session. If a lab is already up on the default bridge
+# (someone ran `tunnelspec lab up`), it is reused and left running. TUNNELSPEC_KEEP_LAB=1 keeps
+# the lab this session started, so the next run skips the boot.
+import os
+import sys
+
+import pytest
+
+LAB_TEST_DIR = os.environ.get("TUNNELSPEC_LAB_DIR", "/var/tmp/tunnelspec-test-lab")
+LAB_TEST_HOSTS = ("main", "rpc-a", "rpc-b")
+
+
+@pytest.fixture(scope="session")
+def lab():
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("the lab needs root on Linux")
+    from tunnelspec.lab import DEFAULT_BRIDGE, Lab
+    from tunnelspec.lab import state as lab_state
+
+    existing = lab_state.load(DEFAULT_BRIDGE)
+    if existing is not None and os.environ.get("TUNNELSPEC_LAB_DIR") is None:
+        the_lab = Lab(existing["dir"])
+        the_lab.up(existing["order"])
+        yield the_lab
+        return
+    the_lab = Lab(LAB_TEST_DIR)
+    the_lab.up(LAB_TEST_HOSTS)
+    yield the_lab
+    if os.environ.get("TUNNELSPEC_KEEP_LAB") != "1":
+        the_lab.down()
+# --- end of lab fixture -----------------------------------------------------------------------
+
+
+# --- llama build fixture ----------------------------------------------------------------------
+# The fixture repo/model and a CPU build of ggml-rpc-server + llama-server from it, made once per
+# machine and reused (stamp). The first build takes ≈ 8 min on 2 cores: start it ahead of the test
+# run with `python3 -m tunnelspec.llama.devbuild`.
+@pytest.fixture(scope="session")
+def llama_fixtures():
+    from tunnelspec.lab.fixtures import ensure_fixtures
+
+    return ensure_fixtures()
+
+
+@pytest.fixture(scope="session")
+def llama_bin(llama_fixtures):
+    """DevBuild: .rpc_server, .llama_server (absolute paths), .bin_dir, .commit, .source_dir."""
+    from tunnelspec.llama.devbuild import ensure_dev_build
+
+    return ensure_dev_build(llama_fixtures)
+
+
+@pytest.fixture
+def rpc_server(llama_bin, tmp_path):
+    """A real ggml-rpc-server on 127.0.0.1:<free port>, ready (HELLO answered); stopped by PID."""
+    from tunnelspec.llama.localserver import free_port, start_rpc_server
+
+    proc = start_rpc_server(llama_bin.rpc_server, free_port(), tmp_path / "rpc-server.log")
+    proc.port = int(proc.argv[proc.argv.index("-p") + 1])
+    yield proc
+    proc.stop()
+# --- end of llama build fixture ---------------------------------------------------------------
+
+
+# --- sshd fixture -----------------------------------------------------------------------------
+# Real OpenSSH sshd hosts on 127.0.0.1 (tests/sshd_harness.py). Owned by the engine tests.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("NO_COLOR", "1")
+
+
+@pytest.fixture
+def sshd_cluster(tmp_path):
+    """Factory: sshd_cluster(n) → SshdCluster with n real sshd hosts on 127.0.0.1."""
+    from sshd_harness import SshdCluster
+
+    made = []
+
+    def make(n: int = 1, prefix: str = "node"):
+        c = SshdCluster(tmp_path / f"sshd-{len(made)}", n, prefix)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+# --- end of sshd fixture ----------------------------------------------------------------------

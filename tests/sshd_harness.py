@@ -1,0 +1,113 @@
+"""Real OpenSSH sshd instances on 127.0.0.1, one per test "host", each with its own host key
+and a temp root for the files tasks write. No mocks: asyncssh talks to the real daemon."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, comment: str = "tunnelspec-test") -> str:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip() if path.suffix else Path(str(path) + ".pub").read_text().strip()
+
+
+@dataclass
+class SshdHost:
+    name: str
+    port: int
+    root: Path            # files written by tasks live under here
+    host_key_pub: str
+    proc: subprocess.Popen
+    dir: Path
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_key_pub}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def start_sshd(base: Path, name: str, client_pub: str) -> SshdHost:
+    d = base / name
+    d.mkdir(parents=True)
+    root = d / "root"
+    root.mkdir()
+    hk = d / "ssh_host_ed25519_key"
+    pub = keygen(hk, name)
+    ak = d / "authorized_keys"
+    ak.write_text(client_pub + "\n")
+    os.chmod(ak, 0o600)
+    Path("/run/sshd").mkdir(exist_ok=True, mode=0o755)
+    for _attempt in range(5):
+        port = free_port()
+        cfg = d / "sshd_config"
+        cfg.write_text("\n".join([
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hk}", f"AuthorizedKeysFile {ak}",
+            f"PidFile {d}/sshd.pid", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "MaxStartups 100:30:200",
+            "MaxSessions 100", "LogLevel ERROR", "AllowTcpForwarding yes", ""]))
+        proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
+                                stderr=open(d / "sshd.log", "w"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                    if s.recv(4).startswith(b"SSH-"):
+                        return SshdHost(name, port, root, pub, proc, d)
+            except OSError:
+                time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
+    raise RuntimeError(f"sshd for {name} did not start: {(d / 'sshd.log').read_text()}")
+
+
+class SshdCluster:
+    """N hosts + the files a user would have: a client key, known_hosts, an inventory."""
+
+    def __init__(self, base: Path, n: int, prefix: str = "node"):
+        self.base = base
+        base.mkdir(parents=True, exist_ok=True)
+        self.key = base / "id_ed25519"
+        self.client_pub = keygen(self.key)
+        self.hosts = [start_sshd(base, f"{prefix}{i}", self.client_pub) for i in range(n)]
+        self.known_hosts = base / "known_hosts"
+        self.known_hosts.write_text("".join(h.known_hosts_line() + "\n" for h in self.hosts))
+
+    def inventory(self, extra_host_vars: dict | None = None, group: str = "nodes", name: str = "inventory.ini",
+                  all_vars: dict | None = None) -> Path:
+        lines = [f"[{group}]"]
+        for h in self.hosts:
+            hv = {"ansible_host": "127.0.0.1", "ansible_port": h.port, "ansible_user": "root",
+                  "ansible_ssh_private_key_file": str(self.key), "root": str(h.root),
+                  **((extra_host_vars or {}).get(h.name, {}))}
+            lines.append(h.name + " " + " ".join(f"{k}={v}" for k, v in hv.items()))
+        lines += ["", "[all:vars]", f"tunnelspec_known_hosts={self.known_hosts}"]
+        lines += [f"{k}={v}" for k, v in (all_vars or {}).items()]
+        p = self.base / name
+        p.write_text("\n".join(lines) + "\n")
+        return p
+
+    def stop(self) -> None:
+        for h in self.hosts:
+            h.stop()
