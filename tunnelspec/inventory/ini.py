@@ -1,0 +1,266 @@
+"""Ansible INI inventory parser.
+
+One pass over the lines, as Ansible's own `ini` plugin does, so that group order, host order,
+values and precedence come out the same as `ansible-inventory --list`. Where Ansible would fail
+we fail too, but always with `file:line` and a hint. Every variable remembers the line it was
+written on, so the cluster validation can point at it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import shlex
+from dataclasses import dataclass
+
+from tunnelspec.errors import InventoryError
+from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
+from tunnelspec.inventory.model import Group, Host, Inventory
+from tunnelspec.inventory.values import parse_value
+
+_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
+_GROUP_NAME = re.compile(r"^([^:\]\s]+)\s*(?:#.*)?$")
+_COMMENT = ("#", ";")
+
+
+@dataclass
+class _Pending:
+    """A group named before its own [group] or [group:children] header."""
+
+    kind: str  # "vars" or "children"
+    line: int
+    parents: list[str]
+
+
+class _Parser:
+    def __init__(self, path: pathlib.Path):
+        self.path = path
+        self.file = str(path)
+        self.inv = Inventory(path=path)
+        self.line = 0
+        self.pending: dict[str, _Pending] = {}
+        self._add_group("all")
+        self._add_group("ungrouped")
+        self._add_child("all", "ungrouped")
+
+    def error(self, message: str, line: int | None = None) -> InventoryError:
+        return InventoryError(message, self.file, line if line is not None else self.line)
+
+    # ---- graph -----------------------------------------------------------------------------
+    def _add_group(self, name: str) -> None:
+        if name not in self.inv.groups:
+            self.inv.groups[name] = Group(name, line=self.line or None)
+
+    def _add_child(self, parent: str, child: str) -> None:
+        if child == "all":
+            raise self.error(f"'all' cannot be a child of '{parent}': every group is already under 'all'")
+        if parent == child:
+            raise self.error(f"group '{child}' is listed as a child of itself; remove that line")
+        p, c = self.inv.groups[parent], self.inv.groups[child]
+        if child in p.children:
+            return
+        if child in self.inv.ancestors(parent):
+            raise self.error(
+                f"adding '{child}' as a child of '{parent}' creates a cycle "
+                f"('{parent}' is already a descendant of '{child}'); remove one of the two links"
+            )
+        p.children.append(child)
+        if parent not in c.parents:
+            c.parents.append(parent)
+
+    def _add_host(self, name: str, group: str, port: int | None) -> None:
+        host = self.inv.hosts.get(name)
+        if host is None:
+            host = self.inv.hosts[name] = Host(name, line=self.line)
+            # Ansible applies `host:port` only when the host is first seen.
+            if port:
+                self._set_var(host, "ansible_port", port)
+        if group not in host.groups:
+            host.groups.append(group)
+            self.inv.groups[group].hosts.append(name)
+
+    def _set_var(self, target: Host | Group, key: str, value) -> None:
+        if isinstance(target, Group) and key == "ansible_group_priority":
+            try:
+                target.priority = int(value)
+            except (TypeError, ValueError):
+                raise self.error(
+                    f"ansible_group_priority must be an integer, got {value!r}"
+                ) from None
+            return
+        target.vars[key] = value
+        target.origins[key] = (self.file, self.line)
+
+    # ---- lines -----------------------------------------------------------------------------
+    def parse(self, lines: list[str]) -> Inventory:
+        group, state = "ungrouped", "hosts"
+        for number, raw in enumerate(lines, start=1):
+            self.line = number
+            line = raw.strip()
+            if not line or line[0] in _COMMENT:
+                continue
+            m = _SECTION.match(line)
+            if m:
+                group, state = self._section(m)
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                raise self.error(
+                    f"invalid section header '{line}': write [group], [group:vars] or "
+                    "[group:children], with no spaces inside the brackets"
+                )
+            if state == "hosts":
+                self._host_line(line, group)
+            elif state == "vars":
+                key, value = self._var_line(line, group)
+                self._set_var(self.inv.groups[group], key, value)
+            else:
+                self._child_line(line, group)
+        for name, pending in self.pending.items():
+            if pending.kind == "vars":
+                raise self.error(
+                    f"section [{name}:vars] is for group '{name}', which is never declared: "
+                    f"add a [{name}] section (or fix the group name)",
+                    pending.line,
+                )
+            raise self.error(
+                f"section [{pending.parents[-1]}:children] includes group '{name}', which is never "
+                f"declared: add a [{name}] section (children must be groups, not hosts)",
+                pending.line,
+            )
+        self._reconcile()
+        return self.inv
+
+    def _section(self, m: re.Match) -> tuple[str, str]:
+        # Ansible (>= 2.11, default TRANSFORM_INVALID_GROUP_CHARS=never) keeps names as written.
+        name = m.group(1)
+        state = m.group(2) or "hosts"
+        if state not in ("hosts", "children", "vars"):
+            raise self.error(
+                f"section [{m.group(1)}:{state}] has unknown type '{state}': "
+                "use [group], [group:vars] or [group:children]"
+            )
+        if name not in self.inv.groups:
+            if state == "vars" and name not in self.pending:
+                self.pending[name] = _Pending("vars", self.line, [])
+            self._add_group(name)
+        pending = self.pending.get(name)
+        if pending is not None and state != "vars":
+            if pending.kind == "children":
+                self._resolve_children(name)
+            else:
+                del self.pending[name]
+        return name, state
+
+    def _resolve_children(self, name: str) -> None:
+        for parent in self.pending[name].parents:
+            self._add_child(parent, name)
+            if parent in self.pending and self.pending[parent].kind == "children":
+                self._resolve_children(parent)
+        del self.pending[name]
+
+    def _host_line(self, line: str, group: str) -> None:
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError as err:
+            raise self.error(f"cannot split host line ({err}): check the quotes") from None
+        if not tokens or not tokens[0]:
+            raise self.error("empty host name; remove the line or write a host name")
+        entry = tokens[0]
+        name, port = split_port(entry)
+        if entry.strip().endswith(":") and port is None:
+            raise self.error(
+                f"host '{entry}' ends with ':'; after ':' comes a port number (host:2222)"
+            )
+        try:
+            names = expand_range(name)
+        except RangeError as err:
+            raise self.error(f"{err}") from None
+        if not names:
+            raise self.error(f"host range '{name}' expands to no host; check begin, end and step")
+        if "---" in (n.strip() for n in names):
+            raise self.error("'---' is not a host: this looks like a YAML file, not an INI inventory")
+        variables = []
+        for token in tokens[1:]:
+            if "=" not in token:
+                raise self.error(
+                    f"expected key=value after host '{entry}', got '{token}': quote values with "
+                    "spaces (key=\"a b\")"
+                )
+            key, value = token.split("=", 1)
+            if not key:
+                raise self.error(f"'{token}' has no variable name before '='")
+            variables.append((key, parse_value(value)))
+        for host_name in names:
+            self._add_host(host_name, group, port)
+            host = self.inv.hosts[host_name]
+            for key, value in variables:
+                self._set_var(host, key, value)
+
+    def _var_line(self, line: str, group: str) -> tuple[str, object]:
+        if "=" not in line:
+            raise self.error(f"expected key=value in [{group}:vars], got '{line}'")
+        key, value = (part.strip() for part in line.split("=", 1))
+        if not key:
+            raise self.error(f"'{line}' has no variable name before '='")
+        return key, parse_value(value)
+
+    def _child_line(self, line: str, group: str) -> None:
+        m = _GROUP_NAME.match(line)
+        if not m:
+            raise self.error(
+                f"expected a group name in [{group}:children], got '{line}': one group per line, "
+                "no host variables here"
+            )
+        child = m.group(1)
+        if child in self.inv.groups:
+            self._add_child(group, child)
+        elif child in self.pending:
+            self.pending[child].parents.append(group)
+        else:
+            self.pending[child] = _Pending("children", self.line, [group])
+
+    # ---- after the last line: Ansible's reconcile_inventory --------------------------------
+    def _reconcile(self) -> None:
+        for name, group in self.inv.groups.items():
+            if name != "all" and not group.parents:
+                self._add_child("all", name)
+        ungrouped = self.inv.groups["ungrouped"]
+        for name, host in self.inv.hosts.items():
+            if "ungrouped" in host.groups:
+                if set(host.groups) - {"all", "ungrouped"}:
+                    host.groups.remove("ungrouped")
+                    ungrouped.hosts.remove(name)
+            elif set(host.groups) <= {"all"}:
+                host.groups.append("ungrouped")
+                ungrouped.hosts.append(name)
+
+
+def _read_lines(path: pathlib.Path) -> list[str]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InventoryError("inventory file not found; check the path", str(path)) from None
+    except IsADirectoryError:
+        raise InventoryError("is a directory; give the path of an INI inventory file", str(path)) from None
+    except OSError as err:
+        raise InventoryError(f"cannot read: {err.strerror}", str(path)) from None
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        pass
+    lines = []
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            if raw.lstrip()[:1] in (b"#", b";"):
+                lines.append("")  # a comment may hold anything, as in Ansible
+                continue
+            raise InventoryError("line is not valid UTF-8; save the file as UTF-8", str(path), number) from None
+    return lines
+
+
+def load_inventory(path: str | pathlib.Path) -> Inventory:
+    """Parse an Ansible INI inventory. Raises InventoryError(message, file, line)."""
+    path = pathlib.Path(path)
+    return _Parser(path).parse(_read_lines(path))
