@@ -59,7 +59,6 @@ def rpc_server(llama_bin, tmp_path):
     from tunnelspec.llama.localserver import free_port, start_rpc_server
 
     proc = start_rpc_server(llama_bin.rpc_server, free_port(), tmp_path / "rpc-server.log")
-    proc.port = int(proc.argv[proc.argv.index("-p") + 1])
     yield proc
     proc.stop()
 # --- end of llama build fixture ---------------------------------------------------------------
