@@ -85,7 +85,8 @@ class _Parser:
                 target.priority = int(value)
             except (TypeError, ValueError):
                 raise self.error(
-                    f"ansible_group_priority must be an integer, got {value!r}"
+                    f"ansible_group_priority must be an integer (e.g. ansible_group_priority=10), "
+                    f"got {value!r}"
                 ) from None
             return
         target.vars[key] = value
@@ -198,7 +199,10 @@ class _Parser:
 
     def _var_line(self, line: str, group: str) -> tuple[str, object]:
         if "=" not in line:
-            raise self.error(f"expected key=value in [{group}:vars], got '{line}'")
+            raise self.error(
+                f"expected key=value in [{group}:vars], got '{line}': one variable per line, "
+                "hosts go in [" + group + "]"
+            )
         key, value = (part.strip() for part in line.split("=", 1))
         if not key:
             raise self.error(f"'{line}' has no variable name before '='")
