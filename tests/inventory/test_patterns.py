@@ -52,10 +52,21 @@ def ansible_manager(inv_path):
     return InventoryManager(loader=DataLoader(), sources=[str(inv_path)])
 
 
+# Ansible walks grandchildren of a group through a set of Group objects, so its order below the
+# first level of children changes from run to run; `all`, `*` and a bare `!x` / `&x` (which
+# start from `all`) are compared as sets, every other pattern in exact order.
+UNORDERED = {"all", "*", "!web", "&prod", "all:!prod"}
+
+
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_match_like_ansible(pattern, inv_path, ansible_manager):
     expected = [h.name for h in ansible_manager.get_hosts(pattern)]
-    assert load_inventory(inv_path).match(pattern) == expected
+    got = load_inventory(inv_path).match(pattern)
+    if pattern in UNORDERED:
+        assert sorted(got) == sorted(expected)
+        assert len(got) == len(set(got))
+    else:
+        assert got == expected
 
 
 def test_unknown_pattern_matches_nothing(inv_path):
