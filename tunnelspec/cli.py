@@ -178,6 +178,23 @@ def lab_link(lab_dir: str, host: str, state: str) -> None:
     Lab(lab_dir).link(host, up=(state == "up"))
 
 
+# ---- advisories ------------------------------------------------------------------------------
+@main.command("advisories")
+@click.option("--build", "build_number", type=int, default=None,
+              help="Check one llama.cpp build number (bNNNN) instead of printing the table.")
+def advisories_cmd(build_number: int | None) -> None:
+    """Known-vulnerable llama.cpp build ranges touching RPC."""
+    from tunnelspec.llama import advisories
+
+    if build_number is None:
+        click.echo(advisories.format_table())
+        return
+    result = advisories.check(build_number)
+    click.echo(f"{result.verdict}: {result.message}")
+    if result.verdict == advisories.AFFECTED:
+        sys.exit(1)
+
+
 # ---- end of command groups -------------------------------------------------------------------
 if __name__ == "__main__":  # pragma: no cover
     main()

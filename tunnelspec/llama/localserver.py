@@ -32,6 +32,7 @@ class LocalProcess:
     proc: subprocess.Popen
     argv: list[str]
     log_path: Path
+    port: int | None = None  # the TCP port it serves, when known
 
     @property
     def pid(self) -> int:
@@ -75,6 +76,7 @@ def start_rpc_server(binary: str, port: int, log_path: str | os.PathLike,
                      extra: list[str] | None = None, ready_timeout: float = 30.0) -> LocalProcess:
     """ggml-rpc-server on 127.0.0.1:port, returned once a HELLO probe succeeds."""
     p = spawn([binary, "-H", LOOPBACK, "-p", str(port), *(extra or [])], log_path)
+    p.port = port
     deadline = time.monotonic() + ready_timeout
     last = None
     for _ in range(int(ready_timeout / 0.05) + 1):

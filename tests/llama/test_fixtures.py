@@ -1,0 +1,95 @@
+"""Fixture repo and model: reproducible byte for byte, cached, usable by git as lab hosts use it."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tunnelspec.lab import fixtures
+from tunnelspec.llama import gguf_tiny
+
+
+def git(cwd, *args) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def sdist():
+    return fixtures.ensure_sdist()
+
+
+def test_sdist_is_verified(sdist):
+    assert fixtures.sha256_file(sdist) == fixtures.SDIST_SHA256
+
+
+def test_repo_commit_is_reproducible(sdist, tmp_path, llama_fixtures):
+    a = fixtures.build_repo(sdist, tmp_path / "a" / "llama.cpp.git")
+    b = fixtures.build_repo(sdist, tmp_path / "b" / "llama.cpp.git")
+    assert a == b
+    assert a == (llama_fixtures.commit, llama_fixtures.side_commit)
+
+
+def test_repo_shape(llama_fixtures, tmp_path):
+    fx = llama_fixtures
+    assert len(fx.commit) == 40 and len(fx.side_commit) == 40
+    assert fx.repo == f"{fixtures.HOST_MOUNT}/llama.cpp.git"
+    assert git(fx.repo_local, "rev-parse", "--is-bare-repository") == "true"
+    # Lab hosts clone it and fetch commits by SHA; the side commit is a child of the main one.
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", fx.repo_local, str(clone))
+    assert git(clone, "rev-parse", "HEAD") == fx.commit
+    git(clone, "fetch", "-q", "origin", fx.side_branch)
+    assert git(clone, "rev-parse", "FETCH_HEAD") == fx.side_commit
+    assert git(clone, "rev-parse", f"{fx.side_commit}^") == fx.commit
+    git(clone, "-c", "user.name=t", "-c", "user.email=t@t.invalid", "cherry-pick", fx.side_commit)
+    assert fixtures.SIDE_LINE.strip() in (clone / fixtures.SIDE_FILE).read_text()
+    # The whole tree is there, including files its own .gitignore would hide.
+    assert (clone / "ggml/include/ggml-rpc.h").is_file()
+    assert (clone / "tools/rpc/CMakeLists.txt").is_file()
+    assert not (clone / ".git" / "modules").exists()
+
+
+def test_build_number_is_honestly_unknown(llama_fixtures):
+    # The sdist ships only a shallow clone of llama.cpp: no commit count, no bNNNN tag.
+    assert llama_fixtures.build_number is None
+    assert llama_fixtures.upstream_commit.startswith("0c1e57098")
+
+
+def test_model_is_reproducible(llama_fixtures, tmp_path):
+    sha = gguf_tiny.write_tiny_llama(tmp_path / "m.gguf")
+    assert sha == llama_fixtures.model_sha256
+    assert hashlib.sha256(Path(llama_fixtures.model_local).read_bytes()).hexdigest() == sha
+    assert 300_000 < (tmp_path / "m.gguf").stat().st_size < 1_000_000
+
+
+def test_model_metadata(llama_fixtures):
+    import gguf
+
+    r = gguf.GGUFReader(llama_fixtures.model_local)
+    def val(key):
+        return r.fields[key].contents()
+    assert val("general.architecture") == "llama"
+    assert val("llama.context_length") == 512
+    assert val("llama.embedding_length") == 64
+    assert val("llama.block_count") == 2
+    assert val("llama.attention.head_count") == 4
+    assert val("llama.rope.dimension_count") == 16
+    assert val("tokenizer.ggml.model") == "llama"
+    tokens = val("tokenizer.ggml.tokens")
+    assert len(tokens) == 259 and tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[-1] == "<0xFF>"
+    assert (val("tokenizer.ggml.bos_token_id"), val("tokenizer.ggml.eos_token_id")) == (1, 2)
+    names = {t.name for t in r.tensors}
+    assert {"token_embd.weight", "output.weight", "blk.1.ffn_down.weight"} <= names
+    assert len(names) == 3 + 2 * 9
+
+
+def test_ensure_is_cached(llama_fixtures):
+    started = time.monotonic()
+    again = fixtures.ensure_fixtures()
+    assert again == llama_fixtures
+    assert time.monotonic() - started < 1.0

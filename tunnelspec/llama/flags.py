@@ -1,0 +1,272 @@
+"""Build-aware llama-server flags: pure parsers of `--help`, `--version` and `--list-devices` output,
+and the choice of flag spellings a given build understands.
+
+llama.cpp renames flags often (`-md` → `--spec-draft-model`, `--draft-max` → `--spec-draft-n-max`,
+`--spec-type` appeared and became mandatory for a draft) and keeps removed ones in `--help` with
+"the argument has been removed": a flag is supported only if the build's own help lists it *and*
+does not call it removed. A flag the build lacks is refused before any unit is written.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tunnelspec.errors import TaskFailed
+
+# ---- --help ----------------------------------------------------------------------------------
+
+# An option line starts in column 0 with "-": "-md,   --spec-draft-model, --model-draft FNAME  help".
+_OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z0-9][A-Za-z0-9_-]*)")
+_REMOVED = "the argument has been removed"
+
+
+@dataclass(frozen=True)
+class HelpOption:
+    names: tuple[str, ...]  # every spelling, in help order (short alias usually first)
+    value_hint: str  # "FNAME", "[none|draft-simple|...]", "" for a switch
+    help: str  # the description, continuation lines joined
+    removed: bool
+
+
+@dataclass
+class ServerHelp:
+    """The options one llama-server build accepts, from its `--help`."""
+
+    build: str = "unknown build"  # shown in errors: e.g. "0.5.0-dev (build 0, commit 8c22f3ff0)"
+    options: list[HelpOption] = field(default_factory=list)
+
+    def _by_name(self) -> dict[str, HelpOption]:
+        return {n: o for o in self.options for n in o.names}
+
+    def option(self, name: str) -> HelpOption | None:
+        opt = self._by_name().get(name)
+        return opt if opt is not None and not opt.removed else None
+
+    def supports(self, name: str) -> bool:
+        return self.option(name) is not None
+
+    def aliases(self, name: str) -> tuple[str, ...]:
+        opt = self.option(name)
+        return opt.names if opt else ()
+
+    def pick(self, *candidates: str) -> str | None:
+        """The first candidate spelling this build supports."""
+        return next((c for c in candidates if self.supports(c)), None)
+
+    def require(self, *candidates: str) -> str:
+        found = self.pick(*candidates)
+        if found is None:
+            spelled = " / ".join(candidates)
+            opt = self._by_name().get(candidates[0])
+            why = "removed in" if opt is not None and opt.removed else "not supported by"
+            raise TaskFailed(f"llama-server option {spelled} is {why} this build ({self.build})")
+        return found
+
+    def check_argv(self, argv: list[str]) -> None:
+        """Refuse any option in `argv` (a llama-server command line) the build does not accept."""
+        for arg in argv[1:]:
+            if arg.startswith("-") and not _is_number(arg):
+                self.require(arg.split("=", 1)[0])
+
+    def values(self, name: str) -> list[str]:
+        """Allowed values from a `[a|b|c]` or `{a,b,c}` hint or a "values:" help mention."""
+        opt = self.option(name)
+        if opt is None:
+            return []
+        m = re.search(r"[\[{]([^\]}]+)[\]}]", opt.value_hint)
+        if m:
+            return [v.strip() for v in re.split(r"[|,]", m.group(1)) if v.strip()]
+        return re.findall(r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b", opt.help)
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_help(text: str, build: str = "unknown build") -> ServerHelp:
+    help_ = ServerHelp(build=build)
+    current: dict | None = None
+
+    def flush():
+        if current is not None:
+            desc = " ".join(current["help"]).strip()
+            help_.options.append(HelpOption(tuple(current["names"]), current["hint"], desc,
+                                            _REMOVED in desc))
+
+    for line in text.splitlines():
+        if line.startswith("-") and not line.startswith("---"):
+            flush()
+            head, desc = _split_columns(line.rstrip())
+            names, hint = _split_names(head)
+            current = {"names": names, "hint": hint, "help": [desc.strip()] if desc else []}
+        elif current is not None and line.startswith(" ") and line.strip():
+            current["help"].append(line.strip())
+        elif not line.strip() or line.startswith("---"):
+            flush()
+            current = None
+    flush()
+    return help_
+
+
+def _split_columns(line: str) -> tuple[str, str]:
+    """Options and description are separated by padding (2+ spaces); the padding after the first
+    alias ("-md,   --spec-draft-model") follows a comma and is not a separator. Long option parts
+    put the description on the next line instead."""
+    m = _COLUMN_GAP.search(line)
+    return (line[:m.start()], line[m.end():]) if m else (line, "")
+
+
+_COLUMN_GAP = re.compile(r"(?<=[^,\s])\s{2,}")
+
+
+def _split_names(head: str) -> tuple[list[str], str]:
+    """'-md,   --spec-draft-model, --model-draft FNAME' → (['-md', ...], 'FNAME')."""
+    names, rest = [], head.strip()
+    while True:
+        m = re.match(r"(--?[A-Za-z0-9][A-Za-z0-9_-]*)\s*(,\s*)?", rest)
+        if not m:
+            break
+        names.append(m.group(1))
+        rest = rest[m.end():]
+        if not m.group(2):
+            break
+    return names, rest.strip()
+
+
+# ---- draft flags -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DraftFlags:
+    """Spellings for a remote draft on this build. `spec_type` is None on builds before
+    `--spec-type` existed (there `-md` alone enabled speculation)."""
+
+    model: str
+    device: str
+    ngl: str
+    n_max: str
+    ngl_all: str  # the value meaning "every layer": "all" on new builds, a large int on old ones
+    spec_type: str | None
+
+
+DRAFT_SIMPLE = "draft-simple"
+
+
+def draft_flags(h: ServerHelp) -> DraftFlags:
+    spec_type = h.pick("--spec-type")
+    if spec_type is not None and DRAFT_SIMPLE not in h.values("--spec-type"):
+        raise TaskFailed(f"llama-server --spec-type has no '{DRAFT_SIMPLE}' value in this build ({h.build})")
+    ngl = h.require("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
+    ngl_opt = h.option(ngl)
+    return DraftFlags(
+        model=h.require("--spec-draft-model", "-md", "--model-draft"),
+        device=h.require("--spec-draft-device", "-devd", "--device-draft"),
+        ngl=ngl,
+        n_max=h.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"),
+        ngl_all="all" if ngl_opt and "'all'" in ngl_opt.help else "999",
+        spec_type=spec_type,
+    )
+
+
+def draft_argv(h: ServerHelp, model: str, device: str, n_max: int = 4) -> list[str]:
+    """The argv fragment putting draft model `model` on device `device` (e.g. "RPC0")."""
+    f = draft_flags(h)
+    out = [f.spec_type, DRAFT_SIMPLE] if f.spec_type else []
+    return out + [f.model, model, f.device, device, f.ngl, f.ngl_all, f.n_max, str(n_max)]
+
+
+# ---- --version -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LlamaVersion:
+    version: str | None  # "0.5.0-dev"; None on old builds that print only the build number
+    build_number: int | None  # 0 means "unknown" to llama.cpp's build-info: mapped to None
+    commit: str | None  # short or full hash as printed
+
+    @property
+    def label(self) -> str:
+        parts = [self.version or "llama.cpp"]
+        parts.append(f"build {self.build_number}" if self.build_number is not None else "build ?")
+        if self.commit:
+            parts.append(f"commit {self.commit}")
+        return " ".join(parts[:1]) + " (" + ", ".join(parts[1:]) + ")"
+
+
+_VERSION_NEW = re.compile(r"^version:\s*(\S+)\s*\(build\s+(\d+),\s*commit\s+([0-9a-fA-F]+|unknown)\)", re.M)
+_VERSION_OLD = re.compile(r"^version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)", re.M)
+
+
+def parse_version(text: str) -> LlamaVersion:
+    """`version: 0.5.0-dev (build N, commit H)` or older `version: 4589 (eb7cf15a)` (stderr)."""
+    m = _VERSION_NEW.search(text)
+    if m:
+        return LlamaVersion(m.group(1), _build(m.group(2)), _commit(m.group(3)))
+    m = _VERSION_OLD.search(text)
+    if m:
+        return LlamaVersion(None, _build(m.group(1)), _commit(m.group(2)))
+    raise TaskFailed(f"cannot parse llama-server --version output: {text.strip()[:200]!r}")
+
+
+def _build(num: str) -> int | None:
+    n = int(num)
+    return n if n > 0 else None  # build-info falls back to 0 when git gave no count
+
+
+def _commit(h: str) -> str | None:
+    return None if h == "unknown" else h.lower()
+
+
+# ---- --list-devices --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str  # "CPU", "CUDA0", "RPC0", or older "RPC[127.0.0.1:15052]"
+    description: str
+    total_mib: int
+    free_mib: int
+
+    @property
+    def is_rpc(self) -> bool:
+        return self.name.startswith("RPC")
+
+    @property
+    def endpoint_port(self) -> int | None:
+        """The port of the RPC endpoint as typed in `--rpc` (description, else the old name)."""
+        if not self.is_rpc:
+            return None
+        for text in (self.description, self.name):
+            m = re.search(r":(\d{1,5})\]?\s*$", text.strip())
+            if m:
+                return int(m.group(1))
+        return None
+
+
+_DEVICE = re.compile(r"^\s+(\S+?):\s+(.*?)\s+\((\d+) MiB,\s*(\d+) MiB free\)\s*$")
+
+
+def parse_list_devices(text: str) -> list[Device]:
+    """Lines like `  RPC0: 127.0.0.1:50099 (24105 MiB, 24105 MiB free)` after "Available devices:"."""
+    out = []
+    for line in text.splitlines():
+        m = _DEVICE.match(line)
+        if m:
+            out.append(Device(m.group(1), m.group(2), int(m.group(3)), int(m.group(4))))
+    return out
+
+
+def rpc_devices_by_port(devices: list[Device]) -> dict[int, list[str]]:
+    """Tunnel port → RPC device names on that endpoint (an endpoint may expose several devices).
+    Every tunnel shows as 127.0.0.1:<port>, so the port is what maps a device to a node."""
+    out: dict[int, list[str]] = {}
+    for d in devices:
+        port = d.endpoint_port
+        if port is not None:
+            out.setdefault(port, []).append(d.name)
+    return out
