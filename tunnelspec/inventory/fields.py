@@ -1,0 +1,159 @@
+"""Reading one cluster variable of one host: type checks, defaults, and errors that point at the
+line where the value was written. Used by cluster.py; knows nothing about the cluster's shape."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from typing import Any
+
+from tunnelspec.errors import ClusterError
+from tunnelspec.inventory.model import Inventory
+
+# Every variable tunnelspec reads; the typo check suggests one of these.
+KNOWN_VARS = frozenset(
+    {
+        "rpc_port", "tunnel_port", "rpc_role", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache",
+        "llama_repo", "llama_commit", "llama_patches", "llama_build_number", "llama_force_clean",
+        "llama_backend", "llama_cmake_args", "llama_build_jobs", "tunnelspec_root",
+        "llama_model", "llama_draft_model", "llama_server_host", "llama_server_port",
+        "llama_server_public_bind", "llama_server_api_key_file", "llama_server_extra_args",
+        "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl",
+        "rpc_user", "tunnel_user", "llama_user",
+    }
+)
+
+_TRUE = {"true", "yes", "on", "1", "y", "t"}
+_FALSE = {"false", "no", "off", "0", "n", "f"}
+_MISSING = object()
+
+
+def cluster_error(inv: Inventory, host: str | None, var: str | None, message: str) -> ClusterError:
+    """`file:line: host H: variable V: message`, with whatever parts are known.
+
+    The error keeps .host, .var, .file and .line so callers (and tests) need not parse text."""
+    origin = inv.var_origin(host, var) if host in inv.hosts and var else None
+    parts = []
+    if origin:
+        parts.append(f"{origin[0]}:{origin[1]}:")
+    else:
+        parts.append(f"{inv.path}:")
+    if host:
+        parts.append(f"host {host}:")
+    if var:
+        parts.append(f"variable {var}:")
+    err = ClusterError(" ".join(parts + [message]))
+    err.host, err.var = host, var
+    err.file, err.line = (origin if origin else (str(inv.path), None))
+    return err
+
+
+class HostVars:
+    """Typed access to one host's merged variables."""
+
+    def __init__(self, inv: Inventory, host: str):
+        self.inv = inv
+        self.host = host
+        self.values = inv.host_vars(host)
+
+    def fail(self, var: str | None, message: str) -> ClusterError:
+        return cluster_error(self.inv, self.host, var, message)
+
+    def has(self, var: str) -> bool:
+        return var in self.values
+
+    def raw(self, var: str, default: Any = _MISSING) -> Any:
+        if var in self.values:
+            return self.values[var]
+        if default is _MISSING:
+            raise self.fail(var, "is required; set it in the inventory (see inventory.example.ini)")
+        return default
+
+    def string(self, var: str, default: Any = _MISSING) -> str | None:
+        value = self.raw(var, default)
+        if value is None or value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise self.fail(var, f"must be a string, got {value!r}")
+        text = str(value).strip()
+        if not text:
+            raise self.fail(var, "is empty; give a value or remove the line")
+        return text
+
+    def integer(self, var: str, default: Any = _MISSING, minimum: int | None = None) -> int | None:
+        value = self.raw(var, default)
+        if value is None or value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, str) and value.strip().isdigit():
+                value = int(value)
+            else:
+                raise self.fail(var, f"must be an integer, got {value!r}")
+        if minimum is not None and value < minimum:
+            raise self.fail(var, f"must be at least {minimum}, got {value}")
+        return value
+
+    def boolean(self, var: str, default: bool) -> bool:
+        value = self.raw(var, default)
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise self.fail(var, f"must be true or false, got {value!r}")
+
+    def port(self, var: str, default: int) -> int:
+        value = self.integer(var, default)
+        if not 1 <= value <= 65535:
+            raise self.fail(var, f"port {value} is out of range; use 1024..65535")
+        if value < 1024:
+            raise self.fail(
+                var, f"port {value} is privileged (< 1024); tunnelspec services run unprivileged, "
+                "use 1024..65535"
+            )
+        return value
+
+    def choice(self, var: str, choices: tuple[str, ...], default: str) -> str:
+        value = self.string(var, default)
+        if value not in choices:
+            raise self.fail(var, f"must be one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    def words(self, var: str) -> tuple[str, ...]:
+        """A string split like a shell command line, or a list literal of strings."""
+        value = self.raw(var, None)
+        if value is None:
+            return ()
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return tuple(value)
+        if not isinstance(value, str):
+            raise self.fail(var, f"must be a string of arguments, got {value!r}")
+        try:
+            return tuple(shlex.split(value))
+        except ValueError as err:
+            raise self.fail(var, f"cannot split into arguments ({err}); check the quotes") from None
+
+    def csv(self, var: str) -> tuple[str, ...]:
+        """`CUDA0,CUDA1` (or a list literal) -> ("CUDA0", "CUDA1")."""
+        value = self.raw(var, None)
+        if value is None:
+            return ()
+        items = value if isinstance(value, list) else str(value).split(",")
+        return tuple(str(item).strip() for item in items if str(item).strip())
+
+    def check_typos(self) -> None:
+        for name in self.values:
+            if name.startswith("ansible_") or name in KNOWN_VARS:
+                continue
+            close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.8)
+            if close:
+                raise self.fail(
+                    name, f"unknown variable; did you mean '{close[0]}'? (rename it, or pick a name "
+                    "that is not this close to a tunnelspec variable)"
+                )
+
+
+def is_full_sha(text: str) -> bool:
+    return re.fullmatch(r"[0-9a-f]{40}", text) is not None
