@@ -1,0 +1,48 @@
+"""Run the real CLI in a subprocess and parse its JSON events."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class CliResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def events(self) -> list[dict]:
+        return [json.loads(l) for l in self.stdout.splitlines() if l.startswith("{")]
+
+    def results(self, status: str | None = None) -> list[dict]:
+        return [e for e in self.events if e.get("event") == "task_result" and (status is None or e["status"] == status)]
+
+    @property
+    def recap(self) -> dict:
+        return next(e for e in self.events if e.get("event") == "recap")["hosts"]
+
+
+def tunnelspec(*args: str, env: dict | None = None, timeout: float = 300, cwd=None) -> CliResult:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+    e.update(env or {})
+    p = subprocess.run([sys.executable, "-m", "tunnelspec", *args], capture_output=True, text=True, env=e,
+                       timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
+    return CliResult(p.returncode, p.stdout, p.stderr)
+
+
+def make_repo(path) -> str:
+    """A local git repo with one commit; returns the commit SHA."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid",
+           "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+    subprocess.run(["git", "init", "-q", str(path)], check=True, env=env)
+    (path / "README").write_text("hello\n")
+    subprocess.run(["git", "-C", str(path), "add", "README"], check=True, env=env)
+    subprocess.run(["git", "-C", str(path), "commit", "-qm", "one"], check=True, env=env)
+    return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True, env=env,
+                          capture_output=True, text=True).stdout.strip()
