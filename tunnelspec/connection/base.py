@@ -77,6 +77,26 @@ class Connection(abc.ABC):
     def _wrap_become(self, argv: list[str]) -> list[str]:
         return argv
 
+    @abc.abstractmethod
+    async def _stream(self, argv: list[str], on_line, timeout: float | None) -> tuple[int, str]:
+        """Run argv, calling on_line(str) for each line of stdout+stderr; returns (rc, last output)."""
+
+    async def run_stream(self, argv, on_line, *, timeout: float | None = None, check: bool = False,
+                         become: bool = True) -> Result:
+        """For long commands (builds): progress as it happens, not only at the end."""
+        real = reveal_argv(argv)
+        if become:
+            real = self._wrap_become(real)
+        try:
+            rc, tail = await (asyncio.wait_for(self._stream(real, on_line, timeout), timeout)
+                              if timeout else self._stream(real, on_line, None))
+        except asyncio.TimeoutError:
+            raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
+        res = Result(list(argv), rc, tail, "")
+        if check and rc != 0:
+            raise TaskFailed(f"command failed (rc={rc}): {display_argv(argv)}\n{_tail(tail, 30)}")
+        return res
+
     async def run(self, argv, *, input: bytes | str | None = None, timeout: float | None = None,
                   check: bool = False, become: bool = True) -> Result:
         real = reveal_argv(argv)

@@ -29,6 +29,25 @@ class LocalConnection(Connection):
             raise
         return proc.returncode, out, err
 
+    async def _stream(self, argv, on_line, timeout):
+        from collections import deque
+
+        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        tail: deque[str] = deque(maxlen=60)
+        try:
+            async for raw in proc.stdout:
+                line = raw.decode(errors="replace").rstrip("\n")
+                tail.append(line)
+                on_line(line)
+            rc = await proc.wait()
+        except asyncio.CancelledError:
+            proc.kill()
+            await proc.wait()
+            raise
+        return rc, "\n".join(tail)
+
     async def open_connection(self, host, port):
         return await asyncio.open_connection(host, port)
 

@@ -76,6 +76,24 @@ class SSHConnection(Connection):
         rc = proc.exit_status if proc.exit_status is not None else 255
         return rc, proc.stdout or b"", proc.stderr or b""
 
+    async def _stream(self, argv, on_line, timeout):
+        from collections import deque
+
+        tail: deque[str] = deque(maxlen=60)
+        try:
+            # stderr merged into stdout so progress and errors arrive in order.
+            proc = await self._conn.create_process(quote(argv), stderr=asyncssh.STDOUT,
+                                                   encoding="utf-8", errors="replace")
+            async for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                on_line(line)
+            await proc.wait()
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
+            raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
+        rc = proc.exit_status if proc.exit_status is not None else 255
+        return rc, "\n".join(tail)
+
     async def open_connection(self, host, port):
         return await self._conn.open_connection(host, port)
 

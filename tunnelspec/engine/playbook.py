@@ -110,6 +110,15 @@ def load_playbook(path: str | Path) -> Playbook:
         line = getattr(p, "line", None)
         if not isinstance(p, dict):
             raise PlaybookError("a play must be a mapping", file, line)
+        if "import_playbook" in p:
+            # Plays of another file, in place (paths relative to this playbook).
+            if set(p) - {"import_playbook", "name"}:
+                raise PlaybookError("import_playbook takes no other keys", file, line)
+            sub = path.parent / str(p["import_playbook"])
+            if not sub.exists():
+                raise PlaybookError(f"imported playbook {p['import_playbook']!r} not found", file, line)
+            plays.extend(load_playbook(sub).plays)
+            continue
         unknown = set(p) - _PLAY_KEYS
         if unknown:
             k = sorted(unknown)[0]
