@@ -27,11 +27,16 @@ def test_sdist_is_verified(sdist):
     assert fixtures.sha256_file(sdist) == fixtures.SDIST_SHA256
 
 
-def test_repo_commit_is_reproducible(sdist, tmp_path, llama_fixtures):
-    a = fixtures.build_repo(sdist, tmp_path / "a" / "llama.cpp.git")
-    b = fixtures.build_repo(sdist, tmp_path / "b" / "llama.cpp.git")
-    assert a == b
-    assert a == (llama_fixtures.commit, llama_fixtures.side_commit)
+def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fixtures):
+    """Built from scratch in another directory: same SHAs and model bytes as the machine's cache
+    (itself made in an earlier run), and the second call only reads the stamp."""
+    fresh = fixtures.ensure_fixtures(str(tmp_path / "fx"), downloads_dir=str(sdist.parent))
+    assert (fresh.commit, fresh.side_commit, fresh.model_sha256) == (
+        llama_fixtures.commit, llama_fixtures.side_commit, llama_fixtures.model_sha256)
+    assert fresh.repo_local == str(tmp_path / "fx" / "llama.cpp.git")
+    started = time.monotonic()
+    assert fixtures.ensure_fixtures(str(tmp_path / "fx"), downloads_dir=str(sdist.parent)) == fresh
+    assert time.monotonic() - started < 1.0
 
 
 def test_repo_shape(llama_fixtures, tmp_path):
@@ -93,3 +98,16 @@ def test_ensure_is_cached(llama_fixtures):
     again = fixtures.ensure_fixtures()
     assert again == llama_fixtures
     assert time.monotonic() - started < 1.0
+
+
+def test_sdist_download_verifies_checksum(tmp_path, monkeypatch):
+    """Real `pip download` from PyPI into an empty dir; a checksum mismatch is refused, not kept."""
+    from tunnelspec.errors import LabError
+
+    monkeypatch.setattr(fixtures, "SDIST_SHA256", "0" * 64)
+    with pytest.raises(LabError, match="sha256"):
+        fixtures.ensure_sdist(str(tmp_path))
+    assert not (tmp_path / fixtures.SDIST_FILE).exists()
+    monkeypatch.undo()
+    path = fixtures.ensure_sdist(str(tmp_path))
+    assert fixtures.sha256_file(path) == fixtures.SDIST_SHA256

@@ -12,6 +12,7 @@ re-running is instant and an interrupted run starts over cleanly.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -76,13 +77,23 @@ class Fixtures:
 
 
 def ensure_fixtures(fixtures_dir: str = FIXTURES_DIR, downloads_dir: str = DOWNLOADS_DIR) -> Fixtures:
-    """Create (once) and return the fixtures. Safe to call concurrently with nothing else."""
+    """Create (once) and return the fixtures; later calls read the stamp and return at once."""
     root = Path(fixtures_dir)
     stamp = root / STAMP_NAME
     cached = _read_stamp(stamp)
     if cached is not None:
         return cached
     root.mkdir(parents=True, exist_ok=True)
+    # The lab and a test session may both ask at once: one builds, the other waits and reuses.
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _read_stamp(stamp)
+        if cached is not None:
+            return cached
+        return _create(root, stamp, downloads_dir)
+
+
+def _create(root: Path, stamp: Path, downloads_dir: str) -> Fixtures:
     stamp.unlink(missing_ok=True)
     sdist = ensure_sdist(downloads_dir)
     commit, side_commit = build_repo(sdist, root / REPO_NAME)

@@ -91,3 +91,29 @@ def start_rpc_server(binary: str, port: int, log_path: str | os.PathLike,
         p.stop()
         raise TaskFailed(f"{binary} on {LOOPBACK}:{port} not ready after {ready_timeout:g}s: {last}")
     return p
+
+
+def wait_health(port: int, timeout: float = 60.0, proc: LocalProcess | None = None) -> None:
+    """Poll llama-server's /health on 127.0.0.1:port until 200 (503 while loading)."""
+    import urllib.error
+    import urllib.request
+
+    url = f"http://{LOOPBACK}:{port}/health"
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    for _ in range(int(timeout / 0.1) + 1):
+        if proc is not None and proc.proc.poll() is not None:
+            raise TaskFailed(f"llama-server exited with {proc.proc.returncode}:\n{proc.log()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+                last = f"HTTP {resp.status}"
+        except urllib.error.HTTPError as err:
+            last = f"HTTP {err.code}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+            last = str(err)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # bounded poll interval
+    raise TaskFailed(f"llama-server {url} not healthy after {timeout:g}s: {last}")
