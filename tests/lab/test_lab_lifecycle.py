@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -89,6 +90,21 @@ def test_small_lab_reboots_and_down_leaves_nothing(tmp_path):
         assert poll(lambda: _boot_id(lab, "solo") not in ("", before)), "host did not come back"
         assert poll(lambda: _system_state(lab, "solo") == "running")
         assert state.load(SMALL_BRIDGE)["hosts"]["solo"]["pid"] == supervisor
+
+        # `up` again keeps a running host, refuses another host list, restarts a dead host.
+        lab.up(["solo"])
+        assert state.load(SMALL_BRIDGE)["hosts"]["solo"]["pid"] == supervisor
+        with pytest.raises(LabError, match="lab down"):
+            lab.up(["solo", "two"])
+        rebooted_init = host.container_init(supervisor)
+        os.killpg(supervisor, signal.SIGKILL)  # a crash: nspawn gone, the container orphaned
+        assert poll(lambda: not host.alive(supervisor))
+        lab.up(["solo"])
+        restarted = state.load(SMALL_BRIDGE)["hosts"]["solo"]["pid"]
+        assert restarted != supervisor and host.alive(restarted)
+        assert not host.alive(rebooted_init)  # the orphan was ended from its cgroup
+        assert _system_state(lab, "solo") == "running"
+        init = host.container_init(restarted)
     finally:
         lab.down()
 
@@ -100,6 +116,7 @@ def test_small_lab_reboots_and_down_leaves_nothing(tmp_path):
     assert str(root) not in Path("/proc/mounts").read_text()
     assert "tslab9-solo" not in Path("/proc/mounts").read_text()
     assert not host.alive(supervisor) and not host.alive(init)
+    assert not host.alive(restarted)
     assert _nspawn_processes("tslab9-solo") == []
     assert not any(Path(p).exists() for p in rec["cgroups"])
     assert not any(h.joinpath(cgroups.PARENT, "tslab9-solo").exists()

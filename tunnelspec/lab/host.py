@@ -123,6 +123,18 @@ def alive(pid: int | None) -> bool:
     return state not in ("Z", "X")
 
 
+def supervisor_alive(pid: int | None, machine: str) -> bool:
+    """Alive and really our supervisor: a PID read from a state file may have been reused by an
+    unrelated process after a crash or a reboot of the machine, and must never be killed."""
+    if not alive(pid):
+        return False
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"--machine={machine}".encode() in argv
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     try:

@@ -146,7 +146,7 @@ class Lab:
     def _specs(self, hosts: list[str]) -> list[HostSpec]:
         home = state.state_dir(self.net.bridge)
         return [HostSpec(name=n, index=i, ip=self.net.host_ip(i), netns=self.net.netns(n),
-                         machine=f"{self.net.bridge}-{n}", home=home / n)
+                         machine=self._machine(n), home=home / n)
                 for i, n in enumerate(hosts)]
 
     def _ensure_host(self, st: dict, spec: HostSpec, image: Path, client_pub: str) -> str:
@@ -154,7 +154,7 @@ class Lab:
                                                  "netns": spec.netns, "cgroups": []})
         state.save(self.net.bridge, st)  # recorded before anything is created
         network.ensure_host_link(self.net, spec.index, spec.name)
-        if host.alive(rec["pid"]):
+        if host.supervisor_alive(rec["pid"], spec.machine):
             return (spec.home / "ssh_host_ed25519_key.pub").read_text().strip()
         # Dead or never started: clear what a crashed run left in its cgroups, then boot.
         host.stop(None, rec["cgroups"])
@@ -183,7 +183,7 @@ class Lab:
         while pending and time.monotonic() < end:
             for name in sorted(pending):
                 rec = state.load(self.net.bridge)["hosts"][name]
-                if not host.alive(rec["pid"]):
+                if not host.supervisor_alive(rec["pid"], self._machine(name)):
                     raise LabError(f"lab host {name} stopped while booting; see "
                                    f"{state.state_dir(self.net.bridge) / name / 'nspawn.log'}")
                 states[name] = self._system_state(name)
@@ -222,11 +222,14 @@ class Lab:
             rec = st["hosts"].get(name)
             if rec is None:
                 continue
-            running = host.alive(rec["pid"])
+            running = host.supervisor_alive(rec["pid"], self._machine(name))
             out.append(HostStatus(name, rec["ip"], rec["pid"], running,
                                   self._system_state(name) if running else "-",
                                   network.link_is_up(self.net, rec["index"])))
         return out
+
+    def _machine(self, name: str) -> str:
+        return f"{self.net.bridge}-{name}"
 
     def _record(self, name: str) -> dict:
         st = state.load(self.net.bridge)
@@ -239,7 +242,9 @@ class Lab:
              timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
         """Run argv inside a host through its namespaces (works even with its link cut)."""
         rec = self._record(name)
-        init = host.container_init(rec["pid"]) if host.alive(rec["pid"]) else None
+        init = None
+        if host.supervisor_alive(rec["pid"], self._machine(name)):
+            init = host.container_init(rec["pid"])
         if init is None:
             raise LabError(f"lab host {name} is not running")
         kw = {"capture_output": True, "text": True} if capture else {}
@@ -256,12 +261,13 @@ class Lab:
         st = state.load(self.net.bridge)
         if st is not None:
             for name, rec in st["hosts"].items():
-                host.stop(rec["pid"], rec["cgroups"])
+                pid = rec["pid"] if host.supervisor_alive(rec["pid"], self._machine(name)) else None
+                host.stop(pid, rec["cgroups"])
                 host.unmount(Path(rec.get("root", state.state_dir(self.net.bridge) / name / "root")))
                 busy = cgroups.remove(rec["cgroups"])
                 if busy:
                     raise LabError(f"lab host {name}: cgroups still busy: {', '.join(busy)}")
-                _remove_nspawn_runtime(f"{self.net.bridge}-{name}")
+                _remove_nspawn_runtime(self._machine(name))
                 network.remove_host_link(self.net, rec["index"], name)
                 rec["pid"] = None
                 state.save(self.net.bridge, st)
