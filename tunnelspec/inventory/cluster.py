@@ -160,8 +160,8 @@ class Cluster:
                     f"differs from the main host {main_name}; every host must build the same "
                     "source, so set it once in [all:vars]",
                 )
-        nodes = tuple(_rpc_node(HostVars(inv, name), i) for i, name in enumerate(rpc_names))
         main = _main_host(HostVars(inv, main_name))
+        nodes = tuple(_rpc_node(HostVars(inv, name), i) for i, name in enumerate(rpc_names))
         _check_roles(inv, nodes)
         _check_ports(inv, main, nodes)
         return cls(inventory=inv, main=main, rpc=nodes, source=source)

@@ -21,6 +21,7 @@ KNOWN_VARS = frozenset(
         "llama_server_public_bind", "llama_server_api_key_file", "llama_server_extra_args",
         "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl",
         "rpc_user", "tunnel_user", "llama_user",
+        "tunnelspec_known_hosts",  # read by the connection layer (the lab writes it)
     }
 )
 
