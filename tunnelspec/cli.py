@@ -89,6 +89,33 @@ def play_cmd(inventory_file, playbook, **kw):
     _play(inventory_file, playbook, **kw)
 
 
+def _builtin(name: str) -> str:
+    from tunnelspec.engine.playbook import builtin_playbook
+
+    return str(builtin_playbook(name))
+
+
+@main.command("deploy")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--allow-vulnerable-llama", is_flag=True,
+              help="Deploy even when the pinned build is in a known-vulnerable range (see `tunnelspec advisories`).")
+@run_options
+def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
+    """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
+    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True,
+          allow_vulnerable_llama=allow_vulnerable_llama, **kw)
+
+
+@main.command("teardown")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--purge", is_flag=True, help="Also remove sources, builds, caches and uploaded models.")
+@run_options
+def teardown_cmd(inventory_file, purge, **kw):
+    """Remove everything tunnelspec installed; prove nothing it started still listens."""
+    kw["extra_vars"] = tuple(kw.get("extra_vars") or ()) + (f"tunnelspec_purge={'true' if purge else 'false'}",)
+    _play(inventory_file, _builtin("teardown.yml"), require_cluster=True, **kw)
+
+
 # ---- inventory -------------------------------------------------------------------------------
 @main.group()
 def inventory() -> None:
