@@ -1,0 +1,63 @@
+"""ListeningSockets: TCP listeners on a host, from `ss -Hltnp` (a command plus a pure parser).
+
+A line looks like
+`LISTEN 0 1 127.0.0.1:50052 0.0.0.0:* users:(("ggml-rpc-server",pid=812,fd=3))`;
+local addresses can be `0.0.0.0:22`, `[::]:22`, `*:22`, `[::ffff:127.0.0.1]:80` or carry an
+interface (`127.0.0.53%lo:53`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tunnelspec.constants import LOOPBACK
+
+COMMAND = ["ss", "-Hltnp"]
+_PROC = re.compile(r'\("([^"]*)",pid=(\d+),fd=\d+\)')
+# Addresses that accept connections from every interface.
+WILDCARDS = {"0.0.0.0", "::", "*"}
+
+
+@dataclass(frozen=True)
+class ListeningSocket:
+    address: str  # without brackets or %interface
+    port: int
+    processes: tuple[tuple[str, int], ...] = field(default=())  # (name, pid)
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.address == LOOPBACK
+
+    @property
+    def wildcard(self) -> bool:
+        return self.address in WILDCARDS
+
+
+def _split_endpoint(text: str) -> tuple[str, int]:
+    addr, _, port = text.rpartition(":")
+    addr = addr.split("%", 1)[0]
+    if addr.startswith("[") and addr.endswith("]"):
+        addr = addr[1:-1]
+    return addr, int(port)
+
+
+def parse(text: str) -> list[ListeningSocket]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 5 or parts[0] != "LISTEN":
+            continue
+        address, port = _split_endpoint(parts[3])
+        procs = tuple((name, int(pid)) for name, pid in _PROC.findall(" ".join(parts[5:])))
+        out.append(ListeningSocket(address, port, procs))
+    return out
+
+
+def on_port(sockets: list[ListeningSocket], port: int) -> list[ListeningSocket]:
+    return [s for s in sockets if s.port == port]
+
+
+async def listening_sockets(conn) -> list[ListeningSocket]:
+    res = await conn.run(COMMAND, check=True)
+    return parse(res.stdout)

@@ -1,0 +1,204 @@
+"""The RPC server on an rpc node: which binary, and the proofs after start — it listens on
+loopback only, its port is unreachable on the node's network address, and it answers HELLO
+from the node itself.
+
+These checks are read-only (ok or failed, never changed). They poll with a deadline because the
+service was (re)started a moment ago by a handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from tunnelspec.constants import LOOPBACK
+from tunnelspec.errors import TaskFailed
+from tunnelspec.facts.sockets import listening_sockets, on_port
+from tunnelspec.llama.rpc import ProbeStatus, probe
+from tunnelspec.tasks.base import Arg, Task, ok, register_task
+
+RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # renamed ≈b98xx (PR #25045)
+POLL_S = 0.25
+# GPU runtimes and the video/render groups the RPC unit needs for each backend.
+BACKEND_GROUPS = {"cpu": [], "metal": [], "cuda": [], "hip": ["video", "render"], "vulkan": ["video", "render"]}
+
+
+def rpc_argv(binary: str, port: int, devices, threads, cache: bool) -> list[str]:
+    """The server's command line: loopback is not a parameter."""
+    argv = [binary, "-H", LOOPBACK, "-p", str(int(port))]
+    if devices:
+        argv += ["-d", ",".join(devices)]
+    if threads:
+        argv += ["-t", str(int(threads))]
+    if cache:
+        argv.append("-c")
+    return argv
+
+
+@register_task
+class RpcServerBinary(Task):
+    """Find the RPC server binary of the active build and register `rpc_server_bin`."""
+
+    module = "rpc_server_binary"
+    read_only = True
+    args = {"root": Arg(str, required=True), "path": Arg(str)}
+
+    def _candidates(self, ctx) -> list[str]:
+        if self.p["path"]:
+            return [self.p["path"]]
+        out = []
+        built = (ctx.vars.get("llama_build") or {}).get("bin") or {}
+        out += [built[n] for n in RPC_SERVER_NAMES if built.get(n)]
+        out += [f"{self.p['root']}/current/bin/{n}" for n in RPC_SERVER_NAMES]
+        return out
+
+    async def check(self, ctx):
+        cands = self._candidates(ctx)
+        res = await ctx.conn.run(["sh", "-c", 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1',
+                                  "sh", *cands])
+        if res.rc != 0:
+            raise TaskFailed(f"no RPC server binary on {ctx.host} (looked for {', '.join(cands)}); "
+                             "run the build play first (tunnelspec deploy)")
+        path = res.stdout.strip()
+        ctx.register("rpc_server_bin", path)
+        return ok(path)
+
+
+async def _poll(deadline_s: float, attempt):
+    """Call `attempt()` until it returns a non-None value or the deadline passes (then None)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = await attempt()
+        if value is not None or time.monotonic() >= end:
+            return value
+        await asyncio.sleep(POLL_S)
+
+
+@register_task
+class RpcListenCheck(Task):
+    """The RPC port is bound, and only on 127.0.0.1 (the listening-sockets fact)."""
+
+    module = "rpc_listen_check"
+    read_only = True
+    args = {"port": Arg(int, required=True), "timeout": Arg((int, float), default=30)}
+
+    async def check(self, ctx):
+        port = self.p["port"]
+
+        async def attempt():
+            found = on_port(await listening_sockets(ctx.conn), port)
+            return found or None
+
+        found = await _poll(self.p["timeout"], attempt)
+        if not found:
+            raise TaskFailed(f"nothing listens on port {port} after {self.p['timeout']}s; "
+                             f"see journalctl -u tunnelspec-rpc on {ctx.host}")
+        exposed = [s for s in found if not s.loopback_only]
+        if exposed:
+            where = ", ".join(f"{s.address}:{s.port}" for s in exposed)
+            raise TaskFailed(f"port {port} is bound beyond loopback ({where}): the RPC protocol "
+                             "must only listen on 127.0.0.1; stop it now")
+        procs = sorted({f"{n}[{pid}]" for s in found for n, pid in s.processes})
+        return ok(f"{LOOPBACK}:{port} only ({', '.join(procs) or 'process unknown'})")
+
+
+async def connect_refused_from(conn, address: str, port: int, timeout: float = 5.0) -> str | None:
+    """Try a TCP connection from `conn`'s host to address:port. None when it failed (good);
+    a message when it connected (the port is exposed)."""
+    try:
+        reader, writer = await asyncio.wait_for(conn.open_connection(address, port), timeout)
+    except asyncio.TimeoutError:
+        return None  # dropped by a firewall: unreachable
+    except Exception as exc:  # noqa: BLE001 - refused/unreachable in any form is the expected outcome
+        import asyncssh
+
+        if isinstance(exc, (OSError, asyncssh.ChannelOpenError)):
+            return None
+        raise
+    writer.close()
+    return f"connected to {address}:{port}"
+
+
+@register_task
+class RpcUnreachable(Task):
+    """From other hosts (default: the main host), the node's network address does not accept
+    connections on the RPC port."""
+
+    module = "rpc_unreachable"
+    read_only = True
+    args = {"port": Arg(int, required=True), "address": Arg(str, required=True),
+            "from_hosts": Arg(list, required=True)}
+
+    async def check(self, ctx):
+        if self.p["address"].startswith("127."):
+            raise TaskFailed(f"{ctx.host}'s address is loopback ({self.p['address']}); cannot prove isolation")
+        for other in self.p["from_hosts"]:
+            conn = await ctx.controller.connection(other)
+            got = await connect_refused_from(conn, self.p["address"], self.p["port"])
+            if got:
+                raise TaskFailed(f"from {other}: {got}: the RPC port is reachable over the network")
+        return ok(f"{self.p['address']}:{self.p['port']} unreachable from {', '.join(self.p['from_hosts'])}")
+
+
+async def probe_until(opener, deadline_s: float, expected=None, busy_timeout: float = 3.0):
+    """Probe until the server answers (or says busy, or mismatches), polling while it is not up yet."""
+    last = None
+
+    async def attempt():
+        nonlocal last
+        last = await probe(opener, timeout=busy_timeout, expected=expected)
+        return last if last.status in (ProbeStatus.OK, ProbeStatus.BUSY, ProbeStatus.MISMATCH) else None
+
+    return await _poll(deadline_s, attempt) or last
+
+
+@register_task
+class RpcProbe(Task):
+    """RPC HELLO from the node itself (over the node's SSH connection to its own loopback);
+    registers `rpc_version` ("major.minor.patch")."""
+
+    module = "rpc_probe"
+    read_only = True
+    args = {"port": Arg(int, required=True), "timeout": Arg((int, float), default=30),
+            "allow_busy": Arg(bool, default=True)}
+
+    async def check(self, ctx):
+        result = await probe_until(lambda: ctx.conn.open_connection(LOOPBACK, self.p["port"]), self.p["timeout"])
+        if result.status is ProbeStatus.BUSY and self.p["allow_busy"]:
+            ctx.register("rpc_version", None)
+            return ok(f"busy: a client (llama-server) holds the server on port {self.p['port']}")
+        if not result.ok:
+            raise TaskFailed(f"RPC probe of {LOOPBACK}:{self.p['port']} on {ctx.host}: {result}")
+        ctx.register("rpc_version", result.version_str)
+        return ok(str(result))
+
+
+RPC_UNIT = "tunnelspec-rpc.service"
+
+
+@register_task
+class RpcUnit(Task):
+    """`tunnelspec-rpc.service` for this node, rendered from templates/tunnelspec-rpc.service.j2
+    with the node's settings from the inventory (verified by systemd-analyze before install).
+    Notify a daemon-reload and a restart."""
+
+    module = "rpc_unit"
+    args = {"binary": Arg(str, required=True)}
+
+    def _unit(self, ctx):
+        from tunnelspec.tasks.systemd import SystemdUnit
+
+        node = ctx.controller.cluster.node(ctx.host)
+        if node.bind != LOOPBACK:  # the cluster model already refuses this; never render it
+            raise TaskFailed(f"rpc bind {node.bind!r} is not {LOOPBACK}")
+        argv = rpc_argv(self.p["binary"], node.rpc_port, node.devices, node.threads, node.cache)
+        return SystemdUnit({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "content": None, "verify": True,
+                            "vars": {"loopback": LOOPBACK, "rpc_port": node.rpc_port, "rpc_user": node.users.rpc,
+                                     "cache": node.cache, "backend": node.build.backend, "rpc_argv": argv,
+                                     "supplementary_groups": BACKEND_GROUPS[node.build.backend]}})
+
+    async def check(self, ctx):
+        return await self._unit(ctx).check(ctx)
+
+    async def apply(self, ctx, ch):
+        await self._unit(ctx).apply(ctx, ch)

@@ -1,0 +1,314 @@
+"""Tunnel trust and tunnels: the main host's tunnel-only key, the nodes' pinned host keys, the
+restricted authorized_keys line on each node, one persistent ssh unit per node on main, and the
+end-to-end HELLO through each tunnel.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from tunnelspec.constants import LOOPBACK
+from tunnelspec.errors import TaskFailed
+from tunnelspec.keys import (TUNNEL_FORCED_COMMAND, authorized_keys_line, fingerprint, generate_ed25519,
+                             known_hosts_line, tunnel_key_options)
+from tunnelspec.llama.rpc import ProbeStatus
+from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
+from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+from tunnelspec.tasks.rpc import probe_until
+from tunnelspec.tasks.systemd import Service, SystemdUnit
+
+TUNNEL_DIR = "/etc/tunnelspec/tunnel"          # on main: key (tunnel user, 0600) + known_hosts (root)
+KEY_PATH = f"{TUNNEL_DIR}/id_ed25519"
+KNOWN_HOSTS = f"{TUNNEL_DIR}/known_hosts"
+NODE_HOME = "/var/lib/tunnelspec/tunnel"       # on nodes: the tunnel user's home, root-owned
+UNIT_TEMPLATE = "tunnelspec-tunnel.service.j2"
+_UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def unit_name(node: str) -> str:
+    if not _UNIT_SAFE.match(node):
+        raise TaskFailed(f"rpc node name {node!r} cannot be part of a unit name")
+    return f"tunnelspec-tunnel-{node}.service"
+
+
+def node_ssh_target(inv, node: str) -> tuple[str, int]:
+    """Where main's ssh reaches the node: tunnel_ssh_host/port, else the controller's view."""
+    hv = inv.host_vars(node)
+    host = str(hv.get("tunnel_ssh_host", hv.get("ansible_host", node)))
+    port = int(hv.get("tunnel_ssh_port", hv.get("ansible_port", 22)))
+    return host, port
+
+
+def selected_nodes(cluster, nodes) -> list:
+    """`nodes`: a list or comma string of node names; empty or "all" means every rpc node."""
+    if isinstance(nodes, str):
+        nodes = [n for n in nodes.split(",") if n]
+    if not nodes or nodes == ["all"]:
+        return list(cluster.rpc)
+    known = {n.name: n for n in cluster.rpc}
+    bad = [n for n in nodes if n not in known]
+    if bad:
+        raise TaskFailed(f"not rpc node(s): {', '.join(bad)} (rpc nodes: {', '.join(known)})")
+    return [known[n] for n in nodes]
+
+
+def ssh_argv(node, target: tuple[str, int], user: str, key: str, known_hosts: str, session: bool) -> list[str]:
+    host, port = target
+    opts = {
+        "BatchMode": "yes", "StrictHostKeyChecking": "yes", "UserKnownHostsFile": known_hosts,
+        "GlobalKnownHostsFile": "/dev/null", "CheckHostIP": "no", "UpdateHostKeys": "no",
+        "IdentitiesOnly": "yes", "IdentityAgent": "none", "PubkeyAuthentication": "yes",
+        "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
+        "HostbasedAuthentication": "no", "ExitOnForwardFailure": "yes",
+        "ServerAliveInterval": "5", "ServerAliveCountMax": "3", "ConnectTimeout": "10",
+        "Compression": "no", "ForwardAgent": "no", "ForwardX11": "no", "PermitLocalCommand": "no",
+        "ControlMaster": "no", "ControlPath": "none", "RequestTTY": "no",
+    }
+    argv = ["/usr/bin/ssh", "-F", "none", "-T"] + (["-N"] if not session else [])
+    argv += ["-i", key, "-p", str(port), "-l", user]
+    for k, v in opts.items():
+        argv += ["-o", f"{k}={v}"]
+    argv += ["-L", f"{LOOPBACK}:{node.tunnel_port}:{LOOPBACK}:{node.rpc_port}", host]
+    return argv
+
+
+# ---- main: the tunnel key ---------------------------------------------------------------------
+@register_task
+class TunnelKeypair(Task):
+    """A tunnel-only ed25519 key on main, generated on the controller in memory and written only
+    there (0600, owned by the tunnel user). `rotation`: a token; a new token replaces the key once.
+    Registers `tunnel_pubkey`."""
+
+    module = "tunnel_keypair"
+    args = {"path": Arg(str, default=KEY_PATH), "owner": Arg(str, required=True),
+            "rotation": Arg(str, default=""), "comment": Arg(str, default="tunnelspec-tunnel")}
+
+    async def _current(self, ctx) -> tuple[str | None, str]:
+        # The public half is derived on main (ssh-keygen -y), so the private key never travels back.
+        res = await ctx.conn.run(["ssh-keygen", "-y", "-f", self.p["path"]])
+        pub = res.stdout.strip() if res.rc == 0 and res.stdout.startswith("ssh-ed25519 ") else None
+        token = (await ctx.conn.get(self.p["path"] + ".rotation") or b"").decode().strip()
+        return pub, token
+
+    async def check(self, ctx):
+        pub, token = await self._current(ctx)
+        meta = await ctx.conn.run(["stat", "-c", "%a %U", "--", self.p["path"]])
+        if pub is None:
+            return change(f"generate tunnel key {self.p['path']}")
+        if self.p["rotation"] and token != self.p["rotation"]:
+            return change(f"rotate tunnel key {fingerprint(pub)}")
+        if meta.stdout.split() != ["600", self.p["owner"]]:
+            return change(f"key mode/owner {meta.stdout.strip()} → 600 {self.p['owner']}", rewrite=True)
+        line = f"{pub} {self.p['comment']}"
+        ctx.register("tunnel_pubkey", line)
+        return ok(f"tunnel key {fingerprint(pub)}")
+
+    async def apply(self, ctx, ch):
+        d = self.p["path"].rsplit("/", 1)[0]
+        await ctx.conn.run(["install", "-d", "-m", "750", "-o", "root", "-g", self.p["owner"], "--", d], check=True)
+        if ch.data.get("rewrite"):
+            await ctx.conn.run(["chown", f"{self.p['owner']}:{self.p['owner']}", "--", self.p["path"]], check=True)
+            await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
+            return
+        pair = generate_ed25519(self.p["comment"])
+        ctx.add_secret(pair.private_openssh.reveal())
+        await ctx.conn.put(pair.private_openssh.reveal(), self.p["path"], 0o600, self.p["owner"])
+        await ctx.conn.put(pair.public_line + "\n", self.p["path"] + ".pub", 0o644)
+        await ctx.conn.put(self.p["rotation"] + "\n", self.p["path"] + ".rotation", 0o644)
+
+
+# ---- main: pinned host keys of the nodes ----------------------------------------------------------
+def verified_host_key(conn) -> str:
+    """The host key the controller's own SSH connection verified (strict known_hosts)."""
+    inner = getattr(conn, "_conn", None)  # tunnelspec.connection.ssh.SSHConnection's asyncssh connection
+    if inner is None:
+        raise TaskFailed(f"{conn.name}: not an SSH connection; its host key cannot be pinned from the controller")
+    key = inner.get_server_host_key()
+    if key is None:
+        raise TaskFailed(f"{conn.name}: no verified server host key")
+    return key.export_public_key().decode().strip()
+
+
+@register_task
+class KnownHostsPin(Task):
+    """known_hosts on main with each rpc node's host key as the controller verified it."""
+
+    module = "known_hosts_pin"
+    args = {"path": Arg(str, default=KNOWN_HOSTS), "nodes": Arg((list, str), default="all")}
+
+    async def _content(self, ctx) -> str:
+        lines = []
+        for node in selected_nodes(ctx.controller.cluster, []):  # every node: one file for all tunnels
+            conn = await ctx.controller.connection(node.name)
+            addr, port = node_ssh_target(ctx.controller.inventory, node.name)
+            lines.append(known_hosts_line(addr, port, verified_host_key(conn)))
+        return "\n".join(lines) + "\n"
+
+    async def check(self, ctx):
+        want = await self._content(ctx)
+        cur = (await ctx.conn.get(self.p["path"]) or b"").decode()
+        if cur == want:
+            return ok(f"{len(want.splitlines())} host key(s) pinned")
+        return change("pin node host keys", Diff(cur, want, self.p["path"]), content=want)
+
+    async def apply(self, ctx, ch):
+        d = self.p["path"].rsplit("/", 1)[0]
+        await ctx.conn.run(["install", "-d", "-m", "755", "--", d], check=True)
+        await ctx.conn.put(ch.data["content"], self.p["path"], 0o644)
+
+
+# ---- nodes: the restricted key line ----------------------------------------------------------------
+async def source_address(ctx, node_address: str) -> str | None:
+    """Main's address as the node sees it: the source main's routing picks for the node's IP.
+    None when the node is addressed by name (no DNS from here) or main cannot tell."""
+    try:
+        ipaddress.ip_address(node_address)
+    except ValueError:
+        return None
+    main = ctx.controller.cluster.main.name
+    conn = await ctx.controller.connection(main)
+    res = await conn.run(["ip", "-o", "route", "get", node_address])
+    words = res.stdout.split()
+    if res.rc == 0 and "src" in words:
+        src = words[words.index("src") + 1]
+        try:
+            ipaddress.ip_address(src)
+            return src
+        except ValueError:
+            return None
+    return None
+
+
+@register_task
+class TunnelAuthorizedKey(Task):
+    """The tunnel user's authorized_keys on a node: exactly one line,
+    `restrict,port-forwarding,permitopen="127.0.0.1:<rpc_port>"[,from=…],command="/bin/sleep infinity"`.
+    Root-owned and 0644 in a root-owned directory, so the tunnel user cannot widen it."""
+
+    module = "tunnel_authorized_key"
+    args = {"user": Arg(str, required=True), "pubkey": Arg(str, required=True), "rpc_port": Arg(int, required=True),
+            "from_address": Arg(str), "home": Arg(str, default=NODE_HOME)}
+
+    async def _line(self, ctx) -> str:
+        frm = self.p["from_address"]
+        if frm is None:
+            addr, _ = node_ssh_target(ctx.controller.inventory, ctx.host)
+            frm = await source_address(ctx, addr)
+        opts = tunnel_key_options(self.p["rpc_port"], frm or None, TUNNEL_FORCED_COMMAND)
+        return authorized_keys_line(self.p["pubkey"], opts, "tunnelspec-tunnel") + "\n"
+
+    async def check(self, ctx):
+        path = f"{self.p['home']}/.ssh/authorized_keys"
+        want = await self._line(ctx)
+        cur = (await ctx.conn.get(path) or b"").decode()
+        meta = await ctx.conn.run(["stat", "-c", "%a %U", "--", path])
+        if cur == want and meta.stdout.split() == ["644", "root"]:
+            return ok("restricted tunnel key present")
+        return change("install restricted tunnel key", Diff(cur, want, path), content=want)
+
+    async def apply(self, ctx, ch):
+        home = self.p["home"]
+        await ctx.conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", "--", home, f"{home}/.ssh"],
+                           check=True)
+        await ctx.conn.put(ch.data["content"], f"{home}/.ssh/authorized_keys", 0o644, "root")
+
+
+# ---- main: one unit per node ------------------------------------------------------------------------
+@register_task
+class TunnelUnits(Task):
+    """Install, start and enable `tunnelspec-tunnel-<node>.service` on main (state=started), or
+    stop and disable them (state=stopped). A unit whose file changed is restarted."""
+
+    module = "tunnel_units"
+    args = {"nodes": Arg((list, str), default="all"), "key": Arg(str, default=KEY_PATH),
+            "known_hosts": Arg(str, default=KNOWN_HOSTS), "session": Arg(bool, default=True),
+            "state": Arg(str, default="started", choices=("started", "stopped"))}
+
+    def _parts(self, ctx, node):
+        cluster = ctx.controller.cluster
+        name = unit_name(node.name)
+        key_fp = "?"
+        pub = ctx.vars.get("tunnel_pubkey")
+        if pub:
+            key_fp = fingerprint(pub)
+        target = node_ssh_target(cluster.inventory, node.name)
+        argv = ssh_argv(node, target, node.users.tunnel, self.p["key"], self.p["known_hosts"], self.p["session"])
+        unit = SystemdUnit({"name": name, "src": UNIT_TEMPLATE, "content": None, "verify": True, "vars": {
+            "node": node.name, "loopback": LOOPBACK, "tunnel_port": node.tunnel_port, "rpc_port": node.rpc_port,
+            "tunnel_user": cluster.main.users.tunnel, "ssh_argv": argv, "session": self.p["session"],
+            "forced_command": TUNNEL_FORCED_COMMAND, "key_fingerprint": key_fp}})
+        want = self.p["state"] == "started"
+        svc = Service({"name": name, "state": self.p["state"], "enabled": want})
+        return name, unit, svc
+
+    async def check(self, ctx):
+        todo, plan = [], []
+        for node in selected_nodes(ctx.controller.cluster, self.p["nodes"]):
+            name, unit, svc = self._parts(ctx, node)
+            u = await unit.check(ctx) if self.p["state"] == "started" else ok("unit kept")
+            s = await svc.check(ctx)
+            if u.changed or s.changed:
+                todo.append(f"{name}: {', '.join(c.msg for c in (u, s) if c.changed)}")
+                plan.append((node.name, u.changed, s.changed))
+        if not todo:
+            return ok(f"tunnels {self.p['state']}")
+        return change("; ".join(todo), plan=plan)
+
+    async def apply(self, ctx, ch):
+        nodes = {n.name: n for n in ctx.controller.cluster.rpc}
+        parts = {n: self._parts(ctx, nodes[n]) for n, _, _ in ch.data["plan"]}
+        changed_units = []
+        for node, unit_changed, _ in ch.data["plan"]:
+            name, unit, _ = parts[node]
+            if unit_changed:
+                await unit.apply(ctx, await unit.check(ctx))
+                changed_units.append(name)
+        if changed_units:
+            await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        for node, _, _ in ch.data["plan"]:
+            name, _, svc = parts[node]
+            if name in changed_units and self.p["state"] == "started":
+                await ctx.conn.run(["systemctl", "enable", "--quiet", name], check=True)
+                res = await ctx.conn.run(["systemctl", "restart", name])
+                if res.rc != 0:
+                    raise TaskFailed(f"{name} failed to start: {res.stderr.strip()}")
+            else:
+                await svc.apply(ctx, await svc.check(ctx))
+
+
+# ---- main: HELLO through each tunnel -------------------------------------------------------------------
+async def main_rpc_version(conn, source_dir: str) -> tuple[int, int, int]:
+    data = await conn.get(f"{source_dir}/{RPC_HEADER}")
+    if data is None:
+        raise TaskFailed(f"{source_dir}/{RPC_HEADER} not found on the main host: the tunnel check compares "
+                         "each node's RPC version with the main host's source (run the source play)")
+    return rpc_proto_version(data.decode(errors="replace"))
+
+
+async def probe_tunnel(conn, node, deadline_s: float, expected=None):
+    """HELLO (+ device memory) through `node`'s tunnel, from main's own loopback."""
+    return await probe_until(lambda: conn.open_connection(LOOPBACK, node.tunnel_port), deadline_s, expected)
+
+
+@register_task
+class TunnelProbe(Task):
+    """Each tunnel answers HELLO with exactly the main build's RPC protocol version."""
+
+    module = "tunnel_probe"
+    read_only = True
+    args = {"nodes": Arg((list, str), default="all"), "source_dir": Arg(str, required=True),
+            "timeout": Arg((int, float), default=30), "allow_busy": Arg(bool, default=True)}
+
+    async def check(self, ctx):
+        expected = await main_rpc_version(ctx.conn, self.p["source_dir"])
+        out, bad = [], []
+        for node in selected_nodes(ctx.controller.cluster, self.p["nodes"]):
+            res = await probe_tunnel(ctx.conn, node, self.p["timeout"], expected)
+            if res.ok or (res.status is ProbeStatus.BUSY and self.p["allow_busy"]):
+                out.append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {res}")
+            else:
+                bad.append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {res}")
+        if bad:
+            raise TaskFailed(f"tunnel check (expected RPC v{format_version(expected)}): " + "; ".join(bad))
+        return ok("; ".join(out))
