@@ -1,0 +1,388 @@
+"""llama-server on the main host: models in place, RPC device discovery, the command line from the
+build's own --help, daemon-reload when needed, and the read-only verify step.
+
+See ../llama/server_args.py for the argv rules and the journal evidence, ../llama/http.py for the
+HTTP client that reaches 127.0.0.1 on the main host through the controller's SSH connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+from tunnelspec.constants import LOOPBACK, STATE_DIR
+from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import flags, http
+from tunnelspec.llama.server_args import (UNIT, build_server_argv, draft_placement, list_devices_argv,
+                                          systemd_exec, tunnel_unit)
+from tunnelspec.secrets import Secret
+from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
+
+MODELS_DIR = f"{STATE_DIR}/models"
+DEVICES_CACHE = f"{STATE_DIR}/rpc-devices.json"
+UPLOAD_CHUNK = 8 * 2**20
+_SHA_CACHE: dict[tuple, str] = {}  # (path, size, mtime) -> sha256: hash a big model once per run
+
+
+def _local_sha256(path: Path) -> str:
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                h.update(block)
+        _SHA_CACHE[key] = h.hexdigest()
+    return _SHA_CACHE[key]
+
+
+async def _remote_sha256(conn, path: str) -> str | None:
+    res = await conn.run(["sh", "-c", '[ -f "$1" ] || exit 3; sha256sum < "$1"', "sh", path])
+    return res.stdout.split()[0] if res.rc == 0 and res.stdout.strip() else None
+
+
+@register_task
+class ModelFile(Task):
+    """A GGUF file on the host: used in place when `src` exists there, else uploaded once from the
+    controller into `dest_dir` (sha256 compared, chunked with progress, atomic rename). Registers
+    the path on the host as fact `fact`."""
+
+    module = "model_file"
+    args = {"src": Arg(str, required=True), "dest_dir": Arg(str, default=MODELS_DIR),
+            "fact": Arg(str, required=True)}
+
+    def _local(self, ctx) -> Path | None:
+        p = Path(self.p["src"]).expanduser()
+        if not p.is_absolute():
+            p = ctx.controller.inventory.path.parent / p
+        return p if p.is_file() else None
+
+    def _dest(self) -> str:
+        return f"{self.p['dest_dir'].rstrip('/')}/{Path(self.p['src']).name}"
+
+    async def check(self, ctx):
+        src = self.p["src"]
+        if src.startswith("/") and (await ctx.conn.run(["test", "-f", src])).rc == 0:
+            # Already on the host (a shared mount, a pre-staged file, or the controller is the host).
+            ctx.register(self.p["fact"], src)
+            return ok(f"{src} present on the host")
+        local = self._local(ctx)
+        if local is None:
+            raise TaskFailed(f"model {src} is neither a file on {ctx.host} nor on the controller")
+        dest = self._dest()
+        ctx.register(self.p["fact"], dest)
+        want = _local_sha256(local)
+        got = await _remote_sha256(ctx.conn, dest)
+        if got == want:
+            return ok(f"{dest} up to date (sha256 {want[:12]})")
+        size = local.stat().st_size
+        return change(f"upload {local} → {dest} ({size / 2**20:.1f} MiB)", local=str(local), sha256=want)
+
+    async def apply(self, ctx, ch):
+        local, want, dest = Path(ch.data["local"]), ch.data["sha256"], self._dest()
+        await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
+        tmp = f"{dest}.tunnelspec-upload"
+        await ctx.conn.run(["sh", "-c", 'umask 022; : > "$1"', "sh", tmp], check=True)
+        size = max(1, local.stat().st_size)
+        sent = 0
+        try:
+            with local.open("rb") as f:
+                for _ in range(size // UPLOAD_CHUNK + 2):
+                    block = f.read(UPLOAD_CHUNK)
+                    if not block:
+                        break
+                    await ctx.conn.run(["sh", "-c", 'cat >> "$1"', "sh", tmp], input=block, check=True)
+                    sent += len(block)
+                    if size > 4 * UPLOAD_CHUNK:
+                        ctx.progress(f"upload {local.name} {100 * sent // size}%", percent=100 * sent // size)
+            got = await _remote_sha256(ctx.conn, tmp)
+            if got != want:
+                raise TaskFailed(f"upload of {local} to {dest}: sha256 {got} != {want}")
+            await ctx.conn.run(["sh", "-c", 'chmod 644 "$1" && mv -f -- "$1" "$2"', "sh", tmp, dest], check=True)
+        finally:
+            await ctx.conn.run(["rm", "-f", "--", tmp])
+
+
+@register_task
+class ApiKeyFile(Task):
+    """The API key file (written by the user) readable by llama-server's user only: owner and mode
+    0600 enforced, content never read into a diff."""
+
+    module = "api_key_file"
+    args = {"path": Arg(str, required=True), "owner": Arg(str, required=True)}
+
+    async def check(self, ctx):
+        res = await ctx.conn.run(["stat", "-c", "%a %U %s", "--", self.p["path"]])
+        if res.rc != 0:
+            raise TaskFailed(f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; "
+                             "write the key there (one line) first")
+        mode, owner, size = res.stdout.split()
+        if int(size) == 0:
+            raise TaskFailed(f"API key file {self.p['path']} is empty")
+        if (mode, owner) != ("600", self.p["owner"]):
+            return change(f"{self.p['path']}: mode {mode} owner {owner} → 600 {self.p['owner']}")
+        return ok("API key file 0600, owned by " + owner)
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
+        await ctx.conn.run(["chown", f"{self.p['owner']}:", "--", self.p["path"]], check=True)
+
+
+def _nodes_key(cluster, binary_id: str) -> str:
+    """What the device map depends on: the build and, per node in --rpc order, tunnel port and devices."""
+    nodes = [(n.name, n.tunnel_port, list(n.devices)) for n in cluster.rpc]
+    return hashlib.sha256(json.dumps([binary_id, nodes]).encode()).hexdigest()
+
+
+async def _binary_id(conn, binary: str) -> str:
+    res = await conn.run(["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", binary])
+    if res.rc == 3:
+        raise TaskFailed(f"{binary} is not an executable on the host (did the build play run?)")
+    return " ".join(res.stdout.split())
+
+
+@register_task
+class RpcDevices(Task):
+    """Map each tunnel port to its RPC device names with the built `llama-server --rpc … --list-devices`.
+
+    The rpc-server serves one client at a time: while llama-server is connected, --list-devices would
+    wait forever. So the map is cached on the host, keyed by the binary and the nodes; it is
+    (re)discovered only when that key changes, and then llama-server is stopped first (the later
+    `service` task starts it again). Registers `rpc_devices` = {port: [names]}."""
+
+    module = "rpc_devices"
+    args = {"binary": Arg(str, required=True), "cache": Arg(str, default=DEVICES_CACHE),
+            "timeout": Arg(int, default=60), "service": Arg(str, default=UNIT)}
+
+    def _cluster(self, ctx):
+        cluster = ctx.controller.cluster
+        if cluster is None:
+            raise TaskFailed("rpc_devices needs a cluster inventory ([main] and [rpc] groups)")
+        return cluster
+
+    async def check(self, ctx):
+        cluster = self._cluster(ctx)
+        key = _nodes_key(cluster, await _binary_id(ctx.conn, self.p["binary"]))
+        raw = await ctx.conn.get(self.p["cache"])
+        try:
+            cached = json.loads(raw) if raw else None
+        except ValueError:
+            cached = None
+        if cached and cached.get("key") == key:
+            by_port = {int(p): names for p, names in cached["devices"].items()}
+            ctx.register("rpc_devices", by_port)
+            return ok("devices " + ", ".join(f"{LOOPBACK}:{p}→{','.join(n)}" for p, n in sorted(by_port.items())))
+        if ctx.check_mode:
+            # Not discovered yet: predict the modern naming (RPC<i> in --rpc order, one device each)
+            # so --check can still render the unit.
+            ctx.register("rpc_devices", {n.tunnel_port: [f"RPC{i}"] for i, n in enumerate(cluster.rpc)})
+        return change("discover RPC devices (llama-server is stopped for it)", key=key)
+
+    async def apply(self, ctx, ch):
+        cluster = self._cluster(ctx)
+        await ctx.conn.run(["systemctl", "stop", self.p["service"]])
+        argv = ["timeout", "--kill-after=5", str(self.p["timeout"]),
+                *list_devices_argv(self.p["binary"], cluster.rpc_endpoints)]
+        res = await ctx.conn.run(argv, timeout=self.p["timeout"] + 15)
+        out = res.stdout + res.stderr
+        if res.rc == 124:
+            raise TaskFailed(f"llama-server --list-devices timed out after {self.p['timeout']}s: an rpc-server "
+                             "serves one client at a time; is another client connected to it?")
+        by_port = flags.rpc_devices_by_port(flags.parse_list_devices(out))
+        missing = [n for n in cluster.rpc if n.tunnel_port not in by_port]
+        if res.rc != 0 or missing:
+            tail = "\n".join(out.strip().splitlines()[-12:])
+            names = ", ".join(f"{n.name} ({LOOPBACK}:{n.tunnel_port})" for n in missing) or "-"
+            raise TaskFailed(f"RPC device discovery failed (rc={res.rc}; no device for {names}):\n{tail}")
+        doc = {"key": ch.data["key"], "devices": {str(p): n for p, n in sorted(by_port.items())}}
+        await ctx.conn.run(["install", "-d", "-m", "755", "--", os.path.dirname(self.p["cache"])], check=True)
+        await ctx.conn.put(json.dumps(doc, indent=1, sort_keys=True) + "\n", self.p["cache"], 0o644)
+
+
+@register_task
+class LlamaServerPlan(Task):
+    """Read-only: parse the built llama-server's --version and --help, and register `llama_server`,
+    the command line (spellings this build accepts, options it lacks refused by name) and the unit
+    template's variables."""
+
+    module = "llama_server_plan"
+    read_only = True
+    args = {"binary": Arg(str, required=True), "model": Arg(str, required=True),
+            "draft_model": Arg(str, required=True), "rpc_wait": Arg(str, required=True),
+            "rpc_wait_timeout": Arg(int, default=90)}
+
+    async def check(self, ctx):
+        cluster = ctx.controller.cluster
+        conn, binary = ctx.conn, self.p["binary"]
+        ver = await conn.run([binary, "--version"], timeout=60)
+        try:
+            label = flags.parse_version(ver.stdout + ver.stderr).label
+        except TaskFailed:
+            label = f"{binary} (version unknown)"
+        helped = await conn.run([binary, "--help"], timeout=60)
+        if helped.rc != 0 or "--rpc" not in helped.stdout:
+            raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
+        help_ = flags.parse_help(helped.stdout, build=label)
+        by_port = ctx.vars.get("rpc_devices")
+        if not by_port:
+            raise TaskFailed("no RPC device map: the rpc_devices task must run first")
+        plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
+                                 self.p["model"], self.p["draft_model"])
+        wait_argv = ["/usr/bin/python3", self.p["rpc_wait"], "--timeout", str(self.p["rpc_wait_timeout"])]
+        fact = plan.as_fact()
+        fact["build"] = label
+        fact["unit"] = {
+            "exec_start": fact["exec_start"], "rpc_wait_exec": systemd_exec(wait_argv + plan.endpoints),
+            "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
+            "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
+            "draft_devices": plan.draft_devices, "backend": cluster.main.build.backend,
+            "public_bind": cluster.main.public_bind,
+        }
+        ctx.register("llama_server", fact)
+        return ok(f"{label}: draft on {plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
+
+
+@register_task
+class DaemonReload(Task):
+    """`systemctl daemon-reload` only when systemd says a unit's file changed on disk — a task (not a
+    handler) so a changed unit is loaded before the `service` task starts it."""
+
+    module = "daemon_reload"
+    args = {"units": Arg(list, required=True)}
+
+    async def _stale(self, ctx) -> list[str]:
+        out = []
+        for unit in self.p["units"]:
+            res = await ctx.conn.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", unit])
+            if res.stdout.strip() == "yes":
+                out.append(unit)
+        return out
+
+    async def check(self, ctx):
+        stale = await self._stale(ctx)
+        return change(f"daemon-reload ({', '.join(stale)} changed on disk)") if stale else ok("units loaded")
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+
+
+async def read_api_key(conn, path: str | None) -> Secret | None:
+    if not path:
+        return None
+    data = await conn.get(path)
+    if data is None:
+        raise TaskFailed(f"API key file {path} does not exist on the main host")
+    return Secret(data.decode().strip())
+
+
+async def invocation_journal(conn, unit: str = UNIT) -> str:
+    """The journal of the unit's current run only (its InvocationID), so old runs prove nothing."""
+    inv = (await conn.run(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit]
+    if inv:
+        argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
+    return (await conn.run(argv, timeout=60)).stdout
+
+
+@register_task
+class LlamaVerify(Task):
+    """Read-only proof that llama-server uses the remote draft: /health ok, one short completion with
+    draft tokens generated (and reported accepted), and the journal placing the draft's model buffer on
+    the draft node's RPC device. Reports ok or fails with the reason; never "changed"."""
+
+    module = "llama_verify"
+    read_only = True
+    args = {"port": Arg(int, required=True), "plan": Arg(dict, required=True), "api_key_file": Arg(str),
+            "health_timeout": Arg(int, default=180), "n_predict": Arg(int, default=32),
+            "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time"),
+            "journal_timeout": Arg(int, default=30)}
+
+    async def check(self, ctx):
+        result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], api_key_file=self.p["api_key_file"],
+                                     health_timeout=self.p["health_timeout"], n_predict=self.p["n_predict"],
+                                     prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
+                                     add_secret=ctx.add_secret)
+        ctx.register("llama_verify", result)
+        ctx.progress("draft statistics", **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
+        return ok(result["summary"])
+
+
+async def verify_server(conn, port: int, plan: dict, *, api_key_file=None, health_timeout=180, n_predict=32,
+                        prompt="Once upon a time", journal_timeout=30, add_secret=None) -> dict:
+    """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed."""
+    opener = http.ssh_opener(conn, port)
+    try:
+        await http.wait_health(opener, health_timeout)
+    except http.HttpError as e:
+        active = (await conn.run(["systemctl", "is-active", UNIT])).stdout.strip()
+        tail = (await conn.run(["journalctl", "--no-pager", "-o", "cat", "-n", "15", "-u", UNIT])).stdout.strip()
+        raise TaskFailed(f"llama-server on {LOOPBACK}:{port} not healthy ({e}); unit {active}:\n{tail}") from None
+    key = await read_api_key(conn, api_key_file)
+    if key and add_secret:
+        add_secret(key.reveal())
+    try:
+        body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+    except http.HttpError as e:
+        raise TaskFailed(f"completion failed: {e}") from None
+    timings = body.get("timings") or {}
+    draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+    if not draft_n:
+        raise TaskFailed(f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
+                         "decoding is off; was --spec-type draft-simple given, and did the draft load?")
+    # The load lines reach the journal shortly after they are printed: poll with a deadline.
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    end = loop.time() + journal_timeout
+    placed = None
+    for _ in range(journal_timeout * 2 + 2):
+        journal = await invocation_journal(conn)
+        try:
+            placed = draft_placement(journal, plan)
+            break
+        except TaskFailed:
+            if loop.time() >= end:
+                raise
+            await asyncio.sleep(0.5)
+    tps = timings.get("predicted_per_second")
+    summary = (f"health ok; draft model buffer on {placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
+               f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
+               f"draft_n={draft_n} draft_n_accepted={accepted}")
+    return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
+            "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
+            "summary": summary}
+
+
+_SS_LOCAL = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s")
+
+
+def listening_ports(ss_output: str) -> dict[int, str]:
+    """`ss -Hltn` lines → {port: local address}."""
+    out = {}
+    for line in ss_output.splitlines():
+        m = _SS_LOCAL.match(line.strip())
+        if m:
+            out[int(m.group(2))] = m.group(1)
+    return out
+
+
+@register_task
+class PortsClosed(Task):
+    """Read-only proof that nothing listens on the given TCP ports any more (`ss -Hltn`)."""
+
+    module = "ports_closed"
+    read_only = True
+    args = {"ports": Arg(list, required=True)}
+
+    async def check(self, ctx):
+        res = await ctx.conn.run(["ss", "-Hltn"], check=True)
+        listening = listening_ports(res.stdout)
+        ports = sorted({int(p) for p in self.p["ports"]})
+        still = {p: listening[p] for p in ports if p in listening}
+        if still:
+            rows = ", ".join(f"{a}:{p}" for p, a in sorted(still.items()))
+            raise TaskFailed(f"still listening after teardown: {rows}")
+        return ok(f"nothing listens on {', '.join(map(str, ports))}")

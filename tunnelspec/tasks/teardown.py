@@ -1,0 +1,86 @@
+"""Teardown: every unit tunnelspec installed (found on disk by name, so nodes dropped from the
+inventory are covered too), and paths removed; both idempotent (a second run is all "ok")."""
+
+from __future__ import annotations
+
+import fnmatch
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
+from tunnelspec.tasks.systemd import UNIT_DIR
+
+# llama-server first: it depends on the tunnels, which depend on nothing of ours.
+_ORDER = ("tunnelspec-llama-server", "tunnelspec-tunnel-", "tunnelspec-rpc")
+
+
+def _rank(unit: str) -> int:
+    return next((i for i, p in enumerate(_ORDER) if unit.startswith(p)), len(_ORDER))
+
+
+@register_task
+class UnitsAbsent(Task):
+    """Stop, disable and delete every unit matching `pattern` (file in /etc/systemd/system or loaded)."""
+
+    module = "units_absent"
+    args = {"pattern": Arg(str, default="tunnelspec-*.service")}
+
+    async def _found(self, ctx) -> list[str]:
+        files = await ctx.conn.run(["find", UNIT_DIR, "-maxdepth", "1", "-name", self.p["pattern"], "-printf", "%f\n"])
+        loaded = await ctx.conn.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager",
+                                     self.p["pattern"]])
+        names = set(files.stdout.split())
+        for line in loaded.stdout.splitlines():
+            parts = line.split()
+            # A unit whose file is gone but that is still running or failed also counts.
+            if parts and fnmatch.fnmatch(parts[0], self.p["pattern"]) and parts[2:3] != ["inactive"]:
+                names.add(parts[0])
+        return sorted(names, key=lambda u: (_rank(u), u))
+
+    async def check(self, ctx):
+        found = await self._found(ctx)
+        return change("remove " + ", ".join(found), units=found) if found else ok("no tunnelspec unit")
+
+    async def apply(self, ctx, ch):
+        for unit in ch.data["units"]:
+            await ctx.conn.run(["systemctl", "disable", "--now", "--quiet", unit])
+            await ctx.conn.run(["rm", "-f", "--", f"{UNIT_DIR}/{unit}"], check=True)
+        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        for unit in ch.data["units"]:
+            await ctx.conn.run(["systemctl", "reset-failed", unit])
+
+
+@register_task
+class PathsAbsent(Task):
+    """`paths` removed recursively; `prune` directories removed only when empty (they may hold
+    things tunnelspec did not write, e.g. an API key file the user put in /etc/tunnelspec)."""
+
+    module = "paths_absent"
+    args = {"paths": Arg(list, default=[]), "prune": Arg(list, default=[])}
+
+    async def _present(self, ctx) -> tuple[list[str], list[str]]:
+        for p in [*self.p["paths"], *self.p["prune"]]:
+            if not str(p).startswith("/") or str(p).rstrip("/") in ("", "/etc", "/var", "/usr", "/opt", "/var/lib"):
+                raise TaskFailed(f"refusing to remove {p!r}")
+        present = []
+        for p in self.p["paths"]:
+            if (await ctx.conn.run(["test", "-e", p])).rc == 0 or (await ctx.conn.run(["test", "-L", p])).rc == 0:
+                present.append(p)
+        empty = []
+        for p in self.p["prune"]:
+            res = await ctx.conn.run(["sh", "-c", '[ -d "$1" ] && [ -z "$(ls -A -- "$1")" ]', "sh", p])
+            if res.rc == 0:
+                empty.append(p)
+        return present, empty
+
+    async def check(self, ctx):
+        present, empty = await self._present(ctx)
+        if not (present or empty):
+            return ok("absent")
+        return change("remove " + ", ".join(present + empty), present=present, empty=empty)
+
+    async def apply(self, ctx, ch):
+        for p in ch.data["present"]:
+            await ctx.conn.run(["rm", "-rf", "--", p], check=True)
+        # Deepest first, so a parent emptied by its child's removal goes too on the next check.
+        for p in sorted(self.p["prune"], key=len, reverse=True):
+            await ctx.conn.run(["sh", "-c", '[ -d "$1" ] && [ -z "$(ls -A -- "$1")" ] && rmdir -- "$1" || :', "sh", p])
