@@ -44,7 +44,7 @@ def load_cluster(inv):
 
 def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
                       connect_options: ConnectOptions | None = None, require_cluster: bool = False,
-                      stream=None) -> int:
+                      stream=None, require_models: bool = False) -> int:
     from tunnelspec.inventory import load_inventory
 
     inv = load_inventory(inventory_path)
@@ -53,6 +53,9 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
         from tunnelspec.inventory.cluster import Cluster
 
         cluster = Cluster.from_inventory(inv)
+        if require_models:
+            # deploy ends with llama-server: a missing model must stop the run before any host is touched.
+            cluster.require_models()
     playbook = load_playbook(playbook_path)
     if options.limit and not inv.match(options.limit):
         raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")

@@ -186,7 +186,26 @@ def _topology(inv: Inventory) -> tuple[str, list[str]]:
             "is in both [main] and [rpc]; the main host reaches rpc nodes through SSH tunnels, "
             "so list it in one group only",
         )
+    _check_rpc_vars_outside_rpc(inv, rpcs)
     return mains[0], rpcs
+
+
+# Variables that only mean something on an rpc node. Set on another host's own line they are a
+# misplaced node (e.g. "draft node not in [rpc]"): ignoring them would deploy without that node.
+RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache")
+
+
+def _check_rpc_vars_outside_rpc(inv: Inventory, rpcs: list[str]) -> None:
+    for name, host in inv.hosts.items():
+        if name in rpcs:
+            continue
+        for var in RPC_ONLY_VARS:
+            if var in host.vars:
+                raise cluster_error(
+                    inv, name, var,
+                    "is an rpc node setting but this host is not in [rpc]; move the host into [rpc] "
+                    "or remove the variable",
+                )
 
 
 # ---- per-host sections -----------------------------------------------------------------------------
