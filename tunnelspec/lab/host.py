@@ -171,21 +171,27 @@ def enter_argv(init_pid: int, argv: list[str]) -> list[str]:
             "HOME=/root", "LANG=C.UTF-8", "CCACHE_DIR=" + CCACHE_IN_HOST, *argv]
 
 
-def stop(supervisor_pid: int | None, cgroup_paths: list[str], deadline_s: float = 30.0) -> None:
-    """Power off cleanly, then kill whatever is left (by the PIDs we started and their cgroups)."""
-    if alive(supervisor_pid):
-        init = container_init(supervisor_pid)
-        if init:
+def request_poweroff(supervisor_pid: int | None) -> None:
+    """Ask the host's systemd to power off; returns at once (nspawn then exits 0)."""
+    init = container_init(supervisor_pid) if alive(supervisor_pid) else None
+    if init:
+        try:
             subprocess.run(enter_argv(init, ["systemctl", "poweroff", "--no-block"]),
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20)
-        end = time.monotonic() + deadline_s
-        while alive(supervisor_pid) and time.monotonic() < end:
-            time.sleep(0.2)
-        if alive(supervisor_pid):
-            try:
-                os.killpg(supervisor_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        except subprocess.TimeoutExpired:
+            pass  # a wedged host: the kill below ends it
+
+
+def stop(supervisor_pid: int | None, cgroup_paths: list[str], deadline: float = 0.0) -> None:
+    """Wait for the host to be gone until `deadline` (time.monotonic()), then kill whatever is
+    left: the process group we started and every process in the host's cgroups."""
+    while alive(supervisor_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(supervisor_pid):
+        try:
+            os.killpg(supervisor_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     # Anything still in the host's cgroups (e.g. a crashed nspawn's payload) is ours to end.
     for _ in range(50):
         left = cgroups.pids(cgroup_paths)

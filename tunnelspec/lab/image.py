@@ -151,3 +151,34 @@ def _build(root: Path, tarball: Path, key: str, log: Callable[[str], None]) -> N
     os.replace(tmp, tarball)
     log(f"lab: image {key} built: debootstrap {t1 - t0:.0f} s, customise+archive "
         f"{time.monotonic() - t1:.0f} s -> {tarball}")
+
+
+def _mounted_lowerdirs() -> set[str]:
+    """Image trees under a live overlay mount: the truth, whatever any state file says."""
+    used = set()
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 3 and fields[2] == "overlay":
+                for opt in fields[3].split(","):
+                    if opt.startswith("lowerdir="):
+                        used.update(Path(p).name for p in opt[len("lowerdir="):].split(":"))
+    return used
+
+
+def prune_images(keep: set[str], log: Callable[[str], None] = print) -> None:
+    """Remove cached images no lab uses any more (each is ≈ 1 GB unpacked + 250 MB archived).
+
+    `.partial` trees are left alone: one may be a build in progress in another process.
+    Trees still under an overlay mount are kept even if no state file names them.
+    """
+    keep = keep | _mounted_lowerdirs()
+    for tarball in CACHE_DIR.glob("image-*.tar.zst"):
+        if tarball.name[len("image-"):-len(".tar.zst")] not in keep:
+            tarball.unlink(missing_ok=True)
+            log(f"lab: removed unused image archive {tarball}")
+    if IMAGES_DIR.is_dir():
+        for tree in IMAGES_DIR.iterdir():
+            if tree.is_dir() and "." not in tree.name and tree.name not in keep:
+                shutil.rmtree(tree, ignore_errors=True)
+                log(f"lab: removed unused image tree {tree}")

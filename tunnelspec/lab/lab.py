@@ -31,6 +31,7 @@ NSPAWN_RUN = Path("/run/systemd/nspawn")
 TMPFS_MARKER = state.STATE_ROOT / "nspawn-tmpfs.mounted"
 HOST_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 POLL_S = 0.2
+POWEROFF_S = 30.0
 
 
 @dataclass
@@ -83,17 +84,22 @@ class Lab:
         """Bring the lab up; returns timings in seconds (image, fixtures, boot, total)."""
         prereq.check_platform()
         prereq.check_tools()
-        hosts = list(hosts)
+        with state.locked():
+            return self._up(list(hosts), deadline_s)
+
+    def _up(self, hosts: list[str], deadline_s: float) -> dict[str, float]:
         self._validate_hosts(hosts)
         st = self._load_or_new(hosts)
         t0 = time.monotonic()
-        from tunnelspec.lab.image import ensure_image
+        from tunnelspec.lab.image import ensure_image, prune_images
         image = ensure_image(self.log)
         t_image = time.monotonic() - t0
         fixtures = _fixtures()
         t_fix = time.monotonic() - t0 - t_image
         st["image"] = str(image)
         state.save(self.net.bridge, st)
+        prune_images({image.name} | {Path(h["image"]).name for s in state.all_labs()
+                                     for h in s["hosts"].values() if h.get("image")}, self.log)
 
         self.dir.mkdir(parents=True, exist_ok=True)
         client_pub = ensure_keypair(self.key_file, "tunnelspec-lab-client")
@@ -157,12 +163,15 @@ class Lab:
         if host.supervisor_alive(rec["pid"], spec.machine):
             return (spec.home / "ssh_host_ed25519_key.pub").read_text().strip()
         # Dead or never started: clear what a crashed run left in its cgroups, then boot.
-        host.stop(None, rec["cgroups"])
+        host.stop(None, rec["cgroups"])  # no deadline: there is nothing to wait for
         cgroups.remove(rec["cgroups"])
         rec["cgroups"] = [str(p) for p in cgroups.create(spec.machine)]
         rec["root"] = str(spec.home / "root")
         state.save(self.net.bridge, st)
-        root = host.mount_overlay(spec, image)
+        if not host.is_mounted(spec.home / "root"):
+            rec["image"] = str(image)  # the lowerdir this host's overlay is mounted on
+            state.save(self.net.bridge, st)
+        root = host.mount_overlay(spec, Path(rec.get("image", image)))
         host_pub = host.personalise(spec, root, client_pub)
         rec["pid"] = host.start(spec, root, [Path(p) for p in rec["cgroups"]])
         state.save(self.net.bridge, st)
@@ -258,11 +267,19 @@ class Lab:
     # ---- down -------------------------------------------------------------------------------
     def down(self) -> None:
         prereq.check_platform()
+        with state.locked():
+            self._down()
+
+    def _down(self) -> None:
         st = state.load(self.net.bridge)
         if st is not None:
+            pids = {name: rec["pid"] if host.supervisor_alive(rec["pid"], self._machine(name))
+                    else None for name, rec in st["hosts"].items()}
+            for pid in pids.values():
+                host.request_poweroff(pid)
+            deadline = time.monotonic() + POWEROFF_S  # one deadline for all hosts
             for name, rec in st["hosts"].items():
-                pid = rec["pid"] if host.supervisor_alive(rec["pid"], self._machine(name)) else None
-                host.stop(pid, rec["cgroups"])
+                host.stop(pids[name], rec["cgroups"], deadline)
                 host.unmount(Path(rec.get("root", state.state_dir(self.net.bridge) / name / "root")))
                 busy = cgroups.remove(rec["cgroups"])
                 if busy:

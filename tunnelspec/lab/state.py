@@ -6,9 +6,14 @@ step that creates something, so a crash never leaves an unrecorded namespace, mo
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import time
+from contextlib import contextmanager
 from pathlib import Path
+
+from tunnelspec.errors import LabError
 
 STATE_ROOT = Path("/var/lib/tunnelspec-lab")
 
@@ -49,3 +54,26 @@ def find_by_dir(lab_dir: Path) -> dict | None:
         if st.get("dir") == str(lab_dir):
             return st
     return None
+
+
+@contextmanager
+def locked(wait_s: float = 900.0):
+    """One `lab up`/`lab down` at a time on this machine: test sessions of several engineers and
+    CI may start labs concurrently, and two image builds or two boots of one host would clash.
+    The wait covers a cold image build."""
+    STATE_ROOT.mkdir(parents=True, exist_ok=True)
+    with open(STATE_ROOT / ".lock", "w") as f:
+        end = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > end:
+                    raise LabError(f"another lab up/down held {STATE_ROOT / '.lock'} for "
+                                   f"{wait_s:.0f} s") from None
+                time.sleep(0.5)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
