@@ -288,6 +288,71 @@ def keys_rotate(inventory_file, fmt):
     _tunnel_play(inventory_file, "tunnel.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"])
 
 
+# ---- tunnel / keys (persistent SSH tunnels on main) ---------------------------------------------
+@main.group()
+def tunnel() -> None:
+    """Persistent SSH tunnels on the main host (one systemd unit per rpc node)."""
+
+
+_tunnel_limit = click.option("--limit", "-l", "nodes", default="", help="Only these rpc nodes (comma-separated).")
+_tunnel_fmt = click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+
+
+def _tunnel_play(inventory_file, name, fmt, extra):
+    _play(inventory_file, _builtin(name), fmt, False, require_cluster=True, check=False, diff=False, limit=None,
+          tags=(), skip_tags=(), forks=20, verbose=0, extra_vars=tuple(extra))
+
+
+@tunnel.command("open")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_limit
+@_tunnel_fmt
+def tunnel_open(inventory_file, nodes, fmt):
+    """Install, start and check the tunnels (HELLO through each one)."""
+    _tunnel_play(inventory_file, "tunnel.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [])
+
+
+@tunnel.command("close")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_limit
+@_tunnel_fmt
+def tunnel_close(inventory_file, nodes, fmt):
+    """Stop and disable the tunnel units (keys and files stay)."""
+    _tunnel_play(inventory_file, "tunnel-close.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [])
+
+
+@tunnel.command("status")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_limit
+@_tunnel_fmt
+def tunnel_status_cmd(inventory_file, nodes, fmt):
+    """Per tunnel: unit state, local port, remote RPC version and devices (or busy)."""
+    import asyncio
+    import json
+
+    from tunnelspec.runner import connect_options_from_env
+    from tunnelspec.tasks.tunnel import format_status, tunnel_status
+
+    rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env()))
+    click.echo(json.dumps(rows) if fmt == "json" else format_status(rows))
+    sys.exit(0 if all(r["state"] == "active" and r["rpc"] in ("ok", "busy") for r in rows) else 1)
+
+
+@main.group()
+def keys() -> None:
+    """Tunnel keys."""
+
+
+@keys.command("rotate")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_fmt
+def keys_rotate(inventory_file, fmt):
+    """Replace the tunnel key on main and its authorized_keys line on every node; restart tunnels."""
+    from tunnelspec.keys import new_rotation_token
+
+    _tunnel_play(inventory_file, "tunnel.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"])
+
+
 # ---- end of command groups -------------------------------------------------------------------
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -99,3 +99,11 @@ def known_hosts_line(address: str, port: int, public_line: str) -> str:
     """A known_hosts entry in OpenSSH's spelling ([addr]:port only when the port is not 22)."""
     pattern = address if int(port) == 22 else f"[{address}]:{int(port)}"
     return f"{pattern} {key_body(public_line)}"
+
+
+def new_rotation_token() -> str:
+    """A fresh token for `tunnelspec keys rotate`: the tunnel_keypair task replaces the key once
+    per token, so a rotation converges (the second run with the same token changes nothing)."""
+    import secrets
+
+    return secrets.token_hex(8)

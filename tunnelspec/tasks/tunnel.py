@@ -286,9 +286,10 @@ async def main_rpc_version(conn, source_dir: str) -> tuple[int, int, int]:
     return rpc_proto_version(data.decode(errors="replace"))
 
 
-async def probe_tunnel(conn, node, deadline_s: float, expected=None):
+async def probe_tunnel(conn, node, deadline_s: float, expected=None, busy_timeout: float = 3.0):
     """HELLO (+ device memory) through `node`'s tunnel, from main's own loopback."""
-    return await probe_until(lambda: conn.open_connection(LOOPBACK, node.tunnel_port), deadline_s, expected)
+    return await probe_until(lambda: conn.open_connection(LOOPBACK, node.tunnel_port), deadline_s, expected,
+                             busy_timeout)
 
 
 @register_task
@@ -312,3 +313,43 @@ class TunnelProbe(Task):
         if bad:
             raise TaskFailed(f"tunnel check (expected RPC v{format_version(expected)}): " + "; ".join(bad))
         return ok("; ".join(out))
+
+
+# ---- `tunnelspec tunnel status` -------------------------------------------------------------------------
+async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeout: float = 3.0) -> list[dict]:
+    """Per tunnel: unit state, local port, remote RPC version and device memory (or busy/refused),
+    observed over the controller's SSH connection to main. Changes nothing."""
+    from tunnelspec.connection import connect
+    from tunnelspec.inventory import load_inventory
+    from tunnelspec.inventory.cluster import Cluster
+
+    inv = load_inventory(inventory_path)
+    cluster = Cluster.from_inventory(inv)
+    conn = await connect(cluster.main.name, inv.host_vars(cluster.main.name), connect_options, inv.path.parent)
+    rows = []
+    try:
+        for node in selected_nodes(cluster, nodes):
+            name = unit_name(node.name)
+            res = await conn.run(["systemctl", "is-active", name])
+            state = res.stdout.strip() or "unknown"
+            row = {"node": node.name, "unit": name, "state": state, "local": f"{LOOPBACK}:{node.tunnel_port}",
+                   "remote": f"{LOOPBACK}:{node.rpc_port}", "rpc": None, "version": None, "devices": []}
+            if state == "active":
+                r = await probe_tunnel(conn, node, 0, None, probe_timeout)
+                row["rpc"] = r.status.value
+                row["version"] = r.version_str if r.version else None
+                row["devices"] = [{"free": d.free, "total": d.total} for d in r.devices]
+                row["detail"] = r.detail
+            rows.append(row)
+    finally:
+        await conn.close()
+    return rows
+
+
+def format_status(rows: list[dict]) -> str:
+    out = [f"{'NODE':<12} {'UNIT':<8} {'LOCAL':<17} {'RPC':<8} {'VERSION':<8} DEVICES"]
+    for r in rows:
+        devs = ", ".join(f"{d['free'] // 2**20}/{d['total'] // 2**20} MiB free" for d in r["devices"])
+        out.append(f"{r['node']:<12} {r['state']:<8} {r['local']:<17} {r['rpc'] or '-':<8} "
+                   f"{r['version'] or '-':<8} {devs or r.get('detail') or '-'}")
+    return "\n".join(out)
