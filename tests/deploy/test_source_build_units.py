@@ -1,0 +1,121 @@
+"""Pure parts of the source/build tasks: patch specs and fingerprints, host report parsers, build
+keys and options, the tree-hash gate's table. No hosts needed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import build_plan as bp
+from tunnelspec.llama import source_stack as ss
+from tunnelspec.llama.source_gate import compare_trees
+
+BASE = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
+
+
+def test_patch_specs_and_fingerprint(tmp_path):
+    (tmp_path / "x.patch").write_bytes(b"diff --git a/README b/README\n")
+    specs = ss.parse_patches([{"pr": 26636, "commit": "1A6FEE5"},
+                              {"remote": "https://example.invalid/r.git", "ref": "fix", "commit": "abcdef1"},
+                              {"file": "x.patch"}], tmp_path)
+    assert [s.kind for s in specs] == ["pr", "remote", "file"]
+    assert specs[0].id == "pr 26636 @1a6fee5"
+    assert specs[2].data.startswith(b"diff") and len(specs[2].sha256) == 64
+    fp = ss.fingerprint(BASE, specs)
+    assert fp == ss.fingerprint(BASE, ss.parse_patches([{"pr": 26636, "commit": "1a6fee5"},
+                                                        {"remote": "https://example.invalid/r.git", "ref": "fix",
+                                                         "commit": "abcdef1"}, {"file": "x.patch"}], tmp_path))
+    # Changing the patch file's bytes, the order, or the base changes the fingerprint.
+    (tmp_path / "x.patch").write_bytes(b"diff --git a/README b/README\n+x\n")
+    assert ss.fingerprint(BASE, ss.parse_patches([{"pr": 26636, "commit": "1a6fee5"},
+                                                  {"remote": "https://example.invalid/r.git", "ref": "fix",
+                                                   "commit": "abcdef1"}, {"file": "x.patch"}], tmp_path)) != fp
+    assert ss.fingerprint(BASE, specs[::-1]) != fp
+    assert ss.fingerprint("0" * 40, specs) != fp
+
+
+@pytest.mark.parametrize("entry", [{"pr": 0, "commit": "abcdef1"}, {"pr": 1, "commit": "xyz"},
+                                   {"remote": "-oops", "ref": "r", "commit": "abcdef1"}, {"pr": 1},
+                                   {"file": "missing.patch"}])
+def test_bad_patch_specs_are_refused(entry, tmp_path):
+    with pytest.raises(TaskFailed):
+        ss.parse_patches([entry], tmp_path)
+
+
+def test_parse_source_state():
+    text = ("head " + "a" * 40 + "\ntree " + "b" * 40 + "\norigin /srv/r.git\nshallow false\nop cherry-pick\n"
+            "dirty  M README.md\ndirty ?? junk\ndescribe b4589-12-gabcdef0\n--- stack\n{\"fingerprint\": \"f\"}\n")
+    st = ss.parse_state(text)
+    assert st.head == "a" * 40 and st.tree == "b" * 40 and st.origin == "/srv/r.git"
+    assert st.operation == "cherry-pick" and st.dirty == (" M README.md", "?? junk")
+    assert st.stack == {"fingerprint": "f"}
+    assert ss.build_number_from_describe(st.describe) == 4601
+    assert ss.build_number_from_describe(None) is None
+    assert ss.parse_state("absent\n").absent
+    assert ss.parse_state("head none\ntree none\n--- stack\nnot json").stack is None
+
+
+def test_build_key_and_options():
+    opts = bp.keyed_options(BASE, None, "cpu", [])
+    assert "-DGGML_RPC=ON" in opts and "-DGGML_RPC_RDMA=OFF" in opts and "-DLLAMA_BUILD_NUMBER=0" in opts
+    assert f"-DLLAMA_BUILD_COMMIT={BASE[:9]}" in opts
+    assert "-DGGML_CUDA=ON" in bp.keyed_options(BASE, 1, "cuda", [])
+    k = bp.build_key("t" * 40, opts)
+    assert k == bp.build_key("t" * 40, list(opts)) and len(k) == 16
+    assert k != bp.build_key("u" * 40, opts)
+    assert k != bp.build_key("t" * 40, bp.keyed_options(BASE, None, "cpu", ["-DGGML_NATIVE=OFF"]))
+    assert bp.tree_options("option(LLAMA_CURL \"use curl\" ON)") == ["-DLLAMA_CURL=OFF"]
+    assert bp.tree_options("llama_option_depr(WARNING     LLAMA_CURL)") == []
+    assert bp.launcher_options(False, "cpu") == []
+    assert bp.targets_for("rpc", "rpc-server") == ["rpc-server"]
+    assert bp.targets_for("main", "ggml-rpc-server") == ["llama-server"]
+    assert bp.progress_percent("[ 42%] Building CXX object x.o") == 42
+    assert bp.progress_percent("[100%] Built target llama-server") == 100
+    assert bp.progress_percent("-- Configuring done") is None
+
+
+def test_parse_build_state_and_stamp():
+    text = ("tree abc\nnproc 2\nccache yes\ncurrent /opt/t/build/k1\nbin ggml-rpc-server\n--- stamp\n"
+            "{\"key\": \"k1\", \"targets\": [\"ggml-rpc-server\"]}\n--- rpc-cmakelists\nset(TARGET ggml-rpc-server)\n"
+            "--- cmakelists\n")
+    st = bp.parse_state(text)
+    assert st.tree == "abc" and st.nproc == 2 and st.ccache and st.current == "/opt/t/build/k1"
+    assert st.rpc_target == "ggml-rpc-server"
+    assert bp.stamp_ok(st.stamp, "k1", ["ggml-rpc-server"], st.bins)
+    assert not bp.stamp_ok(st.stamp, "k2", ["ggml-rpc-server"], st.bins)
+    assert not bp.stamp_ok(st.stamp, "k1", ["llama-server"], st.bins)
+    assert not bp.stamp_ok(st.stamp, "k1", ["ggml-rpc-server"], set())  # binary deleted by hand
+
+
+def _src(commit, tree, steps=()):
+    return {"commit": commit, "tree": tree, "patches": [{"id": i, "tree": t} for i, t in steps]}
+
+
+def test_gate_equal_and_differing_trees():
+    same = {h: _src(BASE, "t1") for h in ("main", "rpc-a", "rpc-b")}
+    assert "equal on 3" in compare_trees(same)
+    diff = dict(same, **{"rpc-b": _src("4670f1d8edd2104a2f2464982fc0b02a944051fc", "t2")})
+    with pytest.raises(TaskFailed) as e:
+        compare_trees(diff)
+    msg = str(e.value)
+    assert "stopping before any build" in msg
+    row = next(line for line in msg.splitlines() if line.strip().startswith("rpc-b"))
+    assert "4670f1d8edd2" in row and "t2" in row and "base commit" in row
+    assert "(reference)" in next(line for line in msg.splitlines() if line.strip().startswith("main"))
+
+
+def test_gate_names_first_differing_patch():
+    a = _src(BASE, "t3", [("pr 1 @abc1234", "t2"), ("file x.patch sha256:1", "t3")])
+    b = _src(BASE, "t9", [("pr 1 @abc1234", "t2"), ("file x.patch sha256:2", "t9")])
+    with pytest.raises(TaskFailed) as e:
+        compare_trees({"main": a, "rpc-a": a, "rpc-b": b})
+    row = next(line for line in str(e.value).splitlines() if line.strip().startswith("rpc-b"))
+    assert "patch 2" in row and "sha256:2" in row
+
+
+def test_gate_without_source_play_or_in_check_mode():
+    assert "did not run" in compare_trees({"main": None, "rpc-a": None})
+    pending = {"commit": BASE, "tree": None, "pending": True, "patches": []}
+    assert "check mode" in compare_trees({"main": pending, "rpc-a": pending})
+    with pytest.raises(TaskFailed):
+        compare_trees({"main": _src(BASE, "t1"), "rpc-a": None})

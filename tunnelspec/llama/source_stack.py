@@ -1,0 +1,191 @@
+"""The wanted llama.cpp source on a host, as pure data: the pinned base commit plus an ordered
+patch stack, its fingerprint, and the parser of the one-round-trip state report a host sends back.
+
+The fingerprint (base SHA + every patch spec + sha256 of every patch file) is stored on the host
+in `.git/tunnelspec-stack` together with the HEAD and tree the stack produced. A later run compares
+fingerprints and HEAD instead of re-applying anything, so "no change" needs one read-only command.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunnelspec.errors import TaskFailed
+
+STACK_FILE = ".git/tunnelspec-stack"
+PATCH_DIR = ".git/tunnelspec-patches"
+# Bump when the way a stack is applied changes (identity, dates, commands): old stacks re-apply.
+STACK_RECIPE = 1
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+_HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+# Cherry-picks and file-patch commits get this identity and date, so the same stack gives the
+# same commit SHAs on every host and every run (the tree hash would be equal anyway).
+GIT_IDENTITY_ENV = {
+    "GIT_AUTHOR_NAME": "tunnelspec",
+    "GIT_AUTHOR_EMAIL": "tunnelspec@tunnelspec.invalid",
+    "GIT_AUTHOR_DATE": "2001-01-01T00:00:00+00:00",
+    "GIT_COMMITTER_NAME": "tunnelspec",
+    "GIT_COMMITTER_EMAIL": "tunnelspec@tunnelspec.invalid",
+    "GIT_COMMITTER_DATE": "2001-01-01T00:00:00+00:00",
+}
+# Host git config must not change bytes or prompt: no signing, no CRLF conversion, no editor.
+GIT_CONFIG_ARGS = ["-c", "commit.gpgsign=false", "-c", "core.autocrlf=false", "-c", "core.editor=true",
+                   "-c", "advice.detachedHead=false"]
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """One llama_patches entry, normalised. For kind "file", `data` holds the patch bytes read on
+    the controller and `sha256` their digest (the host never reads the controller's disk)."""
+
+    kind: str  # "pr" | "remote" | "file"
+    commit: str | None = None
+    pr: int | None = None
+    remote: str | None = None
+    ref: str | None = None
+    name: str | None = None
+    sha256: str | None = None
+    data: bytes | None = None
+
+    @property
+    def id(self) -> str:
+        """Human-readable and unique: what the fingerprint hashes and errors show."""
+        if self.kind == "pr":
+            return f"pr {self.pr} @{self.commit}"
+        if self.kind == "remote":
+            return f"remote {self.remote} {self.ref} @{self.commit}"
+        return f"file {self.name} sha256:{self.sha256[:16]}"
+
+    @property
+    def fingerprint_part(self) -> str:
+        return self.id if self.kind != "file" else f"file sha256:{self.sha256}"
+
+
+def parse_patches(entries, base_dir: Path) -> list[PatchSpec]:
+    """llama_patches entries (dicts as written in the inventory, or cluster `Patch` objects) →
+    PatchSpecs. File paths are relative to the inventory's directory."""
+    out = []
+    for i, e in enumerate(entries or []):
+        if not isinstance(e, dict):  # a cluster Patch dataclass
+            e = {k: v for k, v in vars(e).items() if v is not None and k != "kind"}
+        keys = frozenset(e)
+        where = f"llama_patches entry {i}"
+        if keys == {"file"}:
+            path = Path(str(e["file"]))
+            path = path if path.is_absolute() else (base_dir / path)
+            try:
+                data = path.read_bytes()
+            except OSError as err:
+                raise TaskFailed(f"{where}: cannot read patch file {path}: {err.strerror}") from None
+            out.append(PatchSpec("file", name=path.name, sha256=hashlib.sha256(data).hexdigest(), data=data))
+            continue
+        commit = str(e.get("commit", "")).strip().lower()
+        if not _HEX.match(commit):
+            raise TaskFailed(f"{where}: commit {e.get('commit')!r} must be a hex SHA (7 to 40 characters)")
+        if keys == {"pr", "commit"}:
+            pr = e["pr"]
+            if isinstance(pr, bool) or not str(pr).isdigit() or int(pr) < 1:
+                raise TaskFailed(f"{where}: pr must be a positive PR number, got {pr!r}")
+            out.append(PatchSpec("pr", commit=commit, pr=int(pr)))
+        elif keys == {"remote", "ref", "commit"}:
+            remote, ref = str(e["remote"]), str(e["ref"])
+            if not remote or not ref or remote.startswith("-") or ref.startswith("-"):
+                raise TaskFailed(f"{where}: remote and ref must be non-empty and not start with '-'")
+            out.append(PatchSpec("remote", commit=commit, remote=remote, ref=ref))
+        else:
+            raise TaskFailed(f"{where} has keys {sorted(keys)}; use {{pr, commit}}, "
+                             "{remote, ref, commit} or {file}")
+    return out
+
+
+def fingerprint(base: str, patches: list[PatchSpec]) -> str:
+    doc = {"recipe": STACK_RECIPE, "base": base, "patches": [p.fingerprint_part for p in patches]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+# ---- the host's state report ---------------------------------------------------------------------
+
+# One round trip: HEAD, tree, origin URL, an interrupted operation, local modifications, the nearest
+# `bNNNN` tag of the base, and the stored stack record. Arguments: dir, base commit.
+STATE_SCRIPT = r"""
+d=$1
+[ -e "$d/.git" ] || { echo absent; exit 0; }
+cd -- "$d" || exit 2
+echo "head $(git rev-parse -q --verify HEAD 2>/dev/null || echo none)"
+echo "tree $(git rev-parse -q --verify 'HEAD^{tree}' 2>/dev/null || echo none)"
+echo "origin $(git config --get remote.origin.url 2>/dev/null || echo none)"
+echo "shallow $(git rev-parse --is-shallow-repository 2>/dev/null || echo unknown)"
+[ -e .git/CHERRY_PICK_HEAD ] && echo "op cherry-pick"
+[ -d .git/rebase-apply ] || [ -d .git/rebase-merge ] && echo "op rebase"
+git status --porcelain=v1 2>/dev/null | head -n 20 | sed 's/^/dirty /'
+git describe --tags --match 'b[0-9]*' --long "$2" 2>/dev/null | sed 's/^/describe /'
+echo "--- stack"
+cat .git/tunnelspec-stack 2>/dev/null
+exit 0
+"""
+
+
+@dataclass
+class SourceState:
+    absent: bool
+    head: str | None = None
+    tree: str | None = None
+    origin: str | None = None
+    shallow: bool = False
+    operation: str | None = None
+    dirty: tuple[str, ...] = ()
+    describe: str | None = None
+    stack: dict | None = None
+
+
+def parse_state(text: str) -> SourceState:
+    lines = text.splitlines()
+    if lines and lines[0].strip() == "absent":
+        return SourceState(absent=True)
+    st = SourceState(absent=False)
+    dirty = []
+    for i, line in enumerate(lines):
+        if line == "--- stack":
+            raw = "\n".join(lines[i + 1:]).strip()
+            try:
+                st.stack = json.loads(raw) if raw else None
+            except ValueError:
+                st.stack = None  # a damaged record is no record: the stack is re-applied
+            break
+        key, _, value = line.partition(" ")
+        if key == "head":
+            st.head = None if value == "none" else value
+        elif key == "tree":
+            st.tree = None if value == "none" else value
+        elif key == "origin":
+            st.origin = None if value == "none" else value
+        elif key == "shallow":
+            st.shallow = value == "true"
+        elif key == "op":
+            st.operation = value
+        elif key == "dirty":
+            dirty.append(value)
+        elif key == "describe":
+            st.describe = value
+    st.dirty = tuple(dirty)
+    return st
+
+
+def build_number_from_describe(describe: str | None) -> int | None:
+    """`b4589-12-gabcdef0` → 4601: upstream tags every master build `bN` and N is the commit count,
+    so the nearest tag plus the distance is the build number. None when there is no such tag."""
+    if not describe:
+        return None
+    m = re.match(r"^b(\d+)-(\d+)-g[0-9a-f]+$", describe.strip())
+    return int(m.group(1)) + int(m.group(2)) if m else None
+
+
+def stack_record(fp: str, base: str, head: str, tree: str, steps: list[dict]) -> str:
+    """The `.git/tunnelspec-stack` file: what the stack produced, written after the last patch."""
+    return json.dumps({"recipe": STACK_RECIPE, "fingerprint": fp, "base": base, "head": head,
+                       "tree": tree, "patches": steps}, indent=2, sort_keys=True) + "\n"

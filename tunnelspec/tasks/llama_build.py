@@ -1,0 +1,158 @@
+"""llama_build: the binaries a host's role needs, built from the proven source tree into
+`{root}/build/<key>` (key = tree hash + output-changing options), a stamp written last, and
+`{root}/current` pointing at it.
+
+check (read-only, one command): is there a finished build for this key, and is it current? A
+finished build for the key is reused without compiling (e.g. after a patch is removed again).
+apply: cmake configure + build under `nice`, ccache when present, progress from cmake's `[ 42%]`;
+on main, `llama-server --version` must name the pinned commit before the stamp is written.
+
+Refuses known-vulnerable pinned builds (tunnelspec/llama/advisories.py) unless
+--allow-vulnerable-llama; an unknown build number is a warning in the message.
+
+Registers `llama_build` = {dir, key, tree, commit, build_number, targets, bin: {name: path in the
+keyed dir}, current_bin: {name: path under {root}/current}, rpc_server, llama_server}.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import shlex
+import time
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import advisories
+from tunnelspec.llama import build_plan as bp
+from tunnelspec.llama.flags import parse_version
+from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+
+# Per build step: a cold llama-server build on 2 shared cores takes ≈ 8 min; leave headroom.
+BUILD_TIMEOUT = 4 * 3600
+LOCK_WAIT = str(BUILD_TIMEOUT)
+
+
+@register_task
+class LlamaBuild(Task):
+    module = "llama_build"
+    args = {
+        "root": Arg(str, required=True),
+        "role": Arg(str, required=True, choices=("main", "rpc")),
+        "tree": Arg(str, default=""),  # llama_src.tree from the source play ("" when it did not run)
+        "commit": Arg(str, required=True),
+        "build_number": Arg(int),
+        "backend": Arg(str, default="cpu", choices=tuple(bp.BACKEND_OPTIONS)),
+        "cmake_args": Arg((list, str), default=[]),  # a list, or a string split like a shell line
+        "jobs": Arg(int),
+    }
+
+    @property
+    def src(self) -> str:
+        return posixpath.join(self.p["root"], "src", "llama.cpp")
+
+    def _options(self) -> list[str]:
+        extra = self.p["cmake_args"] or []
+        extra = shlex.split(extra) if isinstance(extra, str) else [str(a) for a in extra]
+        return bp.keyed_options(self.p["commit"], self.p["build_number"], self.p["backend"], extra)
+
+    def _advisory_note(self, ctx) -> str:
+        result = advisories.check(self.p["build_number"], rdma=False)
+        if result.verdict in (advisories.AFFECTED, advisories.POSSIBLE):
+            if not ctx.options.allow_vulnerable_llama:
+                raise TaskFailed(f"refusing a known-vulnerable llama.cpp build: {result.message}; pin a fixed "
+                                 "commit (see `tunnelspec advisories`) or pass --allow-vulnerable-llama")
+            return f"; WARNING known-vulnerable build allowed by --allow-vulnerable-llama: {result.message}"
+        if result.verdict == advisories.UNKNOWN:
+            return ("; WARNING build number unknown (set llama_build_number): known-vulnerable RPC builds "
+                    "cannot be ruled out")
+        return f"; {result.message}" if result.verdict == advisories.MITIGATED else ""
+
+    async def check(self, ctx):
+        if not self.p["tree"]:
+            if ctx.check_mode:
+                return change("would build once the source play has applied")
+            raise TaskFailed("no proven source tree for this host: the source play did not run in this "
+                             "invocation (e.g. --tags build alone); run with --tags source,build")
+        note = self._advisory_note(ctx)
+        options = self._options()
+        key = bp.build_key(self.p["tree"], options)
+        self._key, self._dir = key, posixpath.join(self.p["root"], "build", key)
+        res = await ctx.conn.run(["sh", "-c", bp.STATE_SCRIPT, "sh", self.p["root"], key, self.src], check=True)
+        st = bp.parse_state(res.stdout)
+        self._state = st
+        if st.tree != self.p["tree"]:
+            raise TaskFailed(f"{self.src} is at tree {st.tree} but the source play proved {self.p['tree']}: "
+                             "the checkout changed since; run again with --tags source,build")
+        try:
+            targets = bp.targets_for(self.p["role"], st.rpc_target)
+        except ValueError:
+            raise TaskFailed(f"{self.src}: no RPC server target (ggml-rpc-server or rpc-server) found in "
+                             "tools/rpc/CMakeLists.txt or examples/rpc/CMakeLists.txt") from None
+        self._targets = targets
+        names = ", ".join(targets)
+        if bp.stamp_ok(st.stamp, key, targets, st.bins):
+            if st.current != self._dir:
+                return change(f"switch current to the finished build {key} of {names} (no compile){note}",
+                              Diff(str(st.current), self._dir), switch=True)
+            self._register(ctx, st.stamp)
+            return ok(f"{names} built for tree {self.p['tree'][:12]} in build/{key}{note}")
+        jobs = min(st.nproc, self.p["jobs"] or st.nproc)
+        how = f"{jobs} job(s), {'ccache' if st.ccache else 'no ccache'}"
+        return change(f"build {names} in build/{key} ({how}){note}", Diff(str(st.current), self._dir), jobs=jobs)
+
+    def _register(self, ctx, stamp: dict) -> None:
+        root = self.p["root"]
+        bins = {t: posixpath.join(self._dir, "bin", t) for t in stamp.get("targets", [])}
+        current = {t: posixpath.join(root, "current", "bin", t) for t in bins}
+        rpc = next((t for t in bins if t != bp.LLAMA_SERVER), None)
+        ctx.register("llama_build", {
+            "dir": self._dir, "key": self._key, "tree": stamp.get("tree"), "commit": stamp.get("commit"),
+            "build_number": stamp.get("build_number"), "targets": sorted(bins), "bin": bins,
+            "current_bin": current, "rpc_server": bins.get(rpc) if rpc else None,
+            "llama_server": bins.get(bp.LLAMA_SERVER), "seconds": stamp.get("seconds"),
+        })
+
+    # ---- apply -------------------------------------------------------------------------------
+    async def apply(self, ctx, ch):
+        if not ch.data.get("switch"):
+            await self._build(ctx, ch.data["jobs"])
+        root = self.p["root"]
+        # Atomic switch: a reader sees the old build or the new one, never a missing link.
+        await ctx.conn.run(["sh", "-c", 'ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"', "sh",
+                            self._dir, posixpath.join(root, "current")], check=True)
+
+    async def _build(self, ctx, jobs: int) -> None:
+        st, d, run = self._state, self._dir, ctx.conn.run
+        started = time.monotonic()
+        options = [*self._options(), *bp.tree_options(st.cmakelists), *bp.launcher_options(st.ccache, self.p["backend"])]
+        await run(["mkdir", "-p", d], check=True)
+        # Another run building the same key on this host waits for it (then finds the stamp valid).
+        lock = ["flock", "-w", LOCK_WAIT, d + ".lock"]
+        prefix = [*lock, "nice", "-n", "10", "env", *bp.ccache_env(self.p["root"])]
+        ctx.progress(f"configure build/{self._key}")
+        await ctx.conn.run_stream([*prefix, "cmake", "-S", self.src, "-B", d, *options], lambda line: None,
+                                  timeout=BUILD_TIMEOUT, check=True)
+        last = [-100]
+
+        def on_line(line: str) -> None:
+            pct = bp.progress_percent(line)
+            if pct is not None and (pct >= last[0] + 5 or (pct == 100 and last[0] != 100)):
+                last[0] = pct
+                ctx.progress(f"build {', '.join(self._targets)} {pct}%", percent=pct)
+
+        await ctx.conn.run_stream([*prefix, "cmake", "--build", d, "--target", *self._targets, "-j", str(jobs)],
+                                  on_line, timeout=BUILD_TIMEOUT, check=True)
+        if bp.LLAMA_SERVER in self._targets:
+            await self._verify_version(ctx)
+        stamp = {"key": self._key, "tree": self.p["tree"], "commit": self.p["commit"],
+                 "build_number": self.p["build_number"], "targets": self._targets, "options": options,
+                 "seconds": round(time.monotonic() - started, 1), "recipe": bp.BUILD_RECIPE}
+        await ctx.conn.put(json.dumps(stamp, indent=2, sort_keys=True) + "\n", posixpath.join(d, bp.STAMP))
+
+    async def _verify_version(self, ctx) -> None:
+        exe = posixpath.join(self._dir, "bin", bp.LLAMA_SERVER)
+        res = await ctx.conn.run([exe, "--version"], timeout=60)
+        version = parse_version(res.stderr + "\n" + res.stdout)
+        if not version.commit or not self.p["commit"].startswith(version.commit):
+            raise TaskFailed(f"{exe} --version reports commit {version.commit} ({version.label}), not the pinned "
+                             f"{self.p['commit'][:12]}; the build did not take LLAMA_BUILD_COMMIT")

@@ -1,0 +1,200 @@
+"""llama_source: the llama.cpp checkout of a host at `{root}/src/llama.cpp`: the pinned commit,
+detached, plus the patch stack applied reproducibly, and its tree hash recorded.
+
+check (read-only, one command): compares the stored stack fingerprint and HEAD with what the
+inventory asks for and refuses to touch local modifications unless `force_clean`.
+apply: clone/fetch, check out the base, then each patch in order (PR head cherry-pick, a commit
+of another remote, a patch file shipped from the controller), with a fixed identity and date.
+A patch that does not apply is aborted, so the checkout stays clean for the next run.
+
+Registers `llama_src` = {commit, head, tree, dir, repo, patches: [{id, commit, tree}],
+build_number, build_number_source}; the `tree_hash` gate compares it across hosts.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+import tunnelspec.llama.source_gate  # noqa: F401 - registers the tree_hash gate with the playbooks
+from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import source_stack as ss
+from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+
+_SHOW_DIRTY = 8
+
+
+def _git(d: str, *args: str, env: bool = False) -> list[str]:
+    pre = ["env", *(f"{k}={v}" for k, v in ss.GIT_IDENTITY_ENV.items())] if env else []
+    return [*pre, "git", *ss.GIT_CONFIG_ARGS, "-C", d, *args]
+
+
+def _tail(text: str, n: int = 12) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+@register_task
+class LlamaSource(Task):
+    module = "llama_source"
+    args = {
+        "repo": Arg(str, required=True),
+        "commit": Arg(str, required=True),
+        "root": Arg(str, required=True),
+        "patches": Arg(list, default=[]),
+        "force_clean": Arg(bool, default=False),
+        "build_number": Arg(int),
+    }
+
+    @property
+    def dir(self) -> str:
+        return posixpath.join(self.p["root"], "src", "llama.cpp")
+
+    def _patches(self, ctx) -> list[ss.PatchSpec]:
+        inv = getattr(ctx.controller, "inventory", None)
+        base = inv.path.parent if inv is not None else None
+        from pathlib import Path
+
+        return ss.parse_patches(self.p["patches"], base or Path.cwd())
+
+    async def _refuse_non_sha(self, ctx) -> None:
+        # The Cluster model refuses this at validation; kept here for playbooks run without one.
+        ref = self.p["commit"]
+        res = await ctx.conn.run(["git", "ls-remote", "--", self.p["repo"], ref], timeout=60)
+        shas = sorted({line.split()[0] for line in res.stdout.splitlines() if line.strip()})
+        hint = (f"pin the full SHA: llama_commit=\"{shas[0]}\"" if len(shas) == 1 else
+                f"it resolves to {', '.join(shas)}; pin one full SHA" if shas else
+                f"resolve it with `git rev-parse '{ref}^{{commit}}'` and pin the full SHA")
+        raise TaskFailed(f"llama_commit {ref!r} is not a full 40-hex commit SHA (tags and branches move); {hint}")
+
+    async def check(self, ctx):
+        commit = str(self.p["commit"]).strip().lower()
+        if not ss.FULL_SHA.match(commit):
+            await self._refuse_non_sha(ctx)
+        self.p["commit"] = commit
+        patches = self._patches(ctx)
+        fp = ss.fingerprint(commit, patches)
+        res = await ctx.conn.run(["sh", "-c", ss.STATE_SCRIPT, "sh", self.dir, commit], check=True)
+        st = ss.parse_state(res.stdout)
+        wanted = f"{commit[:12]} + {len(patches)} patch(es)"
+        self._register(ctx, commit, patches, st, pending=True)
+        if st.absent:
+            return change(f"clone {self.p['repo']} and check out {wanted}", Diff("", wanted, self.dir))
+        if st.operation:
+            return change(f"abort the interrupted {st.operation} and check out {wanted}", Diff(st.operation, wanted),
+                          abort=True)
+        if st.dirty:
+            shown = "\n".join(f"  {line}" for line in st.dirty[:_SHOW_DIRTY])
+            if not self.p["force_clean"]:
+                raise TaskFailed(f"{self.dir} has local modifications:\n{shown}\nnothing was discarded: commit or "
+                                 "remove them on the host, or set llama_force_clean=true to discard them")
+            return change(f"discard local modifications (llama_force_clean) and check out {wanted}",
+                          Diff("\n".join(st.dirty), wanted), discard=True)
+        rec = st.stack or {}
+        before = f"{(st.head or 'none')[:12]}"
+        if st.origin != self.p["repo"]:
+            return change(f"set origin to {self.p['repo']} (was {st.origin}) and check out {wanted}",
+                          Diff(str(st.origin), self.p["repo"]))
+        if rec.get("fingerprint") != fp or rec.get("head") != st.head or rec.get("tree") != st.tree:
+            return change(f"check out {wanted} (was {before})", Diff(before, wanted))
+        self._register(ctx, commit, patches, st, pending=False)
+        return ok(f"at {commit[:12]} + {len(patches)} patch(es), tree {st.tree[:12]}")
+
+    def _register(self, ctx, commit, patches, st: ss.SourceState, pending: bool) -> None:
+        number, source = self.p["build_number"], "inventory"
+        if number is None:
+            number = ss.build_number_from_describe(st.describe)
+            source = f"git tag ({st.describe})" if number is not None else None
+        rec = st.stack or {}
+        steps = rec.get("patches", []) if not pending else [{"id": p.id} for p in patches]
+        ctx.register("llama_src", {
+            "commit": commit, "head": None if pending else st.head, "tree": None if pending else st.tree,
+            "dir": self.dir, "repo": self.p["repo"], "patches": steps, "pending": pending,
+            "build_number": number, "build_number_source": source,
+        })
+
+    # ---- apply -------------------------------------------------------------------------------
+    async def apply(self, ctx, ch):
+        run, d, commit = ctx.conn.run, self.dir, self.p["commit"]
+        patches = self._patches(ctx)
+        if ch.data.get("abort") or ch.data.get("discard"):
+            await run(["sh", "-c", "cd -- \"$1\" && { git cherry-pick --abort || true; git rebase --abort || true; "
+                       "git am --abort || true; } 2>/dev/null; git reset -q --hard && git clean -fdq",
+                       "sh", d], check=True)
+        st = ss.parse_state((await run(["sh", "-c", ss.STATE_SCRIPT, "sh", d, commit], check=True)).stdout)
+        if st.absent:
+            await run(["mkdir", "-p", posixpath.dirname(d)], check=True)
+            await run(["git", "clone", "--quiet", "--no-checkout", "--", self.p["repo"], d], check=True, timeout=3600)
+        elif st.origin != self.p["repo"]:
+            await run(_git(d, "remote", "set-url", "origin", self.p["repo"]), check=True)
+        # A half-applied stack must never look finished: drop the record first.
+        await run(["rm", "-f", "--", posixpath.join(d, ss.STACK_FILE)], check=True)
+        await self._ensure_commit(ctx, commit)
+        await run(_git(d, "checkout", "--quiet", "--detach", "--force", commit), check=True)
+        steps = []
+        for patch in patches:
+            await self._apply_patch(ctx, patch)
+            head, tree = await self._head_tree(ctx)
+            steps.append({"id": patch.id, "commit": head, "tree": tree})
+        head, tree = await self._head_tree(ctx)
+        # A ref keeps the patched commits from being garbage-collected while detached.
+        await run(_git(d, "update-ref", "refs/tunnelspec/stack", head), check=True)
+        record = ss.stack_record(ss.fingerprint(commit, patches), commit, head, tree, steps)
+        await ctx.conn.put(record, posixpath.join(d, ss.STACK_FILE), mode=0o644)
+
+    async def _head_tree(self, ctx) -> tuple[str, str]:
+        res = await ctx.conn.run(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)
+        head, tree = res.stdout.split()
+        return head, tree
+
+    async def _ensure_commit(self, ctx, sha: str, remote: str = "origin", refspec: str | None = None) -> None:
+        d, run = self.dir, ctx.conn.run
+        if (await run(_git(d, "cat-file", "-e", f"{sha}^{{commit}}"))).rc == 0:
+            return
+        await run(_git(d, "fetch", "--quiet", "--tags", "--", remote, "+refs/heads/*:refs/remotes/origin/*"),
+                  check=True, timeout=3600)
+        if (await run(_git(d, "cat-file", "-e", f"{sha}^{{commit}}"))).rc == 0:
+            return
+        res = await run(_git(d, "fetch", "--quiet", "--", remote, sha), timeout=3600)
+        if res.rc != 0:
+            raise TaskFailed(f"commit {sha} is not in {self.p['repo']} (fetched all branches and tags): "
+                             f"{_tail(res.stderr)}")
+
+    async def _apply_patch(self, ctx, patch: ss.PatchSpec) -> None:
+        d, run = self.dir, ctx.conn.run
+        if patch.kind == "file":
+            path = posixpath.join(d, ss.PATCH_DIR, f"{patch.sha256}.patch")
+            await run(["mkdir", "-p", posixpath.dirname(path)], check=True)
+            await ctx.conn.put(patch.data, path, mode=0o644)
+            res = await run(_git(d, "apply", "--index", "--whitespace=nowarn", path))
+            if res.rc != 0:
+                # `git apply` is atomic, but reset anyway so the index is exactly HEAD's.
+                await run(_git(d, "reset", "-q", "--hard"), check=True)
+                raise TaskFailed(f"patch {patch.id} does not apply on {ctx.host}:\n{_tail(res.stderr)}\n"
+                                 f"the checkout was reset to the last good step; fix or remove the patch")
+            res = await run(_git(d, "commit", "--quiet", "--no-verify", "-m",
+                                 f"tunnelspec: apply {patch.name}\n\nsha256: {patch.sha256}", env=True))
+            if res.rc != 0:
+                await run(_git(d, "reset", "-q", "--hard"), check=True)
+                raise TaskFailed(f"patch {patch.id} changes nothing on {ctx.host} (already in the tree?); "
+                                 f"remove it from llama_patches\n{_tail(res.stdout + res.stderr)}")
+            return
+        if patch.kind == "pr":
+            source, ref = "origin", f"refs/pull/{patch.pr}/head"
+        else:
+            source, ref = patch.remote, patch.ref
+        res = await run(_git(d, "fetch", "--quiet", "--", source, ref), timeout=3600)
+        if res.rc != 0:
+            raise TaskFailed(f"patch {patch.id}: cannot fetch {ref} from {source} on {ctx.host}: {_tail(res.stderr)}")
+        res = await run(_git(d, "rev-parse", "--verify", "-q", f"{patch.commit}^{{commit}}"))
+        if res.rc != 0:
+            raise TaskFailed(f"patch {patch.id}: commit {patch.commit} is not in {ref} of {source}")
+        full = res.stdout.strip()
+        # The pinned commit must belong to the ref it is said to come from.
+        if (await run(_git(d, "merge-base", "--is-ancestor", full, "FETCH_HEAD"))).rc != 0:
+            raise TaskFailed(f"patch {patch.id}: commit {full[:12]} is not on {ref} of {source}")
+        res = await run(_git(d, "cherry-pick", "--allow-empty-message", full, env=True))
+        if res.rc != 0:
+            await run(["sh", "-c", "cd -- \"$1\" && { git cherry-pick --abort 2>/dev/null; git reset -q --hard; }",
+                       "sh", d], check=True)
+            raise TaskFailed(f"patch {patch.id} does not apply on {ctx.host} (cherry-pick of {full[:12]} failed):\n"
+                             f"{_tail(res.stdout + res.stderr)}\nthe cherry-pick was aborted and the checkout is "
+                             "clean; fix or remove the patch")
