@@ -117,6 +117,59 @@ def teardown_cmd(inventory_file, purge, **kw):
     _play(inventory_file, _builtin("teardown.yml"), require_cluster=True, **kw)
 
 
+@main.command("verify")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@run_options
+def verify_cmd(inventory_file, **kw):
+    """Read-only: /health, a completion with draft tokens, the draft buffer on the remote device."""
+    _play(inventory_file, _builtin("verify.yml"), require_cluster=True, **kw)
+
+
+def _cluster_and_opts(inventory_file, accept_new_host_keys=False):
+    from tunnelspec.inventory import load_inventory
+    from tunnelspec.inventory.cluster import Cluster
+    from tunnelspec.runner import connect_options_from_env
+
+    inv = load_inventory(inventory_file)
+    return inv, Cluster.from_inventory(inv), connect_options_from_env(accept_new_host_keys)
+
+
+@main.command("status")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+def status_cmd(inventory_file, fmt):
+    """One screen: sources, builds, services, tunnels, RPC versions/devices, llama-server health, draft acceptance."""
+    import asyncio
+    import json
+
+    from tunnelspec import status
+
+    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    report = asyncio.run(status.gather(inv, cluster, opts))
+    click.echo(json.dumps(report, sort_keys=True) if fmt == "json" else status.render(report))
+    sys.exit(status.status_exit_code(report))
+
+
+@main.command("bench")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096))
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50))
+@click.option("--prompt", default=None, help="Prompt text (a fixed story prompt by default).")
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+def bench_cmd(inventory_file, n_predict, runs, prompt, fmt):
+    """Tokens/s and draft acceptance: the deployed remote draft vs. no speculation, same prompt."""
+    import json
+
+    from tunnelspec import bench
+
+    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    kw = {"n_predict": n_predict, "runs": runs}
+    if prompt:
+        kw["prompt"] = prompt
+    result = bench.bench_sync(inv, cluster, opts, **kw)
+    click.echo(json.dumps(result, sort_keys=True) if fmt == "json" else bench.render(result))
+
+
 # ---- inventory -------------------------------------------------------------------------------
 @main.group()
 def inventory() -> None:

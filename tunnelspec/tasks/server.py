@@ -155,7 +155,8 @@ class RpcDevices(Task):
 
     module = "rpc_devices"
     args = {"binary": Arg(str, required=True), "cache": Arg(str, default=DEVICES_CACHE),
-            "timeout": Arg(int, default=60), "service": Arg(str, default=UNIT)}
+            "timeout": Arg(int, default=60), "service": Arg(str, default=UNIT),
+            "discover": Arg(bool, default=True)}
 
     def _cluster(self, ctx):
         cluster = ctx.controller.cluster
@@ -175,6 +176,9 @@ class RpcDevices(Task):
             by_port = {int(p): names for p, names in cached["devices"].items()}
             ctx.register("rpc_devices", by_port)
             return ok("devices " + ", ".join(f"{LOOPBACK}:{p}→{','.join(n)}" for p, n in sorted(by_port.items())))
+        if not self.p["discover"]:
+            raise TaskFailed(f"no current RPC device map in {self.p['cache']} (build or nodes changed since "
+                             "the last deploy): run `tunnelspec deploy` first")
         if ctx.check_mode:
             # Not discovered yet: predict the modern naming (RPC<i> in --rpc order, one device each)
             # so --check can still render the unit.

@@ -1,0 +1,125 @@
+"""`tunnelspec bench`: the same prompt with the remote draft (the deployed llama-server) and with
+speculation off, side by side.
+
+This build's server has no per-request switch for speculation (server-schema.cpp keeps the
+`speculative.n_max` request field under `#if 0`), so the baseline is a temporary second llama-server
+on another loopback port, started as a transient systemd unit with the deployed command line minus
+every draft and RPC flag (the rpc-servers serve one client at a time and are held by the deployed
+server): target on the main host's own devices, no draft. It is stopped by its unit name afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shlex
+
+from tunnelspec.connection import ConnectOptions, connect
+from tunnelspec.constants import LOOPBACK
+from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import http
+from tunnelspec.llama.server_args import UNIT
+from tunnelspec.tasks.server import read_api_key
+
+BENCH_UNIT = "tunnelspec-llama-bench.service"
+# Flags (every spelling across builds) that carry the draft or the RPC placement, each with a value.
+_DRAFT_RPC_FLAGS = {
+    "--rpc", "-dev", "--device", "--spec-type", "--spec-draft-model", "-md", "--model-draft",
+    "--spec-draft-device", "-devd", "--device-draft", "--spec-draft-ngl", "-ngld", "--gpu-layers-draft",
+    "--n-gpu-layers-draft", "--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", "--port",
+}
+DEFAULT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def parse_exec_start(unit_text: str) -> list[str]:
+    """The ExecStart= argv of a unit tunnelspec rendered (systemd_exec quoting: doubled % and $,
+    double quotes with backslash escapes, which POSIX shlex reads the same way)."""
+    m = re.search(r"^ExecStart=(.+)$", unit_text, re.M)
+    if not m:
+        raise TaskFailed(f"no ExecStart= in {UNIT}: deploy first")
+    return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(m.group(1))]
+
+
+def baseline_argv(argv: list[str], local_devices: str, port: int) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in _DRAFT_RPC_FLAGS:
+            skip = True
+            continue
+        out.append(a)
+    return out + ["-dev", local_devices or "none", "--port", str(port)]
+
+
+async def _free_port(conn, start: int) -> int:
+    listening = (await conn.run(["ss", "-Hltn"])).stdout
+    used = {int(p) for p in re.findall(r":(\d+)\s", listening + " ")}
+    for port in range(start, start + 100):
+        if port not in used:
+            return port
+    raise TaskFailed(f"no free loopback port in {start}..{start + 99} on the main host")
+
+
+async def _measure(opener, prompt: str, n_predict: int, runs: int, key) -> dict:
+    await http.completion(opener, prompt, 8, api_key=key)  # warm-up: first request pays allocations
+    rows = []
+    for _ in range(runs):
+        body = await http.completion(opener, prompt, n_predict, api_key=key, timeout=300)
+        rows.append(body.get("timings") or {})
+    tps = sorted(r.get("predicted_per_second") or 0.0 for r in rows)
+    return {"tokens_per_second": tps[len(tps) // 2], "predicted_n": rows[-1].get("predicted_n"),
+            "draft_n": sum(r.get("draft_n") or 0 for r in rows),
+            "draft_n_accepted": sum(r.get("draft_n_accepted") or 0 for r in rows), "runs": runs}
+
+
+async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFAULT_PROMPT,
+                    n_predict: int = 64, runs: int = 3, health_timeout: float = 180) -> dict:
+    main = cluster.main
+    conn = await connect(main.name, inventory.host_vars(main.name), opts, inventory.path.parent)
+    try:
+        key = await read_api_key(conn, main.api_key_file)
+        key_s = key.reveal() if key else None
+        unit_text = (await conn.get(f"/etc/systemd/system/{UNIT}") or b"").decode()
+        argv = parse_exec_start(unit_text)
+        spec = await _measure(http.ssh_opener(conn, main.server_port), prompt, n_predict, runs, key_s)
+        port = await _free_port(conn, main.server_port + 1)
+        base = baseline_argv(argv, main.target_devices, port)
+        user = main.users.llama
+        await conn.run(["systemctl", "stop", BENCH_UNIT])
+        await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
+        await conn.run(["systemd-run", "--quiet", f"--unit={BENCH_UNIT}", f"--uid={user}", f"--gid={user}",
+                        "-p", "NoNewPrivileges=yes", "-p", "ProtectSystem=strict", "-p", "ProtectHome=yes",
+                        "-p", "PrivateTmp=yes", "--", *base], check=True)
+        try:
+            opener = http.ssh_opener(conn, port)
+            await http.wait_health(opener, health_timeout)
+            plain = await _measure(opener, prompt, n_predict, runs, key_s)
+        finally:
+            await conn.run(["systemctl", "stop", BENCH_UNIT])
+            await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
+        return {"schema": 1, "prompt": prompt, "n_predict": n_predict, "remote_draft": spec, "no_speculation": plain,
+                "baseline_devices": main.target_devices, "baseline_endpoint": f"{LOOPBACK}:{port}"}
+    finally:
+        await conn.close()
+
+
+def render(r: dict) -> str:
+    s, p = r["remote_draft"], r["no_speculation"]
+
+    def acc(x):
+        return f"{x['draft_n_accepted']}/{x['draft_n']}" if x["draft_n"] else "-"
+
+    speedup = s["tokens_per_second"] / p["tokens_per_second"] if p["tokens_per_second"] else 0.0
+    return "\n".join([
+        f"prompt: {r['prompt'][:60]!r}, n_predict {r['n_predict']}, median of {s['runs']} runs",
+        f"{'':<34} {'tok/s':>9}  draft accepted",
+        f"{'remote draft (deployed server)':<34} {s['tokens_per_second']:>9.1f}  {acc(s)}",
+        f"{'no speculation (target on ' + r['baseline_devices'] + ')':<34} {p['tokens_per_second']:>9.1f}  {acc(p)}",
+        f"speed ratio remote-draft / none: {speedup:.2f}x",
+    ])
+
+
+def bench_sync(*args, **kw) -> dict:
+    return asyncio.run(run_bench(*args, **kw))

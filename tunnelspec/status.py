@@ -1,0 +1,138 @@
+"""`tunnelspec status`: one read-only look at every host — source, build, services, tunnels, RPC
+version and devices, llama-server health and the latest draft acceptance. Per-host failures are
+values in the report, never exceptions that hide the other hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from tunnelspec.connection import ConnectOptions, connect
+from tunnelspec.constants import LOOPBACK
+from tunnelspec.llama import http, rpc
+from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
+from tunnelspec.tasks.server import DEVICES_CACHE
+
+RPC_UNIT = "tunnelspec-rpc.service"
+_BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
+
+
+async def _sh(conn, argv, timeout=20) -> str:
+    try:
+        res = await conn.run(argv, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - reported in the row, other fields still gathered
+        return f"error: {e}"
+    return res.stdout.strip() if res.rc == 0 else ""
+
+
+async def _source_build(conn, root: str) -> dict:
+    src = await _sh(conn, ["git", "-C", f"{root}/src/llama.cpp", "rev-parse", "HEAD", "HEAD^{tree}"])
+    parts = src.split()
+    build = await _sh(conn, ["readlink", "-f", "--", f"{root}/current"])
+    return {"commit": parts[0] if len(parts) == 2 else None, "tree": parts[1] if len(parts) == 2 else None,
+            "build": build.rsplit("/", 1)[-1] if build else None}
+
+
+async def _unit_state(conn, unit: str) -> str:
+    res = await conn.run(["systemctl", "is-active", unit])
+    return res.stdout.strip() or "unknown"
+
+
+async def _main_status(conn, cluster) -> dict:
+    main = cluster.main
+    out = {"role": "main", **await _source_build(conn, main.root)}
+    listening = await _sh(conn, ["ss", "-Hltn"])
+    ports = {int(m.group(1)) for m in re.finditer(r"127\.0\.0\.1:(\d+)\s", listening + " ")}
+    raw = await _sh(conn, ["cat", DEVICES_CACHE])
+    try:
+        devices = {int(k): v for k, v in json.loads(raw)["devices"].items()} if raw else {}
+    except (ValueError, KeyError):
+        devices = {}
+    out["tunnels"] = [{"node": n.name, "unit": await _unit_state(conn, tunnel_unit(n.name)),
+                       "endpoint": n.endpoint, "listening": n.tunnel_port in ports, "role": n.role,
+                       "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
+    server = {"unit": await _unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
+    try:
+        r = await http.request(http.ssh_opener(conn, main.server_port), "GET", "/health", timeout=5)
+        server["health"] = "ok" if r.status == 200 else f"HTTP {r.status}"
+    except http.HttpError as e:
+        server["health"] = f"down ({e})"
+    journal = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
+    server["draft_acceptance"] = last_acceptance(journal)
+    out["llama_server"] = server
+    return out
+
+
+async def _rpc_status(conn, node) -> dict:
+    out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await _unit_state(conn, RPC_UNIT)}
+    result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
+    if result.ok:
+        out["rpc"] = {"version": result.version_str, "devices": len(result.devices), "state": "idle"}
+    else:
+        # Busy is the normal state while llama-server holds the connection (one client at a time):
+        # read the version from the server's banner instead.
+        banner = _BANNER.findall(await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "500", "-u", RPC_UNIT]))
+        state = "serving llama-server" if result.status is rpc.ProbeStatus.BUSY else str(result)
+        out["rpc"] = {"version": banner[-1] if banner else None, "devices": None, "state": state}
+    return out
+
+
+async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> dict:
+    try:
+        conn = await connect(name, hv, opts, inv_dir)
+    except Exception as e:  # noqa: BLE001 - an unreachable host is a row, not a crash
+        return {"role": "?", "error": str(e)}
+    try:
+        if name == cluster.main.name:
+            return await _main_status(conn, cluster)
+        return await _rpc_status(conn, cluster.node(name))
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        await conn.close()
+
+
+async def gather(inventory, cluster, opts: ConnectOptions) -> dict:
+    names = cluster.hosts
+    rows = await asyncio.gather(*(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names))
+    return {"schema": 1, "hosts": dict(zip(names, rows))}
+
+
+def _short(sha):
+    return sha[:12] if sha else "-"
+
+
+def render(report: dict) -> str:
+    lines = []
+    for name, h in report["hosts"].items():
+        if "error" in h:
+            lines.append(f"{name:<10} {h.get('role', '?'):<14} ERROR {h['error']}")
+            continue
+        lines.append(f"{name:<10} {h['role']:<14} commit {_short(h['commit'])} tree {_short(h['tree'])} "
+                     f"build {h['build'] or '-'}")
+        if "rpc" in h:
+            r = h["rpc"]
+            lines.append(f"{'':<10} rpc-server: {h['unit']}, RPC v{r['version'] or '?'}, {r['state']}"
+                         + (f", {r['devices']} device(s)" if r["devices"] is not None else ""))
+        for t in h.get("tunnels", []):
+            lines.append(f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
+                         f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
+                         f"devices {','.join(t['devices']) or '?'}")
+        if "llama_server" in h:
+            s = h["llama_server"]
+            acc = s["draft_acceptance"]
+            acc_txt = (f"{acc['accepted']}/{acc['generated']} draft tokens accepted ({acc['rate']:.2f})"
+                       if acc else "no draft statistics yet")
+            lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, {acc_txt}")
+    return "\n".join(lines)
+
+
+def status_exit_code(report: dict) -> int:
+    """0 when every host answered and llama-server is healthy, else 1."""
+    for h in report["hosts"].values():
+        if "error" in h:
+            return 1
+        if "llama_server" in h and h["llama_server"]["health"] != "ok":
+            return 1
+    return 0
