@@ -7,6 +7,7 @@ import shlex
 import socket
 import subprocess
 import time
+import uuid
 
 import asyncssh
 import pytest
@@ -193,3 +194,18 @@ def test_inventory_lists_main_and_rpc_hosts_by_ip(lab):
     for name in names[2:]:
         assert inv.host_vars(name)["rpc_role"] == "target"
     assert oct(lab.key_file.stat().st_mode & 0o777) == "0o600"
+
+
+def test_ccache_is_shared_between_hosts(lab):
+    names = list(lab.hosts)
+    if len(names) < 2:
+        pytest.skip("needs two lab hosts")
+    marker = uuid.uuid4().hex  # fresh source: the first compile cannot be a hit
+    script = ('mkdir -p /tmp/ts-ccache && cd /tmp/ts-ccache && '
+              'printf "int f_%s(int x){return x+1;}\\n" "$1" > t.c && rm -f cc.log && '
+              'CCACHE_LOGFILE=cc.log ccache gcc -c t.c -o t.o && cat cc.log')
+    first = ssh(lab, names[0], "sh", "-c", script, "sh", marker)
+    second = ssh(lab, names[1], "sh", "-c", script, "sh", marker)
+    assert first.returncode == 0 and second.returncode == 0, (first.stderr, second.stderr)
+    assert "Result: cache_miss" in first.stdout
+    assert "Result: direct_cache_hit" in second.stdout

@@ -124,3 +124,4 @@ def test_small_lab_reboots_and_down_leaves_nothing(tmp_path):
     assert state.load(SMALL_BRIDGE) is None
     assert not state.state_dir(SMALL_BRIDGE).exists()
     lab.down()  # safe to re-run
+
