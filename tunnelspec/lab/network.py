@@ -85,6 +85,10 @@ def ensure_bridge(net: LabNet) -> None:
 def ensure_host_link(net: LabNet, index: int, host: str) -> None:
     """Namespace, veth pair and addresses for one host; keeps what already exists."""
     ns, veth = net.netns(host), net.veth(index)
+    path = os.path.join(NETNS_DIR, ns)
+    if netns_exists(ns) and not os.path.ismount(path):
+        # /run is on disk here: after a reboot of the machine the name outlives its namespace.
+        os.unlink(path)
     if not netns_exists(ns):
         ip("netns", "add", ns)
     has_eth0 = ip("link", "show", "eth0", netns=ns, check=False).returncode == 0
