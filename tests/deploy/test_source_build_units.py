@@ -119,3 +119,18 @@ def test_gate_without_source_play_or_in_check_mode():
     assert "check mode" in compare_trees({"main": pending, "rpc-a": pending})
     with pytest.raises(TaskFailed):
         compare_trees({"main": _src(BASE, "t1"), "rpc-a": None})
+
+
+def test_status_parser_and_rows():
+    from tunnelspec.llama.source_status import format_rows, parse_status
+
+    text = ("head h1\ntree t1\ndirty 0\ncurrent /opt/t/build/k1\n--- stack\n"
+            '{"base": "%s", "head": "h1", "patches": [{"id": "file x.patch sha256:1"}]}\n--- stamp\n'
+            '{"key": "k1", "targets": ["llama-server"], "tree": "t1"}\n' % BASE)
+    st = parse_status(text)
+    assert st.commit == BASE and st.patches == ["file x.patch sha256:1"] and st.stack_current
+    assert st.build_key == "k1" and st.targets == ["llama-server"]
+    other = parse_status("head h2\ntree t2\ndirty 2\ncurrent none\n--- stack\n--- stamp\n")
+    rows = format_rows({"main": st, "rpc-a": other})
+    assert rows[1].startswith("main") and "trees differ" in rows[1]
+    assert "2 local modification(s)" in rows[2] and "HEAD is not the applied stack" in rows[2]
