@@ -310,7 +310,9 @@ class LlamaVerify(Task):
                                      prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
                                      add_secret=ctx.add_secret)
         ctx.register("llama_verify", result)
-        ctx.progress("draft statistics", **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
+        text = " ".join(result["content"].split())[:120]
+        ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
+                     **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
         return ok(result["summary"])
 
 
