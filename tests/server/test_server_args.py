@@ -209,3 +209,31 @@ def test_listening_ports_from_ss():
            "LISTEN 0      128          0.0.0.0:22         0.0.0.0:*\n"
            "LISTEN 0      128             [::]:22            [::]:*\n")
     assert listening_ports(out) == {15052: "127.0.0.1", 8080: "127.0.0.1", 22: "[::]"}
+
+
+def _render_unit(**over):
+    from tunnelspec.engine.templating import render_file
+
+    text = (Path(__file__).resolve().parents[2] / "templates" / "tunnelspec-llama-server.service.j2").read_text()
+    v = {"exec_start": systemd_exec(["/opt/ts/current/bin/llama-server", "--host", "127.0.0.1"]),
+         "rpc_wait_exec": "/usr/bin/python3 /usr/local/lib/tunnelspec/tunnelspec-rpc-wait 127.0.0.1:15052",
+         "rpc_wait_timeout": 90, "llama_user": "tunnelspec-llama", "draft_node": "rpc-a", "draft_devices": ["RPC0"],
+         "tunnel_units": ["tunnelspec-tunnel-rpc-a.service", "tunnelspec-tunnel-rpc-b.service"],
+         "backend": "cpu", "public_bind": False, **over}
+    return render_file(text, v)
+
+
+def test_unit_orders_after_tunnels_restarts_and_stays_on_loopback():
+    unit = _render_unit()
+    units = "tunnelspec-tunnel-rpc-a.service tunnelspec-tunnel-rpc-b.service"
+    for key in ("After=network.target " + units, "Wants=" + units, "PartOf=" + units, "Restart=always",
+                "User=tunnelspec-llama", "ExecStartPre=/usr/bin/python3 /usr/local/lib/tunnelspec/tunnelspec-rpc-wait",
+                "IPAddressDeny=any", "IPAddressAllow=localhost", "PrivateDevices=yes", "NoNewPrivileges=yes"):
+        assert key in unit.splitlines() or any(l.startswith(key) for l in unit.splitlines()), key
+    assert "TimeoutStartSec=120" in unit  # longer than rpc-wait's own deadline
+
+
+def test_unit_gpu_and_public_variants():
+    unit = _render_unit(backend="cuda", public_bind=True)
+    assert "PrivateDevices=yes" not in unit
+    assert "IPAddressDeny=any" not in unit
