@@ -289,3 +289,32 @@ def _append_patch(tail: str, count: str) -> str:
     body = "".join(f" {line}\n" for line in lines)
     return (f"diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n"
             f"@@ -{start},{len(lines)} +{start},{len(lines) + 1} @@\n{body}+tunnelspec conflicting line\n")
+
+
+def test_pr_head_cherry_pick_is_reproducible(lab, deployed, inv_dir, fixtures):
+    """`{pr, commit}`: fetch refs/pull/N/head from origin, cherry-pick the pinned commit. GitHub is
+    not reachable here, so each host gets a real bare clone of the fixture repo that carries a
+    refs/pull/7/head ref (as GitHub publishes them) pointing at the side-branch commit."""
+    inv, _ = deployed
+    base_tree = source_tree(lab, "main")
+    pr_repo = "/var/tmp/tunnelspec-pr-test.git"
+    for h in HOSTS:
+        sh(lab, h, 'rm -rf -- "$1" && git clone -q --bare "$2" "$1" && git -C "$1" update-ref refs/pull/7/head "$3"'
+                   ' && git -C "$1" branch -q -D "$4"', pr_repo, fixtures.repo, fixtures.side_commit,
+           fixtures.side_branch)
+    try:
+        pr = write_inventory(lab, inv_dir / "pr.ini", [f'llama_patches=[{{"pr": 7, "commit": "{fixtures.side_commit[:10]}"}}]'])
+        pr.write_text(pr.read_text().replace(f"llama_repo={fixtures.repo}", f"llama_repo={pr_repo}"))
+        res = run(pr, SOURCE_ONLY, timeout=600)
+        assert res.rc == 0, res.stdout[-3000:]
+        heads = {sh(lab, h, 'git -C "$1/src/llama.cpp" log -1 --format="%H %cn %cd"', ROOT).strip() for h in HOSTS}
+        assert len(heads) == 1, heads  # fixed committer identity and date: the same commit SHA everywhere
+        assert {source_tree(lab, h) for h in HOSTS} != {base_tree}
+        again = run(pr, SOURCE_ONLY, timeout=600)
+        assert again.rc == 0 and all(again.recap[h]["changed"] == 0 for h in HOSTS), again.recap
+    finally:
+        res = run(inv, SOURCE_ONLY, timeout=600)
+        assert res.rc == 0, res.stdout[-3000:]
+        for h in HOSTS:
+            sh(lab, h, 'rm -rf -- "$1"', pr_repo)
+    assert {source_tree(lab, h) for h in HOSTS} == {base_tree}

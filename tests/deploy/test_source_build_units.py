@@ -134,3 +134,24 @@ def test_status_parser_and_rows():
     rows = format_rows({"main": st, "rpc-a": other})
     assert rows[1].startswith("main") and "trees differ" in rows[1]
     assert "2 local modification(s)" in rows[2] and "HEAD is not the applied stack" in rows[2]
+
+
+@pytest.mark.parametrize("number,allowed,expect", [
+    (8000, False, "refuse"),        # < b8492: GHSA-j8rj-fmpv-wcxw
+    (8000, True, "WARNING known-vulnerable"),
+    (None, False, "build number unknown"),
+    (13000, False, ""),
+])
+def test_build_refuses_known_vulnerable_pins(number, allowed, expect):
+    from types import SimpleNamespace
+
+    from tunnelspec.tasks.llama_build import LlamaBuild
+
+    task = LlamaBuild(LlamaBuild.validate({"root": "/opt/t", "role": "main", "commit": BASE, "build_number": number}))
+    ctx = SimpleNamespace(options=SimpleNamespace(allow_vulnerable_llama=allowed))
+    if expect == "refuse":
+        with pytest.raises(TaskFailed, match="known-vulnerable.*--allow-vulnerable-llama"):
+            task._advisory_note(ctx)
+    else:
+        note = task._advisory_note(ctx)
+        assert (expect in note) if expect else note == ""
