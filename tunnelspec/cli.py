@@ -259,6 +259,25 @@ def lab_link(lab_dir: str, host: str, state: str) -> None:
     Lab(lab_dir).link(host, up=(state == "up"))
 
 
+# ---- hostkeys --------------------------------------------------------------------------------
+@main.group("hostkeys")
+def hostkeys() -> None:
+    """Review SSH host keys before trusting them."""
+
+
+@hostkeys.command("scan")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--limit", "-l", help="Only hosts matching this pattern.")
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+def hostkeys_scan(inventory_file: str, limit: str | None, fmt: str) -> None:
+    """Print each host's keys and SHA256 fingerprints, marked pinned / not pinned / CHANGED against
+    known_hosts. Trusts nothing and writes nothing; exit 4 when a host fails or a key changed."""
+    from tunnelspec.connection.scan import run_scan
+    from tunnelspec.runner import connect_options_from_env
+
+    sys.exit(run_scan(inventory_file, limit, fmt, connect_options_from_env(), sys.stdout))
+
+
 # ---- advisories ------------------------------------------------------------------------------
 @main.command("advisories")
 @click.option("--build", "build_number", type=int, default=None,

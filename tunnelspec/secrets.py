@@ -37,3 +37,34 @@ def mask_text(text: str, secrets: Iterable[str]) -> str:
         if raw:
             text = text.replace(raw, MASK)
     return text
+
+
+# How a user marks a variable as secret: by its name (inventory, play vars or -e). Its value is then
+# masked in every message, diff and JSON event. `no_log: true` on a task hides its whole result.
+SECRET_NAME_SUFFIXES = ("_secret", "_password", "_passphrase", "_token", "api_key", "_private_key")
+
+
+def is_secret_name(name: object) -> bool:
+    return isinstance(name, str) and name.lower().endswith(SECRET_NAME_SUFFIXES)
+
+
+def secret_values(variables: dict) -> list[str]:
+    """Values to mask: Secret instances and values of secret-named variables."""
+    out = []
+    for k, v in variables.items():
+        if isinstance(v, Secret):
+            out.append(v.reveal())
+        elif is_secret_name(k) and isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v):
+            out.append(str(v))
+    return out
+
+
+def mask_value(value, secrets: Iterable[str]):
+    """mask_text through nested dicts and lists (JSON events)."""
+    if isinstance(value, str):
+        return mask_text(value, secrets)
+    if isinstance(value, dict):
+        return {k: mask_value(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask_value(v, secrets) for v in value]
+    return value

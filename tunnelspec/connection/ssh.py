@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncssh
 
+from tunnelspec.connection import credentials
 from tunnelspec.connection.base import Connection, ConnectOptions, quote
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
@@ -31,15 +32,14 @@ class SSHConnection(Connection):
                    become: bool, opts: ConnectOptions, pin_path: str | None) -> "SSHConnection":
         known_text = load_known_hosts_text(opts.known_hosts)
         policy = HostKeyPolicy(name, address, port, known_text, opts.accept_new_host_keys, pin_path)
-        client_keys = []
-        if opts.private_key:
-            client_keys.append(asyncssh.import_private_key(opts.private_key.reveal()))
-        client_keys.extend(key_files)
+        client_keys, encrypted = credentials.client_keys(name, key_files, opts.private_key)
         kwargs = dict(
             port=port, username=user,
             known_hosts=asyncssh.import_known_hosts(known_text) if known_text.strip() else ([], [], []),
             client_factory=lambda: _Client(policy),
-            client_keys=client_keys or (),
+            # Encrypted files stay in the list (asyncssh skips them, ignore_encrypted): an empty list would
+            # fall back to ~/.ssh keys, None would disable the agent too.
+            client_keys=(client_keys + encrypted) or (),
             connect_timeout=opts.connect_timeout, login_timeout=opts.login_timeout,
             keepalive_interval=opts.keepalive_interval, keepalive_count_max=3,
             compression_algs=None,
@@ -56,7 +56,9 @@ class SSHConnection(Connection):
             raise policy.error() from None
         except asyncssh.PermissionDenied as e:
             raise HostUnreachable(f"{name} ({user}@{address}:{port}): authentication failed: {e.reason}. "
-                                  "Check ansible_user, ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or the agent.") from None
+                                  "Check ansible_user, ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or the agent."
+                                  + (f" Skipped encrypted key(s) {', '.join(encrypted)}: tunnelspec never asks for a "
+                                     "passphrase; load them into ssh-agent." if encrypted else "")) from None
         except HostKeyError:
             raise
         except (OSError, asyncssh.Error, TimeoutError) as e:

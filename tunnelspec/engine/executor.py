@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tunnelspec.connection import ConnectOptions, connect
@@ -16,7 +17,7 @@ from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
 from tunnelspec.engine.templating import TemplateError, evaluate, render_value
 from tunnelspec.errors import HostUnreachable, TaskFailed, TunnelspecError, UsageError
 from tunnelspec.reporting.summary import Summary
-from tunnelspec.secrets import Secret, mask_text
+from tunnelspec.secrets import mask_value, secret_values
 from tunnelspec.tasks import TASKS
 
 
@@ -28,6 +29,24 @@ class HostState:
     conn: object = None
     failed: bool = False
     unreachable: bool = False
+
+
+class HostVars(Mapping):
+    """`hostvars` for templates: each host's vars + registered facts, merged when looked up.
+    Building the merged dict of every host for every task of every host was O(hosts²) per task."""
+
+    def __init__(self, hosts: dict[str, HostState]):
+        self._hosts = hosts
+
+    def __getitem__(self, name: str) -> dict:
+        st = self._hosts[name]
+        return {**st.vars, **st.facts}
+
+    def __iter__(self):
+        return iter(self._hosts)
+
+    def __len__(self) -> int:
+        return len(self._hosts)
 
 
 class Run:
@@ -44,19 +63,22 @@ class Run:
         self.hosts: dict[str, HostState] = {}
         self.secrets: list[str] = []
         self._conn_locks: dict[str, asyncio.Lock] = {}
+        self._groups: dict[str, list[str]] | None = None
+        self._hostvars = HostVars(self.hosts)
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             hv.update(options.extra_vars)
             self.hosts[name] = HostState(name, hv)
-            for v in hv.values():
-                if isinstance(v, Secret):
-                    self.secrets.append(v.reveal())
+            self.secrets.extend(secret_values(hv))
 
     # ---- events ---------------------------------------------------------------------------
     def emit(self, event: dict) -> None:
-        event = {k: (mask_text(v, self.secrets) if isinstance(v, str) else v) for k, v in event.items()}
-        if isinstance(event.get("diff"), dict):
-            event["diff"] = {k: mask_text(str(v), self.secrets) for k, v in event["diff"].items()}
+        if event.get("no_log"):
+            # Ansible's no_log: the task's result is hidden entirely, whatever it contains.
+            event = {**event, "msg": "output hidden (no_log: true)"}
+            event.pop("diff", None)
+        # Longest first, so a secret containing another is masked whole.
+        event = mask_value(event, sorted(set(self.secrets), key=len, reverse=True))
         self.summary.record(event)
         self.emit_raw(event)
 
@@ -85,14 +107,19 @@ class Run:
             self.emit({"event": "host_key_pinned", "host": host, "msg": f"pinned new host key: {line}"})
         self.connect_options.new_host_keys.clear()
 
+    def groups(self) -> dict[str, list[str]]:
+        # The inventory does not change during a run: resolve every group once, not once per task.
+        if self._groups is None:
+            groups = {g: list(self.inventory.match(g)) for g in self.inventory.groups}
+            groups.setdefault("all", list(self.inventory.hosts))
+            self._groups = groups
+        return self._groups
+
     def template_vars(self, name: str, play: Play | None = None) -> dict:
         st = self.hosts[name]
-        groups = {g: list(self.inventory.match(g)) for g in self.inventory.groups}
-        groups.setdefault("all", list(self.inventory.hosts))
-        hostvars = {h: {**s.vars, **s.facts} for h, s in self.hosts.items()}
         v = {**st.vars, **(play.vars if play else {}), **st.facts}
-        v.update(inventory_hostname=name, hostvars=hostvars, groups=groups, check_mode=self.options.check,
-                 cluster=self.cluster)
+        v.update(inventory_hostname=name, hostvars=self._hostvars, groups=self.groups(),
+                 check_mode=self.options.check, cluster=self.cluster)
         return v
 
     # ---- plays ----------------------------------------------------------------------------
@@ -108,6 +135,7 @@ class Run:
 
     async def run_play(self, play: Play) -> None:
         hosts = [h for h in self.select(play.hosts) if not (self.hosts[h].failed or self.hosts[h].unreachable)]
+        self.secrets.extend(secret_values(play.vars))
         self.emit({"event": "play_start", "play": play.name, "hosts": hosts})
         if not hosts:
             return
@@ -176,6 +204,8 @@ class Run:
         """Returns False when the host must stop (failed or unreachable)."""
         st = self.hosts[host]
         base = {"event": "task_result", "host": host, "task": spec.name, "module": spec.module, "play": play.name}
+        if spec.no_log:
+            base["no_log"] = True
         if not self._tag_selected(spec):
             return True
         variables = self.template_vars(host, play)
