@@ -89,3 +89,53 @@ def test_list_devices_old_bracket_names():
     devs = flags.parse_list_devices(text)
     assert devs[0].name == "RPC[127.0.0.1:15052]"
     assert flags.rpc_devices_by_port(devs) == {15052: ["RPC[127.0.0.1:15052]"]}
+
+
+# ---- real output of the fixture build (llama.cpp 0c1e57098 as vendored by llama-cpp-python 0.3.36)
+
+
+@pytest.fixture(scope="module")
+def real_help():
+    return flags.parse_help((DATA / "llama-server-help.txt").read_text(), build="0.5.0-dev (8c22f3ff0)")
+
+
+def test_real_help_chooses_new_spellings(real_help):
+    f = flags.draft_flags(real_help)
+    assert f == flags.DraftFlags(model="--spec-draft-model", device="--spec-draft-device",
+                                 ngl="--spec-draft-ngl", n_max="--spec-draft-n-max", ngl_all="all",
+                                 spec_type="--spec-type")
+    assert flags.draft_argv(real_help, "/m/d.gguf", "RPC0") == [
+        "--spec-type", "draft-simple", "--spec-draft-model", "/m/d.gguf", "--spec-draft-device", "RPC0",
+        "--spec-draft-ngl", "all", "--spec-draft-n-max", "4"]
+
+
+def test_real_help_aliases_and_values(real_help):
+    assert real_help.aliases("-md") == ("--spec-draft-model", "-md", "--model-draft")
+    assert real_help.aliases("-devd") == ("--spec-draft-device", "-devd", "--device-draft")
+    assert "-ngld" in real_help.aliases("--spec-draft-ngl")
+    assert "draft-simple" in real_help.values("--spec-type")
+    assert real_help.values("--spec-type")[0] == "none"
+    for opt in ("--api-key-file", "--rpc", "--list-devices", "-dev", "--host", "--port", "--metrics"):
+        assert real_help.supports(opt), opt
+
+
+def test_real_help_refuses_removed_draft_max(real_help):
+    # Still listed in --help, but as "the argument has been removed": a hard error at start.
+    assert not real_help.supports("--draft-max")
+    with pytest.raises(TaskFailed, match=r"--draft-max is removed in this build \(0.5.0-dev \(8c22f3ff0\)\)"):
+        real_help.check_argv(["llama-server", "--draft-max", "4"])
+    with pytest.raises(TaskFailed, match="--no-such-flag is not supported"):
+        real_help.require("--no-such-flag")
+
+
+def test_real_version():
+    v = flags.parse_version((DATA / "llama-server-version.txt").read_text())
+    assert (v.version, v.build_number, v.commit) == ("0.5.0-dev", None, "8c22f3ff0")
+
+
+def test_real_list_devices():
+    devs = flags.parse_list_devices((DATA / "llama-server-list-devices-rpc.txt").read_text())
+    assert devs == [flags.Device("RPC0", "127.0.0.1:60241", 24105, 24105)]
+    assert flags.rpc_devices_by_port(devs) == {60241: ["RPC0"]}
+    # `--list-devices` before `--rpc`: the RPC device is not registered yet.
+    assert flags.parse_list_devices((DATA / "llama-server-list-devices-none.txt").read_text()) == []

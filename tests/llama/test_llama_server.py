@@ -60,6 +60,8 @@ def test_remote_draft_end_to_end(llama_bin, llama_fixtures, rpc_server, tmp_path
         *flags.draft_argv(help_, model, "RPC0", n_max=4),
         "-dev", "none",  # keep the target local (CPU); only the draft goes to RPC0
         "--host", LOOPBACK, "--port", str(port), "-c", "512",
+        # The default verbosity (3) hides the load_tensors/llama_kv_cache placement lines.
+        "-lv", "4",
     ]
     help_.check_argv(argv)
     server = spawn(argv, tmp_path / "llama-server.log")
@@ -77,5 +79,8 @@ def test_remote_draft_end_to_end(llama_bin, llama_fixtures, rpc_server, tmp_path
     assert timings["draft_n"] > 0, timings
     assert timings["draft_n_accepted"] == timings["draft_n"]
     # The draft's weights were placed on the RPC device.
-    assert re.search(rf"RPC0\[{LOOPBACK}:{rpc_server.port}\] model buffer size", log), log[-3000:]
+    where = re.escape(f"RPC0[{LOOPBACK}:{rpc_server.port}]")
+    assert re.search(rf"load_tensors: {where} model buffer size", log), log[-3000:]
+    assert re.search(rf"llama_kv_cache: {where} KV buffer size", log), log[-3000:]
+    assert re.search(r"draft acceptance = 1\.0+ \(\s*\d+ accepted /\s*\d+ generated\)", log)
     assert rc is not None

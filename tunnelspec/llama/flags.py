@@ -74,9 +74,13 @@ class ServerHelp:
         opt = self.option(name)
         if opt is None:
             return []
-        m = re.search(r"[\[{]([^\]}]+)[\]}]", opt.value_hint)
+        hint = opt.value_hint
+        m = re.search(r"[\[{]([^\]}]+)[\]}]", hint)
         if m:
-            return [v.strip() for v in re.split(r"[|,]", m.group(1)) if v.strip()]
+            hint = m.group(1)
+        # "none,draft-simple,…" (this tree) or "[none|draft-simple|…]"; not "<dev1,dev2,..>".
+        if re.fullmatch(r"[a-z0-9][a-z0-9_-]*([|,][a-z0-9][a-z0-9_-]*)+", hint):
+            return re.split(r"[|,]", hint)
         return re.findall(r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b", opt.help)
 
 
@@ -104,11 +108,12 @@ def parse_help(text: str, build: str = "unknown build") -> ServerHelp:
             head, desc = _split_columns(line.rstrip())
             names, hint = _split_names(head)
             current = {"names": names, "hint": hint, "help": [desc.strip()] if desc else []}
-        elif current is not None and line.startswith(" ") and line.strip():
-            current["help"].append(line.strip())
-        elif not line.strip() or line.startswith("---"):
+        elif line.startswith("---"):  # "----- sampling params -----"
             flush()
             current = None
+        elif current is not None and line.startswith(" ") and line.strip():
+            current["help"].append(line.strip())
+        # Whitespace-only lines occur inside descriptions (before "(env: …)"): not a boundary.
     flush()
     return help_
 
