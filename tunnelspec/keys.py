@@ -79,7 +79,11 @@ def tunnel_key_options(rpc_port: int, from_address: str | None = None,
     """
     if not 0 < int(rpc_port) < 65536:
         raise ValueError(f"bad rpc_port {rpc_port!r}")
-    opts = ["restrict", "port-forwarding", f'permitopen="{LOOPBACK}:{int(rpc_port)}"']
+    # `port-forwarding` re-enables -R too, and authorized_keys has no "permitlisten none": allow
+    # listening only on port 1, which sshd refuses to non-root users (IPPORT_RESERVED), so no
+    # remote forward can ever be opened (tests: test_tunnel_key_cannot_remote_forward).
+    opts = ["restrict", "port-forwarding", f'permitopen="{LOOPBACK}:{int(rpc_port)}"',
+            f'permitlisten="{LOOPBACK}:1"']
     if from_address:
         if not _ADDRESS.match(from_address):
             raise ValueError(f"from address must be an IP literal, got {from_address!r}")

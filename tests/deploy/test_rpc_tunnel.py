@@ -84,12 +84,12 @@ def main_pid(lab, host: str, unit: str) -> int:
     return int(res.stdout.strip() or 0)
 
 
-def ssh_as_tunnel_key(lab, node_ip: str, *extra: str, timeout_s: int = 6):
+def ssh_as_tunnel_key(lab, node_ip: str, *extra: str, command: tuple = (), timeout_s: int = 6):
     """Run OpenSSH on main with the tunnel key (as root, who can read it), bounded by `timeout`."""
     argv = ["timeout", str(timeout_s), "ssh", "-F", "none", "-i", KEY, "-l", TUNNEL_USER,
             "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
-            *extra, node_ip]
+            *extra, node_ip, *command]
     return lab.exec("main", argv, timeout=timeout_s + 10)
 
 
@@ -165,10 +165,10 @@ def test_tunnel_key_cannot_run_a_command_or_open_a_shell(lab, deployed):
     ip = lab.hosts["rpc-a"]
     # A command: the forced `sleep infinity` runs instead, so nothing is printed and it only ends
     # by our timeout (124).
-    res = ssh_as_tunnel_key(lab, ip, "-T", "echo PWNED; id")
+    res = ssh_as_tunnel_key(lab, ip, "-T", command=("echo PWNED; id",))
     assert "PWNED" not in res.stdout and "uid=" not in res.stdout and res.returncode == 124
     # A shell with a terminal: the pty is refused by `restrict`, and still the forced command runs.
-    res = ssh_as_tunnel_key(lab, ip, "-tt", "id")
+    res = ssh_as_tunnel_key(lab, ip, "-tt", command=("id",))
     assert "uid=" not in res.stdout
     # The sftp subsystem: replaced by the forced command as well.
     res = lab.exec("main", ["timeout", "6", "sftp", "-F", "none", "-i", KEY, "-o", "BatchMode=yes",
@@ -213,9 +213,9 @@ def test_tunnel_key_forwards_only_to_the_rpc_port(lab, deployed, target):
         assert "administratively prohibited" in res.stderr or "open failed" in res.stderr
 
 
-def test_tunnel_key_cannot_remote_forward(lab, deployed):
-    res = ssh_as_tunnel_key(lab, lab.hosts["rpc-a"], "-N", "-o", "ExitOnForwardFailure=yes",
-                            "-R", "127.0.0.1:50098:127.0.0.1:22")
+@pytest.mark.parametrize("spec", ["127.0.0.1:50098:127.0.0.1:22", "0:127.0.0.1:22", "50097:127.0.0.1:22"])
+def test_tunnel_key_cannot_remote_forward(lab, deployed, spec):
+    res = ssh_as_tunnel_key(lab, lab.hosts["rpc-a"], "-N", "-o", "ExitOnForwardFailure=yes", "-R", spec)
     assert res.returncode not in (0, 124), (res.returncode, res.stderr)
 
 
