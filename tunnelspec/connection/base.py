@@ -120,7 +120,7 @@ class Connection(abc.ABC):
                        input=data, check=True)
 
     async def get(self, path: str) -> bytes | None:
-        res = await self.run(["sh", "-c", '[ -e "$1" ] || exit 3; cat -- "$1"', "sh", path])
+        res = await self.run(["sh", "-c", '[ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", path])
         if res.rc == 3:
             return None
         if res.rc != 0:
