@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -14,6 +15,18 @@ _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newlin
 _ENV.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).strip().lower() in {"1", "true", "yes", "on"}
 _ENV.filters["shlex_join"] = lambda v: __import__("shlex").join(map(str, v))
 _WHOLE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.S)
+
+
+@functools.lru_cache(maxsize=1024)
+def _template(source: str) -> jinja2.Template:
+    # Compiling is most of the cost of rendering (parse + Python codegen); the same task args are
+    # rendered for every host, so each distinct source is compiled once per run.
+    return _ENV.from_string(source)
+
+
+@functools.lru_cache(maxsize=1024)
+def _expression(source: str):
+    return _ENV.compile_expression(source, undefined_to_none=False)
 
 
 class TemplateError(Exception):
@@ -32,11 +45,11 @@ def render_value(value: Any, variables: dict) -> Any:
                 return value
             m = _WHOLE.match(value)
             if m and "{{" not in m.group(1):
-                out = _ENV.compile_expression(m.group(1), undefined_to_none=False)(**variables)
+                out = _expression(m.group(1))(**variables)
                 if isinstance(out, jinja2.Undefined):
                     str(out)  # raises UndefinedError with the variable's name
                 return out
-            return _ENV.from_string(value).render(**variables)
+            return _template(value).render(**variables)
         if isinstance(value, dict):
             return {k: render_value(v, variables) for k, v in value.items()}
         if isinstance(value, list):
@@ -52,7 +65,7 @@ def evaluate(expr: str | bool, variables: dict) -> bool:
     if isinstance(expr, bool):
         return expr
     try:
-        return bool(_ENV.compile_expression(str(expr), undefined_to_none=False)(**variables))
+        return bool(_expression(str(expr))(**variables))
     except jinja2.UndefinedError as e:
         raise TemplateError(str(e)) from None
     except jinja2.TemplateError as e:
@@ -61,7 +74,7 @@ def evaluate(expr: str | bool, variables: dict) -> bool:
 
 def render_file(text: str, variables: dict, name: str = "template") -> str:
     try:
-        return _ENV.from_string(text).render(**variables)
+        return _template(text).render(**variables)
     except jinja2.UndefinedError as e:
         raise TemplateError(f"{name}: {e}") from None
     except jinja2.TemplateError as e:
