@@ -237,3 +237,17 @@ def test_unit_gpu_and_public_variants():
     unit = _render_unit(backend="cuda", public_bind=True)
     assert "PrivateDevices=yes" not in unit
     assert "IPAddressDeny=any" not in unit
+
+
+def test_captured_real_help_of_the_fixture_build(tmp_path):
+    # `llama-server --help` of the fixture build (llama.cpp 0.5.0-dev, RPC proto 7.0.0).
+    text = (Path(__file__).parent / "data" / "llama-server-help.txt").read_text()
+    plan = build_server_argv(cluster(tmp_path), flags.parse_help(text, "fixture"), BY_PORT, "ls", "/t", "/d")
+    a = plan.argv
+    assert a[a.index("--spec-type") + 1] == "draft-simple"
+    assert a[a.index("--spec-draft-device") + 1] == "RPC0" and a[a.index("--spec-draft-ngl") + 1] == "all"
+    assert a[a.index("-lv") + 1] == "4"  # buffer placement lines need trace verbosity in this build
+    assert "--metrics" in a
+    c = cluster(tmp_path, 'llama_server_extra_args="-lv 3"')
+    a = build_server_argv(c, flags.parse_help(text, "fixture"), BY_PORT, "ls", "/t", "/d").argv
+    assert a.count("-lv") == 1 and a[-2:] == ["-lv", "3"]

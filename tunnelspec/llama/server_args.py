@@ -89,12 +89,26 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
         # Loopback-only like the rest of the server; gives status the spec-decode counters.
         argv.append("--metrics")
     extra = list(main.extra_args)
+    argv += _log_level(help_, extra)
     try:
         help_.check_argv(["llama-server", *extra])
     except TaskFailed as e:
         raise TaskFailed(f"llama_server_extra_args: {e}") from None
     argv += extra
     return ServerPlan(argv, draft.name, draft_devices, draft.tunnel_port, dev, endpoints)
+
+
+# Recent builds print the `load_tensors: RPC0[…] model buffer size` lines (the proof of where the
+# draft's weights are) only from verbosity 4 ("trace"); it adds startup lines, not per-token ones.
+TRACE_VERBOSITY = "4"
+_VERBOSITY_FLAGS = ("-lv", "--verbosity", "--log-verbosity", "-v", "--verbose", "--log-verbose")
+
+
+def _log_level(help_: ServerHelp, extra: list[str]) -> list[str]:
+    flag = help_.pick("-lv", "--verbosity", "--log-verbosity")
+    if flag is None or any(a.split("=", 1)[0] in _VERBOSITY_FLAGS for a in extra):
+        return []  # older builds log buffer placement by default; a user's own level wins
+    return [flag, TRACE_VERBOSITY]
 
 
 def list_devices_argv(binary: str, endpoints: list[str]) -> list[str]:
