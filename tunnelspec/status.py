@@ -29,7 +29,7 @@ async def _sh(conn, argv, timeout=20) -> str:
 async def _source_build(conn, root: str) -> dict:
     src = await _sh(conn, ["git", "-C", f"{root}/src/llama.cpp", "rev-parse", "HEAD", "HEAD^{tree}"])
     parts = src.split()
-    build = await _sh(conn, ["readlink", "-f", "--", f"{root}/current"])
+    build = await _sh(conn, ["readlink", "-e", "--", f"{root}/current"])
     return {"commit": parts[0] if len(parts) == 2 else None, "tree": parts[1] if len(parts) == 2 else None,
             "build": build.rsplit("/", 1)[-1] if build else None}
 

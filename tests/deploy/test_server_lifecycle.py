@@ -93,6 +93,26 @@ def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, firs
     assert main_pid(lab) == pid
 
 
+def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
+    assert first_deploy.rc == 0
+    st = tunnelspec("status", inventory, "--format", "json", timeout=120)
+    assert st.rc == 0, st.stdout + st.stderr
+    report = json.loads(st.stdout)["hosts"]
+    main = report["main"]
+    assert main["llama_server"]["health"] == "ok"
+    assert main["llama_server"]["draft_acceptance"]["accepted"] > 0
+    assert [(t["node"], t["devices"], t["listening"]) for t in main["tunnels"]] == [
+        ("rpc-a", ["RPC0"], True), ("rpc-b", ["RPC1"], True)]
+    assert report["rpc-a"]["rpc"]["version"] and report["rpc-a"]["commit"] == main["commit"]
+    b = tunnelspec("bench", inventory, "--format", "json", "--runs", "1", "--n-predict", "32", timeout=600)
+    assert b.rc == 0, b.stdout + b.stderr
+    bench = json.loads(b.stdout)
+    assert bench["remote_draft"]["draft_n"] > 0 and bench["no_speculation"]["draft_n"] == 0
+    assert bench["remote_draft"]["tokens_per_second"] > 0 and bench["no_speculation"]["tokens_per_second"] > 0
+    # The temporary baseline server is gone again.
+    assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
+
+
 def test_killed_tunnel_heals_without_manual_step(lab, first_deploy):
     assert first_deploy.rc == 0
     before = main_pid(lab)
