@@ -24,26 +24,34 @@ class UnitsAbsent(Task):
     module = "units_absent"
     args = {"pattern": Arg(str, default="tunnelspec-*.service")}
 
-    async def _found(self, ctx) -> list[str]:
-        files = await ctx.conn.run(["find", UNIT_DIR, "-maxdepth", "1", "-name", self.p["pattern"], "-printf", "%f\n"])
-        loaded = await ctx.conn.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager",
-                                     self.p["pattern"]])
+    async def _found(self, ctx) -> tuple[list[str], list[str]]:
+        """(units, leftover links): unit files and loaded units matching, and enablement symlinks
+        (`*.wants/…`) a half-finished earlier removal may have left behind."""
+        pat = self.p["pattern"]
+        files = await ctx.conn.run(["find", UNIT_DIR, "-maxdepth", "1", "-name", pat, "-printf", "%f\n"])
+        loaded = await ctx.conn.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager", pat])
         names = set(files.stdout.split())
         for line in loaded.stdout.splitlines():
-            parts = line.split()
+            parts = [p for p in line.split() if p != "\u25cf"]  # a failed unit is prefixed with a bullet
             # A unit whose file is gone but that is still running or failed also counts.
-            if parts and fnmatch.fnmatch(parts[0], self.p["pattern"]) and parts[2:3] != ["inactive"]:
+            if len(parts) > 2 and fnmatch.fnmatch(parts[0], pat) and parts[2] != "inactive":
                 names.add(parts[0])
-        return sorted(names, key=lambda u: (_rank(u), u))
+        links = await ctx.conn.run(["find", UNIT_DIR, "-mindepth", "2", "-maxdepth", "2", "-path", "*.wants/*",
+                                    "-name", pat])
+        return sorted(names, key=lambda u: (_rank(u), u)), sorted(links.stdout.split())
 
     async def check(self, ctx):
-        found = await self._found(ctx)
-        return change("remove " + ", ".join(found), units=found) if found else ok("no tunnelspec unit")
+        units, links = await self._found(ctx)
+        if not (units or links):
+            return ok("no tunnelspec unit")
+        return change("remove " + ", ".join(units + links), units=units, links=links)
 
     async def apply(self, ctx, ch):
         for unit in ch.data["units"]:
             await ctx.conn.run(["systemctl", "disable", "--now", "--quiet", unit])
             await ctx.conn.run(["rm", "-f", "--", f"{UNIT_DIR}/{unit}"], check=True)
+        for link in ch.data["links"]:
+            await ctx.conn.run(["rm", "-f", "--", link], check=True)
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
         for unit in ch.data["units"]:
             await ctx.conn.run(["systemctl", "reset-failed", unit])
