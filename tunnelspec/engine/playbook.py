@@ -53,8 +53,9 @@ def _as_list(v) -> list:
     return list(v) if isinstance(v, list) else [v]
 
 
-def _task(d, file: str, play_tags: list, is_handler: bool) -> TaskSpec:
-    line = getattr(d, "line", None)
+def _task(d, file: str, play_tags: list, is_handler: bool, list_line: int | None = None) -> TaskSpec:
+    # A scalar entry carries no line of its own: point at its list.
+    line = getattr(d, "line", None) or list_line
     if not isinstance(d, dict):
         raise PlaybookError("a task must be a mapping", file, line)
     modules = [k for k in d if k not in _TASK_KEYS]
@@ -126,8 +127,8 @@ def load_playbook(path: str | Path) -> Playbook:
         if "hosts" not in p:
             raise PlaybookError("play has no 'hosts'", file, line)
         tags = [str(t) for t in _as_list(p.get("tags"))]
-        tasks = [_task(t, file, tags, False) for t in _as_list(p.get("tasks"))]
-        handlers = [_task(t, file, tags, True) for t in _as_list(p.get("handlers"))]
+        tasks = [_task(t, file, tags, False, p.key_lines.get("tasks")) for t in _as_list(p.get("tasks"))]
+        handlers = [_task(t, file, tags, True, p.key_lines.get("handlers")) for t in _as_list(p.get("handlers"))]
         names = {h.name for h in handlers} | {x for h in handlers for x in h.listen}
         for t in tasks + handlers:
             for n in t.notify:
