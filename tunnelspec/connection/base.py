@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch
 from tunnelspec.secrets import Secret, display_argv
 
 # Writes go to a temp file in the target's directory, then a rename: readers never see half a file
@@ -77,6 +78,44 @@ class Connection(abc.ABC):
     def _wrap_become(self, argv: list[str]) -> list[str]:
         return argv
 
+    # ---- read-only probes, batched (see connection/probes.py) -------------------------------
+    _probes: ProbeCache | None = None
+    _changes_started = 0       # commands that may change the host: started, and still running
+    _changes_running = 0
+
+    def _host_may_change(self) -> None:
+        self._changes_started += 1
+        if self._probes is not None:
+            self._probes.clear()
+
+    async def prefetch(self, argvs: list[list[str]]) -> int:
+        """Run these read-only commands in one round trip; `probe()` serves their results until
+        anything else runs on this connection. Returns how many results are cached."""
+        unique = list({tuple(reveal_argv(a)): None for a in argvs})
+        if len(unique) < 2:
+            return 0
+        argv, boundary = batch_argv([list(a) for a in unique])
+        if self._probes is not None:
+            self._probes.clear()
+        started, busy = self._changes_started, self._changes_running
+        res = await self._run(argv, None, None, False, True)
+        parsed = parse_batch(res.stdout_bytes, boundary, len(unique)) if res.rc == 0 else None
+        # A command that may change the host ran alongside the batch (another host's task using this
+        # connection): what the batch saw may already be stale, so keep none of it.
+        if parsed is None or busy or self._changes_running or self._changes_started != started:
+            return 0
+        if self._probes is None:
+            self._probes = ProbeCache()
+        self._probes.fill([list(a) for a in unique], parsed)
+        return len(self._probes)
+
+    async def probe(self, argv, *, check: bool = False) -> Result:
+        """A read-only command (a fact): from the last prefetch if the host is unchanged since."""
+        out = self._probes.take(reveal_argv(argv)) if self._probes is not None else None
+        if out is not None:
+            return Result(list(argv), 0, out.decode(errors="replace"), "", out)
+        return await self._run(argv, None, None, check, True)
+
     @abc.abstractmethod
     async def _stream(self, argv: list[str], on_line, timeout: float | None) -> tuple[int, str]:
         """Run argv, calling on_line(str) for each line of stdout+stderr; returns (rc, last output)."""
@@ -84,6 +123,14 @@ class Connection(abc.ABC):
     async def run_stream(self, argv, on_line, *, timeout: float | None = None, check: bool = False,
                          become: bool = True) -> Result:
         """For long commands (builds): progress as it happens, not only at the end."""
+        self._host_may_change()
+        self._changes_running += 1
+        try:
+            return await self._run_stream(argv, on_line, timeout, check, become)
+        finally:
+            self._changes_running -= 1
+
+    async def _run_stream(self, argv, on_line, timeout, check, become) -> Result:
         real = reveal_argv(argv)
         if become:
             real = self._wrap_become(real)
@@ -99,6 +146,14 @@ class Connection(abc.ABC):
 
     async def run(self, argv, *, input: bytes | str | None = None, timeout: float | None = None,
                   check: bool = False, become: bool = True) -> Result:
+        self._host_may_change()
+        self._changes_running += 1
+        try:
+            return await self._run(argv, input, timeout, check, become)
+        finally:
+            self._changes_running -= 1
+
+    async def _run(self, argv, input, timeout, check, become) -> Result:
         real = reveal_argv(argv)
         if become:
             real = self._wrap_become(real)
@@ -120,12 +175,17 @@ class Connection(abc.ABC):
                        input=data, check=True)
 
     async def get(self, path: str) -> bytes | None:
-        res = await self.run(["sh", "-c", '[ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", path])
+        res = await self.probe(read_argv(path))
         if res.rc == 3:
             return None
         if res.rc != 0:
             raise TaskFailed(f"cannot read {path}: {_tail(res.stderr)}")
         return res.stdout_bytes
+
+
+def read_argv(path: str) -> list[str]:
+    """What `get(path)` runs (rc 3: no such file); tasks list it in their probes."""
+    return ["sh", "-c", '[ -e "$1" ] || exit 3; exec cat -- "$1"', "sh", path]
 
 
 def _tail(text: str, lines: int = 15) -> str:

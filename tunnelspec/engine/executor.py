@@ -183,6 +183,7 @@ class Run:
             self.emit({"event": "task_result", "host": host, "task": "connect", "play": play.name,
                        "status": "failed", "msg": str(e)})
             return
+        await self._prefetch(play, host, conn)
         notified: list[str] = []
         for spec in play.tasks:
             if not await self._run_task(play, spec, host, conn, notified, is_handler=False):
@@ -191,6 +192,29 @@ class Run:
             if spec.name in notified or any(x in notified for x in spec.listen):
                 if not await self._run_task(play, spec, host, conn, notified, is_handler=True):
                     return
+
+    async def _prefetch(self, play: Play, host: str, conn) -> None:
+        """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
+        trip instead of one each; the connection serves them until anything changes on the host
+        (connection/probes.py). Best effort: a task whose args cannot be rendered yet (they use a
+        fact registered later in the play) or a failed batch just means its check reads for itself."""
+        variables = None
+        argvs: list[list[str]] = []
+        for spec in play.tasks:
+            cls = TASKS.get(spec.module)
+            if cls is None or not hasattr(cls, "probes") or not self._tag_selected(spec):
+                continue
+            try:
+                if variables is None:
+                    variables = self.template_vars(host, play)
+                argvs.extend(cls(cls.validate(render_value(spec.args, variables))).probes())
+            except Exception:  # noqa: BLE001 - reported by the task itself when it runs
+                continue
+        if len(argvs) > 1:
+            try:
+                await conn.prefetch(argvs)
+            except Exception:  # noqa: BLE001 - same: the checks run their commands themselves
+                pass
 
     def _tag_selected(self, spec: TaskSpec) -> bool:
         tags = set(spec.tags)

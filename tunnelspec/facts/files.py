@@ -53,7 +53,7 @@ def parse(out: str) -> FileState:
 
 
 async def file_state(conn, path: str) -> FileState:
-    res = await conn.run(command(path), check=True)
+    res = await conn.probe(command(path), check=True)
     return parse(res.stdout)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts.files import command as file_state_argv
 from tunnelspec.facts.files import file_state
 from tunnelspec.secrets import display_argv
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
@@ -22,6 +23,9 @@ class Command(Task):
         if self.p["cmd"]:
             return shlex.split(self.p["cmd"])
         raise TaskFailed("command needs `argv` (a list) or `cmd`")
+
+    def probes(self) -> list[list[str]]:
+        return [file_state_argv(p) for p in (self.p["creates"], self.p["removes"]) if p]
 
     async def check(self, ctx):
         argv = self._argv()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tunnelspec.engine.templating import TemplateError, render_file
 from tunnelspec.facts.files import FileState, file_state, norm_mode
+from tunnelspec.facts.files import command as file_state_argv
 from tunnelspec.tasks.base import Arg, Change, Diff, Task, change, ok, register_task
 from tunnelspec.errors import TaskFailed
 
@@ -38,6 +39,9 @@ class Directory(Task):
     module = "directory"
     args = {"path": Arg(str, required=True), "mode": Arg((str, int)), "owner": Arg(str), "group": Arg(str)}
 
+    def probes(self) -> list[list[str]]:
+        return [file_state_argv(self.p["path"])]
+
     async def check(self, ctx) -> Change:
         st = await file_state(ctx.conn, self.p["path"])
         if not st.exists:
@@ -63,6 +67,9 @@ class Symlink(Task):
     module = "symlink"
     args = {"path": Arg(str, required=True), "src": Arg(str, required=True)}
 
+    def probes(self) -> list[list[str]]:
+        return [file_state_argv(self.p["path"])]
+
     async def check(self, ctx) -> Change:
         st = await file_state(ctx.conn, self.p["path"])
         if st.type == "link" and st.link_target == self.p["src"]:
@@ -80,6 +87,9 @@ class Symlink(Task):
 class Absent(Task):
     module = "absent"
     args = {"path": Arg(str, required=True), "recurse": Arg(bool, default=False)}
+
+    def probes(self) -> list[list[str]]:
+        return [file_state_argv(self.p["path"])]
 
     async def check(self, ctx) -> Change:
         st = await file_state(ctx.conn, self.p["path"])
@@ -102,6 +112,9 @@ class _Content(Task):
 
     async def desired(self, ctx) -> bytes:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def probes(self) -> list[list[str]]:
+        return [file_state_argv(self.p["dest"])]
 
     async def check(self, ctx) -> Change:
         data = await self.desired(ctx)

@@ -25,11 +25,17 @@ class GitCheckout(Task):
     args = {"repo": Arg(str, required=True), "dest": Arg(str, required=True), "version": Arg(str, required=True),
             "force": Arg(bool, default=False)}
 
+    def _state_argv(self) -> list[str]:
+        return ["sh", "-c", _STATE, "sh", self.p["dest"]]
+
+    def probes(self) -> list[list[str]]:
+        return [self._state_argv()]
+
     async def check(self, ctx):
         if not FULL_SHA.match(self.p["version"]):
             raise TaskFailed(f"version {self.p['version']!r} is not a full 40-hex commit SHA; pin the SHA "
                              f"(`git rev-parse {self.p['version']}`)")
-        res = await ctx.conn.run(["sh", "-c", _STATE, "sh", self.p["dest"]], check=True)
+        res = await ctx.conn.probe(self._state_argv(), check=True)
         lines = res.stdout.split()
         if lines[0] == "absent":
             return change(f"clone {self.p['repo']} at {self.p['version'][:12]}", Diff("", self.p["version"]), clone=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.errors import TaskFailed
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
@@ -28,6 +29,9 @@ class LineInFile(Task):
     args = {"path": Arg(str, required=True), "line": Arg(str), "regexp": Arg(str),
             "state": Arg(str, default="present", choices=("present", "absent")), "create": Arg(bool, default=False),
             "mode": Arg((str, int))}
+
+    def probes(self) -> list[list[str]]:
+        return [read_argv(self.p["path"])]
 
     async def _current(self, ctx) -> str | None:
         data = await ctx.conn.get(self.p["path"])
