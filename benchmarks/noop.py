@@ -1,0 +1,210 @@
+"""No-op run benchmark: how long a second, converged run of the generic 8-task playbook takes,
+compared with the raw asyncssh floor measured in the same run (ratios, not absolute times, are
+what to compare: the machine is shared and noisy).
+
+    python benchmarks/noop.py                      # 1, 4 and 16 hosts, median of 5 runs, table
+    python benchmarks/noop.py --hosts 4 --runs 9 --json
+    python benchmarks/noop.py --anchors            # also pyinfra / ansible-playbook when installed
+
+Every host is a real OpenSSH sshd on 127.0.0.1 (tests/sshd_harness.py), host keys verified.
+Each timing is a whole process (`python -m tunnelspec play …`), interpreter start included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
+
+from sshd_harness import SshdCluster  # noqa: E402  (test harness reused on purpose: same real hosts)
+from helpers import make_repo  # noqa: E402
+
+PLAYBOOK = REPO / "tests" / "engine" / "data" / "generic8.yml"
+TEMPLATE = REPO / "tests" / "engine" / "data" / "app.conf.j2"
+ANCHORS = HERE / "anchors"
+
+
+# Set in this machine's environment, not a user's: without bytecode caching every run would compile
+# all of tunnelspec's modules from source (≈ 50 ms), and unbuffered stdout is a write per line.
+_NOT_A_USERS_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+
+
+def _env(src: Path = REPO) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_") and k not in _NOT_A_USERS_ENV}
+    env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def timed(argv: list[str], cwd=None, env=None) -> float:
+    start = time.perf_counter()
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       cwd=cwd or REPO, env=env or _env(), timeout=600)
+    took = time.perf_counter() - start
+    if p.returncode != 0:
+        raise SystemExit(f"{argv[:4]}… failed (rc={p.returncode}):\n{p.stdout.decode()[-2000:]}\n"
+                         f"{p.stderr.decode()[-2000:]}")
+    return took
+
+
+def quiet_login_shell(host) -> None:
+    """sshd runs every command through root's login shell, and Debian's bash sources ~/.bashrc when
+    started by sshd. On this machine root's .bashrc runs `pyenv init` (≈ 0.3 s per command), which
+    would swamp what we measure (the controller) for every contender alike. SHLVL=1 makes bash skip
+    it, as it would on a plain host. Applied with SIGHUP: sshd re-executes itself with the config."""
+    cfg = host.dir / "sshd_config"
+    cfg.write_text(cfg.read_text() + "SetEnv SHLVL=1\n")
+    host.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", host.port), timeout=0.5) as s:
+                if s.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"sshd {host.name} did not come back after SIGHUP")
+
+
+class Setup:
+    """N sshd hosts, a local git repo, an inventory, and the inputs of every contender."""
+
+    def __init__(self, n: int, base: Path):
+        self.n = n
+        self.base = base
+        self.cluster = SshdCluster(base / "hosts", n)
+        for h in self.cluster.hosts:
+            quiet_login_shell(h)
+        self.repo = base / "repo"
+        self.commit = make_repo(self.repo)
+        shutil.copy(TEMPLATE, self.cluster.base / "app.conf.j2")
+        self.inventory = self.cluster.inventory(all_vars={"repo": str(self.repo), "commit": self.commit})
+        self.floor_spec = base / "floor.json"
+        self.floor_spec.write_text(json.dumps({
+            "key": str(self.cluster.key), "known_hosts": str(self.cluster.known_hosts),
+            "hosts": [{"address": "127.0.0.1", "port": h.port, "user": "root"} for h in self.cluster.hosts]}))
+
+    def tunnelspec_argv(self) -> list[str]:
+        return [sys.executable, "-m", "tunnelspec", "play", str(self.inventory), str(PLAYBOOK)]
+
+    def floor_argv(self) -> list[str]:
+        return [sys.executable, str(HERE / "raw_floor.py"), str(self.floor_spec)]
+
+    def assert_noop(self) -> None:
+        p = subprocess.run(self.tunnelspec_argv() + ["--format", "json"], capture_output=True, text=True,
+                           env=_env(), timeout=600, cwd=REPO)
+        recap = [json.loads(l) for l in p.stdout.splitlines() if l.startswith('{"') and '"recap"' in l]
+        hosts = recap[-1]["hosts"] if recap else {}
+        if p.returncode != 0 or len(hosts) != self.n or any(r["changed"] or r["ok"] != 8 for r in hosts.values()):
+            raise SystemExit(f"second run is not a no-op: rc={p.returncode} {hosts}\n{p.stderr[-2000:]}")
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def anchor_contenders(s: Setup) -> dict:
+    """Equivalent deploys for the tools we compare against, when they are installed."""
+    out = {}
+    if shutil.which("pyinfra"):
+        inv = s.base / "pyinfra_inventory.py"
+        inv.write_text("hosts = " + repr([
+            (f"127.0.0.1", {"ssh_port": h.port, "ssh_user": "root", "ssh_key": str(s.cluster.key),
+                            "ssh_known_hosts_file": str(s.cluster.known_hosts), "ssh_strict_host_key_checking": "yes",
+                            "root": str(h.root), "name": h.name, "repo": str(s.repo), "commit": s.commit})
+            for h in s.cluster.hosts]) + "\n")
+        out["pyinfra"] = ["pyinfra", "-y", "--quiet", str(inv), str(ANCHORS / "pyinfra_deploy.py")]
+    if shutil.which("ansible-playbook"):
+        inv = s.base / "ansible_inventory.ini"
+        lines = ["[nodes]"] + [
+            f"{h.name} ansible_host=127.0.0.1 ansible_port={h.port} ansible_user=root "
+            f"ansible_ssh_private_key_file={s.cluster.key} root={h.root}" for h in s.cluster.hosts]
+        lines += ["", "[all:vars]", f"repo={s.repo}", f"commit={s.commit}", "ansible_python_interpreter=/usr/bin/python3",
+                  f"ansible_ssh_common_args='-o UserKnownHostsFile={s.cluster.known_hosts} -o StrictHostKeyChecking=yes'"]
+        inv.write_text("\n".join(lines) + "\n")
+        out["ansible"] = ["ansible-playbook", "-i", str(inv), str(ANCHORS / "generic8.yml")]
+    return out
+
+
+def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = None) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"tunnelspec-bench-{n}-") as tmp:
+        s = Setup(n, Path(tmp))
+        try:
+            timed(s.tunnelspec_argv())          # converge
+            s.assert_noop()
+            contenders = {"floor": s.floor_argv(), "tunnelspec": s.tunnelspec_argv()}
+            where: dict[str, tuple] = {}
+            for name, src in (compare or {}).items():
+                # Another checkout of tunnelspec (e.g. before a change) against the same hosts.
+                contenders[name] = s.tunnelspec_argv()
+                where[name] = (src, _env(src))
+            if anchors:
+                for name, argv in anchor_contenders(s).items():
+                    timed(argv, cwd=ANCHORS)    # converge the anchor's own files (same paths, same content)
+                    contenders[name] = argv
+            times: dict[str, list[float]] = {k: [] for k in contenders}
+            # Interleaved so that a burst of load from other work on the machine hits every contender.
+            for _ in range(runs):
+                for name, argv in contenders.items():
+                    cwd, env = where.get(name, (ANCHORS if name in ("pyinfra", "ansible") else None, None))
+                    times[name].append(timed(argv, cwd=cwd, env=env))
+        finally:
+            s.stop()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"hosts": n, "runs": runs, "median_s": med, "all_s": times,
+            "ratio_to_floor": {k: v / med["floor"] for k, v in med.items()}}
+
+
+def table(rows: list[dict]) -> str:
+    names = [k for k in rows[0]["median_s"]]
+    head = f"{'hosts':>5}  " + "  ".join(f"{k:>18}" for k in names)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        cells = [f"{r['median_s'][k]:7.3f}s ({r['ratio_to_floor'][k]:4.2f}x)" for k in names]
+        lines.append(f"{r['hosts']:>5}  " + "  ".join(f"{c:>18}" for c in cells))
+    if len(rows) > 1:
+        first = rows[0]["median_s"]["tunnelspec"]
+        lines.append("tunnelspec, most hosts vs fewest: "
+                     f"{rows[-1]['median_s']['tunnelspec'] / first:.2f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", default="1,4,16", help="comma-separated host counts [1,4,16]")
+    ap.add_argument("--runs", type=int, default=5, help="timed runs per contender; the median is reported [5]")
+    ap.add_argument("--anchors", action="store_true", help="also time pyinfra / ansible-playbook if installed")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
+                    help="also time the tunnelspec checkout in DIR (e.g. a worktree before a change)")
+    a = ap.parse_args()
+    compare = {c.split("=", 1)[0]: Path(c.split("=", 1)[1]).resolve() for c in a.compare}
+    rows = [bench(int(n), max(1, a.runs), a.anchors, compare) for n in a.hosts.split(",") if n]
+    if a.json:
+        print(json.dumps({"machine": machine(), "results": rows}, indent=2))
+    else:
+        print(machine()["summary"])
+        print(table(rows))
+
+
+def machine() -> dict:
+    import platform
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "load": load,
+            "summary": f"python {platform.python_version()}, {os.cpu_count()} cpus, load {load}"}
+
+
+if __name__ == "__main__":
+    main()
