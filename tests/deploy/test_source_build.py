@@ -20,7 +20,7 @@ from engine.helpers import tunnelspec
 
 pytestmark = pytest.mark.lab
 
-ROOT = "/opt/tunnelspec-srcbuild-test"
+ROOT = "/opt/tunnelspec-t4"  # a root of its own, same depth as the default: ccache hits carry over
 PLAYBOOK = str(Path(__file__).parent / "data" / "source_build.yml")
 SOURCE_ONLY = str(Path(__file__).resolve().parents[2] / "playbooks" / "source.yml")
 HOSTS = ("main", "rpc-a", "rpc-b")
