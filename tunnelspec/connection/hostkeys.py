@@ -3,6 +3,7 @@ key always fails, naming both fingerprints."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -29,10 +30,16 @@ def fingerprint(key: asyncssh.SSHKey) -> str:
     return key.get_fingerprint("sha256")
 
 
+@functools.lru_cache(maxsize=8)
+def parsed_known_hosts(text: str) -> asyncssh.SSHKnownHosts:
+    """One parse per known_hosts content per run, not two per host (matching does not modify it)."""
+    return asyncssh.import_known_hosts(text)
+
+
 def keys_for(text: str, address: str, port: int) -> list[asyncssh.SSHKey]:
     if not text.strip():
         return []
-    kh = asyncssh.import_known_hosts(text)
+    kh = parsed_known_hosts(text)
     trusted, *_ = kh.match(address, address, port)
     return list(trusted)
 
