@@ -114,17 +114,17 @@ class Setup:
         self.cluster.stop()
 
 
-def anchor_contenders(s: Setup) -> dict:
+def anchor_contenders(s: Setup, pyinfra: str | None) -> dict:
     """Equivalent deploys for the tools we compare against, when they are installed."""
     out = {}
-    if shutil.which("pyinfra"):
+    if pyinfra:
         inv = s.base / "pyinfra_inventory.py"
         inv.write_text("hosts = " + repr([
             (f"127.0.0.1", {"ssh_port": h.port, "ssh_user": "root", "ssh_key": str(s.cluster.key),
                             "ssh_known_hosts_file": str(s.cluster.known_hosts), "ssh_strict_host_key_checking": "yes",
                             "root": str(h.root), "name": h.name, "repo": str(s.repo), "commit": s.commit})
             for h in s.cluster.hosts]) + "\n")
-        out["pyinfra"] = ["pyinfra", "-y", "--quiet", str(inv), str(ANCHORS / "pyinfra_deploy.py")]
+        out["pyinfra"] = [pyinfra, "-y", str(inv), str(ANCHORS / "pyinfra_deploy.py")]
     if shutil.which("ansible-playbook"):
         inv = s.base / "ansible_inventory.ini"
         lines = ["[nodes]"] + [
@@ -137,7 +137,8 @@ def anchor_contenders(s: Setup) -> dict:
     return out
 
 
-def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = None) -> dict:
+def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = None, anchor_runs: int = 3,
+          pyinfra: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"tunnelspec-bench-{n}-") as tmp:
         s = Setup(n, Path(tmp))
         try:
@@ -150,15 +151,19 @@ def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = No
                 contenders[name] = s.tunnelspec_argv()
                 where[name] = (src, _env(src))
             if anchors:
-                for name, argv in anchor_contenders(s).items():
+                for name, argv in anchor_contenders(s, pyinfra).items():
                     timed(argv, cwd=ANCHORS)    # converge the anchor's own files (same paths, same content)
                     contenders[name] = argv
+                s.assert_noop()                 # the anchors wrote exactly what tunnelspec wants
             times: dict[str, list[float]] = {k: [] for k in contenders}
             # Interleaved so that a burst of load from other work on the machine hits every contender.
-            for _ in range(runs):
+            for i in range(runs):
                 for name, argv in contenders.items():
+                    if name in ("pyinfra", "ansible") and i >= anchor_runs:
+                        continue  # slow (Ansible ≈ 16 s a run): fewer runs
                     cwd, env = where.get(name, (ANCHORS if name in ("pyinfra", "ansible") else None, None))
                     times[name].append(timed(argv, cwd=cwd, env=env))
+            s.assert_noop()
         finally:
             s.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -168,15 +173,15 @@ def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = No
 
 def table(rows: list[dict]) -> str:
     names = [k for k in rows[0]["median_s"]]
-    head = f"{'hosts':>5}  " + "  ".join(f"{k:>18}" for k in names)
+    w = max(18, *(len(k) for k in names))
+    head = f"{'hosts':>5}  " + "  ".join(f"{k:>{w}}" for k in names)
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = [f"{r['median_s'][k]:7.3f}s ({r['ratio_to_floor'][k]:4.2f}x)" for k in names]
-        lines.append(f"{r['hosts']:>5}  " + "  ".join(f"{c:>18}" for c in cells))
+        lines.append(f"{r['hosts']:>5}  " + "  ".join(f"{c:>{w}}" for c in cells))
     if len(rows) > 1:
-        first = rows[0]["median_s"]["tunnelspec"]
-        lines.append("tunnelspec, most hosts vs fewest: "
-                     f"{rows[-1]['median_s']['tunnelspec'] / first:.2f}x")
+        lines.append(f"{rows[-1]['hosts']} hosts vs {rows[0]['hosts']}: " + ", ".join(
+            f"{k} {rows[-1]['median_s'][k] / rows[0]['median_s'][k]:.2f}x" for k in names))
     return "\n".join(lines)
 
 
@@ -185,12 +190,15 @@ def main() -> None:
     ap.add_argument("--hosts", default="1,4,16", help="comma-separated host counts [1,4,16]")
     ap.add_argument("--runs", type=int, default=5, help="timed runs per contender; the median is reported [5]")
     ap.add_argument("--anchors", action="store_true", help="also time pyinfra / ansible-playbook if installed")
+    ap.add_argument("--anchor-runs", type=int, default=3, help="timed runs of each anchor [3]")
+    ap.add_argument("--pyinfra", default=shutil.which("pyinfra"), help="pyinfra executable [from PATH]")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=DIR",
                     help="also time the tunnelspec checkout in DIR (e.g. a worktree before a change)")
     a = ap.parse_args()
     compare = {c.split("=", 1)[0]: Path(c.split("=", 1)[1]).resolve() for c in a.compare}
-    rows = [bench(int(n), max(1, a.runs), a.anchors, compare) for n in a.hosts.split(",") if n]
+    rows = [bench(int(n), max(1, a.runs), a.anchors, compare, max(1, a.anchor_runs), a.pyinfra)
+            for n in a.hosts.split(",") if n]
     if a.json:
         print(json.dumps({"machine": machine(), "results": rows}, indent=2))
     else:
