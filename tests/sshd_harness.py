@@ -65,7 +65,10 @@ def start_sshd(base: Path, name: str, client_pub: str) -> SshdHost:
             f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hk}", f"AuthorizedKeysFile {ak}",
             f"PidFile {d}/sshd.pid", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "MaxStartups 100:30:200",
-            "MaxSessions 100", "LogLevel ERROR", "AllowTcpForwarding yes", ""]))
+            "MaxSessions 100", "LogLevel ERROR", "AllowTcpForwarding yes",
+            # root's ~/.bashrc on these machines runs `pyenv init` (~0.3 s) for every command sshd
+            # runs through bash; SHLVL=1 makes Debian's bash skip it, like a login would.
+            "SetEnv SHLVL=1", ""]))
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
                                 stderr=open(d / "sshd.log", "w"))
         deadline = time.monotonic() + 10

@@ -3,6 +3,8 @@ inventory; the key and known_hosts are handed over the way a CI secret store wou
 
 from __future__ import annotations
 
+import uuid
+
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +49,7 @@ def _lab_target(request, tmp_path) -> Target:
     keep = [l for l in lab.inventory.read_text().splitlines()
             if not l.startswith(("ansible_ssh_private_key_file=", "tunnelspec_known_hosts="))]
     inv = tmp_path / "ci.ini"
-    inv.write_text("\n".join(keep + [f"tunnelspec_known_hosts={known}", "root=/var/tmp/tunnelspec-ci-test", ""]))
+    inv.write_text("\n".join(keep + [f"tunnelspec_known_hosts={known}", f"root=/var/tmp/tunnelspec-ci-test/{uuid.uuid4().hex[:12]}", ""]))
     known_text = lab.known_hosts.read_text()
     by_ip = {l.split()[0]: _fingerprint(" ".join(l.split()[1:3])) for l in known_text.splitlines() if l.strip()}
     return Target(inv, lab.key_file.read_text(), known_text, known, list(lab.hosts),
