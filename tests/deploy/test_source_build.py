@@ -162,10 +162,8 @@ def test_local_patch_changes_tree_everywhere_and_removing_it_reuses_the_build(la
     token = uuid.uuid4().hex[:12]
     (inv_dir / "patches").mkdir(exist_ok=True)
     (inv_dir / "patches" / "readme.patch").write_text(
-        "diff --git a/README.md b/README.md\n--- a/README.md\n+++ b/README.md\n@@ -1,2 +1,3 @@\n"
-        + "".join(f" {line}\n" for line in sh(lab, "main", 'head -n 2 "$1/src/llama.cpp/README.md"', ROOT)
-                  .splitlines())
-        + f"+<!-- tunnelspec test patch {token} -->\n")
+        f"diff --git a/TUNNELSPEC-TEST.md b/TUNNELSPEC-TEST.md\nnew file mode 100644\n--- /dev/null\n"
+        f"+++ b/TUNNELSPEC-TEST.md\n@@ -0,0 +1 @@\n+tunnelspec test patch {token}\n")
     patched = write_inventory(lab, inv_dir / "patched.ini", ['llama_patches=[{"file": "patches/readme.patch"}]'])
     res = run(patched, PLAYBOOK, "--tags", "source,build")
     assert res.rc == 0, res.stdout[-4000:]
