@@ -153,7 +153,8 @@ def _leftovers(lab) -> dict:
         for port in (8080, 15052, 15053, 50052):
             if re.search(rf":{port}\s", listen):
                 items.append(f"listener :{port}")
-        procs = sh(lab, host, "sh", "-c", "pgrep -a -f 'llama-server|ggml-rpc-server|rpc-server' || :").strip()
+        # -x: exact process names, so the pgrep (and its shell) never match themselves.
+        procs = sh(lab, host, "sh", "-c", "pgrep -l -x 'llama-server|ggml-rpc-server|rpc-server' || :").strip()
         items += [f"process {p}" for p in procs.splitlines() if p.strip()]
         if items:
             found[host] = items
