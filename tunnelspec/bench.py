@@ -23,8 +23,9 @@ from tunnelspec.tasks.server import read_api_key
 
 BENCH_UNIT = "tunnelspec-llama-bench.service"
 # Flags (every spelling across builds) that carry the draft or the RPC placement, each with a value.
-_DRAFT_RPC_FLAGS = {
-    "--rpc", "-dev", "--device", "--spec-type", "--spec-draft-model", "-md", "--model-draft",
+_PLACEMENT_FLAGS = {"--rpc", "-dev", "--device"}
+_DRAFT_RPC_FLAGS = _PLACEMENT_FLAGS | {
+    "--spec-type", "--spec-draft-model", "-md", "--model-draft",
     "--spec-draft-device", "-devd", "--device-draft", "--spec-draft-ngl", "-ngld", "--gpu-layers-draft",
     "--n-gpu-layers-draft", "--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", "--port",
 }
@@ -40,16 +41,21 @@ def parse_exec_start(unit_text: str) -> list[str]:
     return [a.replace("%%", "%").replace("$$", "$") for a in shlex.split(m.group(1))]
 
 
-def baseline_argv(argv: list[str], local_devices: str, port: int) -> list[str]:
+def baseline_argv(argv: list[str], local_devices: str, port: int, same_placement: bool = False) -> list[str]:
+    """The deployed argv without the draft. Default: without RPC too (target on the main host's own
+    devices). same_placement: keep --rpc and -dev, so target layers stay where they are deployed."""
+    drop = _DRAFT_RPC_FLAGS - _PLACEMENT_FLAGS if same_placement else _DRAFT_RPC_FLAGS
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
             continue
-        if a in _DRAFT_RPC_FLAGS:
+        if a in drop:
             skip = True
             continue
         out.append(a)
+    if same_placement:
+        return out + ["--port", str(port)]
     return out + ["-dev", local_devices or "none", "--port", str(port)]
 
 
@@ -75,7 +81,11 @@ async def _measure(opener, prompt: str, n_predict: int, runs: int, key) -> dict:
 
 
 async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFAULT_PROMPT,
-                    n_predict: int = 64, runs: int = 3, health_timeout: float = 180) -> dict:
+                    n_predict: int = 64, runs: int = 3, health_timeout: float = 180,
+                    same_placement: bool = False) -> dict:
+    """same_placement: the baseline keeps the deployed target placement (target-role RPC devices);
+    the rpc-servers serve one client at a time, so the deployed llama-server is stopped meanwhile
+    and started again afterwards (a short outage)."""
     main = cluster.main
     conn = await connect(main.name, inventory.host_vars(main.name), opts, inventory.path.parent)
     try:
@@ -85,8 +95,10 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         argv = parse_exec_start(unit_text)
         spec = await _measure(http.ssh_opener(conn, main.server_port), prompt, n_predict, runs, key_s)
         port = await _free_port(conn, main.server_port + 1)
-        base = baseline_argv(argv, main.target_devices, port)
+        base = baseline_argv(argv, main.target_devices, port, same_placement)
         user = main.users.llama
+        if same_placement:
+            await conn.run(["systemctl", "stop", UNIT], check=True)
         await conn.run(["systemctl", "stop", BENCH_UNIT])
         await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
         await conn.run(["systemd-run", "--quiet", f"--unit={BENCH_UNIT}", f"--uid={user}", f"--gid={user}",
@@ -99,8 +111,12 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         finally:
             await conn.run(["systemctl", "stop", BENCH_UNIT])
             await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
+            if same_placement:
+                await conn.run(["systemctl", "start", UNIT], check=True)
+                await http.wait_health(http.ssh_opener(conn, main.server_port), health_timeout)
+        dev = base[base.index("-dev") + 1] if "-dev" in base else main.target_devices
         return {"schema": 1, "prompt": prompt, "n_predict": n_predict, "remote_draft": spec, "no_speculation": plain,
-                "baseline_devices": main.target_devices, "baseline_endpoint": f"{LOOPBACK}:{port}"}
+                "baseline_devices": dev, "baseline_rpc": same_placement, "baseline_endpoint": f"{LOOPBACK}:{port}"}
     finally:
         await conn.close()
 
@@ -116,8 +132,10 @@ def render(r: dict) -> str:
         f"prompt: {r['prompt'][:60]!r}, n_predict {r['n_predict']}, median of {s['runs']} runs",
         f"{'':<34} {'tok/s':>9}  draft accepted",
         f"{'remote draft (deployed server)':<34} {s['tokens_per_second']:>9.1f}  {acc(s)}",
-        f"{'no speculation (target on ' + r['baseline_devices'] + ')':<34} {p['tokens_per_second']:>9.1f}  {acc(p)}",
+        f"{'no speculation (-dev ' + r['baseline_devices'] + ')':<34} {p['tokens_per_second']:>9.1f}  {acc(p)}",
         f"speed ratio remote-draft / none: {speedup:.2f}x",
+        *([] if r.get("baseline_rpc") else [
+            "baseline without --rpc: target entirely local; with target-role RPC nodes use --same-placement"]),
     ])
 
 

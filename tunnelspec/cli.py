@@ -155,15 +155,17 @@ def status_cmd(inventory_file, fmt):
 @click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096))
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50))
 @click.option("--prompt", default=None, help="Prompt text (a fixed story prompt by default).")
+@click.option("--same-placement", is_flag=True,
+              help="Baseline keeps the deployed target placement (RPC target nodes); stops llama-server meanwhile.")
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
-def bench_cmd(inventory_file, n_predict, runs, prompt, fmt):
+def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, fmt):
     """Tokens/s and draft acceptance: the deployed remote draft vs. no speculation, same prompt."""
     import json
 
     from tunnelspec import bench
 
     inv, cluster, opts = _cluster_and_opts(inventory_file)
-    kw = {"n_predict": n_predict, "runs": runs}
+    kw = {"n_predict": n_predict, "runs": runs, "same_placement": same_placement}
     if prompt:
         kw["prompt"] = prompt
     result = bench.bench_sync(inv, cluster, opts, **kw)

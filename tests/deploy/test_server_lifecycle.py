@@ -109,6 +109,15 @@ def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
     bench = json.loads(b.stdout)
     assert bench["remote_draft"]["draft_n"] > 0 and bench["no_speculation"]["draft_n"] == 0
     assert bench["remote_draft"]["tokens_per_second"] > 0 and bench["no_speculation"]["tokens_per_second"] > 0
+    # Same target placement (RPC1 on rpc-b) without the draft: the deployed server is stopped for it
+    # and must be serving again afterwards.
+    b = tunnelspec("bench", inventory, "--format", "json", "--runs", "1", "--n-predict", "32", "--same-placement",
+                   timeout=600)
+    assert b.rc == 0, b.stdout + b.stderr
+    bench = json.loads(b.stdout)
+    assert bench["baseline_rpc"] and bench["baseline_devices"] == "RPC1"
+    assert bench["no_speculation"]["tokens_per_second"] > 0
+    assert completion_on_main(lab)["timings"]["draft_n"] > 0
     # The temporary baseline server is gone again.
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
 

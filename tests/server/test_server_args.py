@@ -251,3 +251,11 @@ def test_captured_real_help_of_the_fixture_build(tmp_path):
     c = cluster(tmp_path, 'llama_server_extra_args="-lv 3"')
     a = build_server_argv(c, flags.parse_help(text, "fixture"), BY_PORT, "ls", "/t", "/d").argv
     assert a.count("-lv") == 1 and a[-2:] == ["-lv", "3"]
+
+
+def test_bench_same_placement_keeps_rpc_and_dev():
+    argv = shlex.split("/b/llama-server --rpc 127.0.0.1:15052,127.0.0.1:15053 -dev RPC1 -m /t --spec-type draft-simple "
+                       "--spec-draft-model /d --spec-draft-device RPC0 --spec-draft-ngl all "
+                       "--spec-draft-n-max 4 --host 127.0.0.1 --port 8080")
+    assert baseline_argv(argv, "none", 8081, same_placement=True) == shlex.split(
+        "/b/llama-server --rpc 127.0.0.1:15052,127.0.0.1:15053 -dev RPC1 -m /t --host 127.0.0.1 --port 8081")
