@@ -93,6 +93,18 @@ def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, firs
     assert main_pid(lab) == pid
 
 
+def test_changed_unit_restarts_the_server(lab, inventory, first_deploy):
+    assert first_deploy.rc == 0
+    pid = main_pid(lab)
+    sh(lab, "main", "sh", "-c", f"echo '# drift' >> /etc/systemd/system/{UNIT}")
+    r = tunnelspec("deploy", inventory, "--tags", "server", "--format", "json", timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 0, r.stdout[-4000:]
+    changed = {e["task"] for e in r.results("changed")}
+    assert {"llama-server unit", "llama-server restart"} <= changed, changed
+    assert main_pid(lab) not in (0, pid)
+    assert "# drift" not in sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+
+
 def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
     assert first_deploy.rc == 0
     st = tunnelspec("status", inventory, "--format", "json", timeout=120)
