@@ -126,7 +126,8 @@ def test_hello_through_every_tunnel(lab, deployed, expected_version):
 def test_second_run_changes_nothing(deployed):
     r = tunnelspec("play", deployed, PLAYBOOK, "--format", "json", timeout=1800)
     assert r.rc == 0
-    assert all(h["changed"] == 0 for h in r.recap.values()), r.recap
+    changed = [(e["host"], e["task"], e["msg"]) for e in r.results("changed")]
+    assert all(h["changed"] == 0 for h in r.recap.values()), changed
 
 
 def test_rpc_unit_verifies_and_is_hardened(lab, deployed):
@@ -295,6 +296,9 @@ def test_stall_p95(lab, deployed):
     """300 small round trips on one connection: through the session tunnel (shipped), directly on
     the node, and through a forward-only `ssh -N` tunnel (measured for comparison only)."""
     tunnel = probe_on(lab, "main", NODES["rpc-a"], 300)
+    if tunnel is None and "busy" in tunnelspec("tunnel", "status", str(lab.inventory), "--limit", "rpc-a").stdout:
+        # The lab is shared: a llama-server under test elsewhere holds the one-client RPC server.
+        pytest.skip("rpc-a's RPC server is held by another client (llama-server); cannot measure")
     direct = probe_on(lab, "rpc-a", RPC_PORT, 300)
     ip = lab.hosts["rpc-a"]
     sh(lab, "main", "systemctl stop tunnelspec-test-fwd 2>/dev/null; systemd-run -q --unit tunnelspec-test-fwd "
@@ -307,6 +311,9 @@ def test_stall_p95(lab, deployed):
     finally:
         lab.exec("main", ["systemctl", "stop", "tunnelspec-test-fwd"])
     for name, r in (("session tunnel", tunnel), ("direct on node", direct), ("forward-only -N", forward_only)):
+        if r is None:
+            print(f"\n{name:<16} not measured (no answer)")
+            continue
         print(f"\n{name:<16} HELLO {r['hello_ms']:.2f} ms  p50 {r['p50']:.3f} ms  p95 {r['p95']:.3f} ms  "
               f"max {r['max']:.2f} ms")
     assert tunnel["p95"] < 10.0
