@@ -128,18 +128,26 @@ class BuildState:
     cmakelists: str = ""
 
 
-def parse_state(text: str) -> BuildState:
-    st = BuildState()
+def split_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """Host reports are `key value` lines, then `--- name` sections of raw lines."""
+    head: list[str] = []
     sections: dict[str, list[str]] = {}
     section = None
     for line in text.splitlines():
         if line.startswith("--- "):
             section = line[4:].strip()
             sections[section] = []
-            continue
-        if section is not None:
+        elif section is not None:
             sections[section].append(line)
-            continue
+        else:
+            head.append(line)
+    return head, sections
+
+
+def parse_state(text: str) -> BuildState:
+    st = BuildState()
+    head, sections = split_sections(text)
+    for line in head:
         key, _, value = line.partition(" ")
         if key == "tree":
             st.tree = None if value == "none" else value

@@ -23,24 +23,16 @@ from pathlib import Path
 from tunnelspec.errors import TaskFailed
 from tunnelspec.lab.fixtures import Fixtures, ensure_fixtures
 from tunnelspec.llama import versions
+from tunnelspec.llama.build_plan import BASE_OPTIONS
 
 HOST_BUILD_ROOT = "/var/cache/tunnelspec/host-build"
 CCACHE_DIR = "/var/cache/tunnelspec/ccache"
 STAMP = "tunnelspec-build.json"
 LLAMA_SERVER = "llama-server"
 
-# Options checked against this tree: GGML_RPC_RDMA is declared in ggml/src/ggml-rpc/CMakeLists.txt
-# (auto-ON when libibverbs exists); LLAMA_USE_PREBUILT_UI defaults ON and would download the web UI;
-# LLAMA_CURL is deprecated in this tree (passing it only prints a warning), so it is left out.
+# The same options as a deployed build (build_plan.BASE_OPTIONS), with ccache as the launcher.
 CMAKE_OPTIONS = [
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DGGML_RPC=ON",
-    "-DGGML_RPC_RDMA=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_UI=OFF",
-    "-DGGML_CCACHE=OFF",  # the launcher is set explicitly below, with our environment
+    *BASE_OPTIONS,
     "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
     "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
 ]

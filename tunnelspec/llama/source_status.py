@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from tunnelspec.llama.build_plan import split_sections
+
 # Prints the checkout's HEAD/tree/modifications, the stack record, and the stamp of the current build.
 _SCRIPT = r"""
 root=$1 d=$1/src/llama.cpp
@@ -48,16 +50,8 @@ class SourceBuildStatus:
 
 def parse_status(text: str) -> SourceBuildStatus:
     st = SourceBuildStatus()
-    sections: dict[str, list[str]] = {}
-    section = None
-    for line in text.splitlines():
-        if line.startswith("--- "):
-            section = line[4:]
-            sections[section] = []
-            continue
-        if section is not None:
-            sections[section].append(line)
-            continue
+    head, sections = split_sections(text)
+    for line in head:
         key, _, value = line.partition(" ")
         if key in ("head", "tree", "current"):
             setattr(st, key, None if value == "none" else value)
