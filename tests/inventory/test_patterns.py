@@ -45,7 +45,7 @@ def inv_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ansible_manager(inv_path):
-    pytest.importorskip("ansible")
+    import ansible  # noqa: F401  (a test dependency: fail loudly if missing)
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
 
