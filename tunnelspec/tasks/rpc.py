@@ -163,6 +163,13 @@ class RpcProbe(Task):
             "allow_busy": Arg(bool, default=True)}
 
     async def check(self, ctx):
+        if self.p["allow_busy"]:
+            from tunnelspec.facts.sockets import clients_of
+
+            # A held server would only make the probe wait out its busy timeout: say so at once.
+            if held := await clients_of(ctx.conn, self.p["port"]):
+                ctx.register("rpc_version", None)
+                return ok(f"busy: serving a client (llama-server) on port {self.p['port']} ({held} connection(s))")
         result = await probe_until(lambda: ctx.conn.open_connection(LOOPBACK, self.p["port"]), self.p["timeout"])
         if result.status is ProbeStatus.BUSY and self.p["allow_busy"]:
             ctx.register("rpc_version", None)

@@ -5,6 +5,8 @@ end-to-end HELLO through each tunnel.
 
 from __future__ import annotations
 
+import asyncio
+
 import ipaddress
 import re
 
@@ -302,14 +304,22 @@ class TunnelProbe(Task):
             "timeout": Arg((int, float), default=30), "allow_busy": Arg(bool, default=True)}
 
     async def check(self, ctx):
+        from tunnelspec.facts.sockets import clients_of
+
         expected = await main_rpc_version(ctx.conn, self.p["source_dir"])
-        out, bad = [], []
-        for node in selected_nodes(ctx.controller.cluster, self.p["nodes"]):
+        nodes = selected_nodes(ctx.controller.cluster, self.p["nodes"])
+
+        async def one(node):
+            # llama-server connected through the tunnel holds the one-client server: busy, no wait.
+            if self.p["allow_busy"] and await clients_of(ctx.conn, node.tunnel_port):
+                return "busy: serving a client (llama-server)", True
             res = await probe_tunnel(ctx.conn, node, self.p["timeout"], expected)
-            if res.ok or (res.status is ProbeStatus.BUSY and self.p["allow_busy"]):
-                out.append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {res}")
-            else:
-                bad.append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {res}")
+            return str(res), res.ok or (res.status is ProbeStatus.BUSY and self.p["allow_busy"])
+
+        results = await asyncio.gather(*(one(n) for n in nodes))
+        out, bad = [], []
+        for node, (text, good) in zip(nodes, results):
+            (out if good else bad).append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {text}")
         if bad:
             raise TaskFailed(f"tunnel check (expected RPC v{format_version(expected)}): " + "; ".join(bad))
         return ok("; ".join(out))
