@@ -148,9 +148,9 @@ def load_playbook(path: str | Path) -> Playbook:
 
 
 def builtin_playbook(name: str) -> Path:
-    """Playbooks shipped with the package (the repo's playbooks/ dir is the source of truth)."""
+    """Playbooks shipped with the package (tunnelspec/data/playbooks links to the repo's playbooks/)."""
     here = Path(__file__).resolve().parent.parent
-    for cand in (here / "data" / "playbooks" / name, here.parent / "playbooks" / name):
-        if cand.exists():
-            return cand
+    cand = here / "data" / "playbooks" / name
+    if cand.exists():
+        return cand
     raise PlaybookError(f"built-in playbook {name!r} not found", name)

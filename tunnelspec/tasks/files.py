@@ -183,7 +183,7 @@ class Copy(_Content):
 
 def template_search_path(ctx) -> list[Path]:
     here = Path(__file__).resolve().parent.parent
-    return [ctx.controller.inventory.path.parent, here / "data" / "templates", here.parent / "templates"]
+    return [ctx.controller.inventory.path.parent, here / "data" / "templates"]
 
 
 @register_task
