@@ -1,0 +1,336 @@
+"""More of the lifecycle in the lab (real hosts, real systemd, real llama.cpp build, tiny model):
+a model uploaded from the controller, `teardown --purge`, `deploy --check` as a pull-request gate,
+CI credentials with the real deploy, and the public-bind opt-out with an API key.
+
+Another engineer may use the same lab at the same time (stopping llama-server, redeploying), so
+every test first establishes the state it needs with a deploy, and ends with the lab's own
+inventory deployed again (the default: loopback bind, the fixture models).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.helpers import tunnelspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
+from ci_helpers import ci_env, cli  # noqa: E402
+
+pytestmark = pytest.mark.lab
+
+UNIT = "tunnelspec-llama-server.service"
+RPC_UNIT = "tunnelspec-rpc.service"
+MODELS_DIR = "/var/lib/tunnelspec/models"
+DEPLOY_TIMEOUT = 3600  # a purged lab rebuilds (ccache makes it minutes, a cold cache ≈ 8 min)
+
+
+def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
+    return lab.exec(host, list(argv), timeout=timeout).stdout or ""
+
+
+def main_pid(lab) -> int:
+    return int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() or 0)
+
+
+def inventory_copy(lab, tmp_path: Path, name: str = "inventory.ini", *, main_vars: dict | None = None,
+                   host_vars: dict | None = None, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Path:
+    """The lab's inventory with changes: `host_vars` = {host: "k=v ..."} appended to a host's line,
+    `main_vars` in a [main:vars] section, `drop` removes lines starting with these prefixes."""
+    lines = [l for l in lab.inventory.read_text().splitlines() if not l.startswith(drop)]
+    for host, more in (host_vars or {}).items():
+        lines = [f"{l} {more}" if l.split(" ", 1)[0] == host else l for l in lines]
+    lines += list(extra)
+    if main_vars:
+        lines += ["", "[main:vars]", *(f"{k}={v}" for k, v in main_vars.items())]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def deploy(inventory, *args: str):
+    return tunnelspec("deploy", str(inventory), "--format", "json", *args, timeout=DEPLOY_TIMEOUT)
+
+
+def failures(r) -> list:
+    """What to show when a run failed: failed/unreachable events and the tail of stderr."""
+    return [e for e in r.events if e.get("status") in ("failed", "unreachable") or e.get("event") in
+            ("unreachable", "error", "gate_failed")] + [r.stderr[-2000:]]
+
+
+def converge(inventory) -> None:
+    r = deploy(inventory)
+    assert r.rc == 0, failures(r)
+
+
+def task(result, name: str, host: str = "main") -> dict:
+    evs = [e for e in result.results() if e.get("task") == name and e.get("host") == host]
+    assert len(evs) == 1, (name, host, [(e.get("task"), e.get("host")) for e in result.results()])
+    return evs[0]
+
+
+def verify_stats(result) -> tuple[int, int]:
+    ev = next(e for e in result.results() if e.get("module") == "llama_verify")
+    assert ev["status"] == "ok", ev
+    m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
+    assert m, ev["msg"]
+    return int(m.group(1)), int(m.group(2))
+
+
+def file_identity(lab, host: str, path: str) -> tuple[str, str, str]:
+    """(inode, mtime in ns, sha256) of a file on a host; ('', '', '') when absent."""
+    out = sh(lab, host, "sh", "-c", '[ -f "$1" ] || exit 0; stat -c "%i %.9Y" -- "$1"; sha256sum < "$1"', "sh", path)
+    parts = out.split()
+    return (parts[0], parts[1], parts[2]) if len(parts) >= 3 else ("", "", "")
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- 1. a model that exists only on the controller is uploaded once ---------------------------------
+def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixtures):
+    local = tmp_path / "controller-models" / "ts-upload-draft.gguf"
+    local.parent.mkdir()
+    shutil.copyfile(llama_fixtures.model_local, local)
+    dest = f"{MODELS_DIR}/{local.name}"
+    inv = inventory_copy(lab, tmp_path, main_vars={"llama_draft_model": str(local)})
+    # The controller's path does not exist on main (the lab hosts have their own file systems), so
+    # the rule "an absolute path present on the host is used in place" does not apply here.
+    assert sh(lab, "main", "sh", "-c", '[ -e "$1" ] && echo present || :', "sh", str(local)).strip() == ""
+    sh(lab, "main", "rm", "-f", "--", dest)
+    try:
+        first = deploy(inv)
+        assert first.rc == 0, failures(first)
+        up = task(first, "draft model")
+        assert up["status"] == "changed" and "upload" in up["msg"], up
+        assert file_identity(lab, "main", dest)[2] == sha256_of(local)
+        unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+        assert f"--spec-draft-model {dest}" in unit, unit
+        draft_n, accepted = verify_stats(first)
+        assert draft_n > 0 and accepted == draft_n  # draft = target (same tiny model): all accepted
+        ver = tunnelspec("verify", str(inv), "--format", "json", timeout=600)
+        assert ver.rc == 0, failures(ver)
+        assert verify_stats(ver)[1] > 0
+        # No temp file left beside the model (the upload goes to a temp name, then is renamed).
+        assert "tunnelspec-upload" not in sh(lab, "main", "ls", "-a", MODELS_DIR)
+
+        before = file_identity(lab, "main", dest)
+        pid = main_pid(lab)
+        second = deploy(inv)
+        assert second.rc == 0, failures(second)
+        again = task(second, "draft model")
+        assert again["status"] == "ok" and "up to date" in again["msg"], again
+        # Only "llama-server running" may change: a benchmark sharing the lab stops the server at times.
+        changed = {e["task"] for e in second.results("changed")}
+        assert changed <= {"llama-server running"}, changed
+        assert file_identity(lab, "main", dest) == before  # same inode, same mtime: not re-uploaded
+
+        # A changed file on the controller (trailing bytes after the tensor data: still a valid GGUF)
+        # is uploaded again, and llama-server restarted so that it serves the new file.
+        with local.open("ab") as f:
+            f.write(b"\0" * 64)
+        third = deploy(inv)
+        assert third.rc == 0, failures(third)
+        assert task(third, "draft model")["status"] == "changed"
+        assert task(third, "llama-server restart")["status"] == "changed"
+        assert file_identity(lab, "main", dest)[2] == sha256_of(local) != before[2]
+        assert main_pid(lab) not in (0, pid)
+        assert verify_stats(third)[1] > 0
+    finally:
+        converge(lab.inventory)
+
+
+# --- 2. teardown --purge, then deploy again -------------------------------------------------------
+def _listeners(lab) -> dict:
+    found = {}
+    for host, ports in (("main", (8080, 15052, 15053)), ("rpc-a", (50052,)), ("rpc-b", (50052,))):
+        listen = sh(lab, host, "ss", "-Hltn")
+        hits = [p for p in ports if re.search(rf":{p}\s", listen)]
+        if hits:
+            found[host] = hits
+    return found
+
+
+def test_purge_removes_everything_and_deploy_rebuilds(lab, tmp_path, llama_fixtures):
+    # Establish: deployed, with an uploaded model on main (so the purge has one to remove).
+    local = tmp_path / "ts-purge-draft.gguf"
+    shutil.copyfile(llama_fixtures.model_local, local)
+    converge(inventory_copy(lab, tmp_path, main_vars={"llama_draft_model": str(local)}))
+    purged = {"main": ["/opt/tunnelspec/src", "/opt/tunnelspec/build", "/opt/tunnelspec/current",
+                       "/opt/tunnelspec", f"{MODELS_DIR}/{local.name}", MODELS_DIR],
+              "rpc-a": ["/opt/tunnelspec/src", "/opt/tunnelspec/build", "/opt/tunnelspec", "/var/cache/tunnelspec-rpc"],
+              "rpc-b": ["/opt/tunnelspec/src", "/opt/tunnelspec/build", "/opt/tunnelspec", "/var/cache/tunnelspec-rpc"]}
+    for host, paths in purged.items():
+        present = sh(lab, host, "sh", "-c", 'for p; do [ -e "$p" ] && echo "$p"; done; :', "sh", *paths).split()
+        assert present, (host, "nothing to purge: the deploy did not create its files?")
+    try:
+        r = tunnelspec("teardown", str(lab.inventory), "--purge", "--format", "json", timeout=600)
+        assert r.rc == 0, failures(r)
+        for host, paths in purged.items():
+            left = sh(lab, host, "sh", "-c", 'for p; do [ -e "$p" ] && echo "$p"; done; :', "sh", *paths).split()
+            assert left == [], (host, left)
+            # The shared ccache is not tunnelspec's to remove: it is what makes the redeploy cheap.
+            assert sh(lab, host, "sh", "-c", '[ -d /var/cache/ccache ] && echo yes || :').strip() == "yes"
+        assert _listeners(lab) == {}
+        assert sh(lab, "main", "sh", "-c", "pgrep -l -x 'llama-server|ggml-rpc-server|rpc-server' || :").strip() == ""
+        again = tunnelspec("teardown", str(lab.inventory), "--purge", "--format", "json", timeout=600)
+        assert again.rc == 0 and all(c["changed"] == 0 for c in again.recap.values()), again.results("changed")
+    finally:
+        started = time.monotonic()
+        r = deploy(lab.inventory)
+        seconds = time.monotonic() - started
+    assert r.rc == 0, failures(r)
+    draft_n, accepted = verify_stats(r)
+    assert draft_n > 0 and accepted == draft_n
+    for host in purged:  # sources and builds came back on every host
+        assert task(r, "llama.cpp source at the pinned commit with the patch stack", host)["status"] == "changed"
+        assert task(r, "llama.cpp binaries for the host's role", host)["status"] == "changed"
+    print(f"redeploy after purge: {seconds:.0f} s")
+
+
+# --- 3. deploy --check: the pull-request gate -----------------------------------------------------
+def test_check_gate_reports_a_changed_unit_option_and_changes_nothing(lab, tmp_path):
+    converge(lab.inventory)
+    clean = deploy(lab.inventory, "--check")
+    assert clean.rc == 0, failures(clean)
+    assert all(c["changed"] == 0 for c in clean.recap.values()), clean.results("changed")
+    assert not [e for e in clean.results() if e.get("would_change")]
+
+    unit_path = f"/etc/systemd/system/{RPC_UNIT}"
+    before = (sh(lab, "rpc-a", "cat", unit_path), file_identity(lab, "rpc-a", unit_path))
+    pid = sh(lab, "rpc-a", "systemctl", "show", "-p", "MainPID", "--value", RPC_UNIT).strip()
+    edited = inventory_copy(lab, tmp_path, host_vars={"rpc-a": "rpc_threads=1"})
+    plan = tunnelspec("deploy", str(edited), "--check", "--diff", timeout=600)
+    assert plan.rc == 3, (plan.stdout[-4000:], plan.stderr[-2000:])
+    # The unit's diff names the option: the ExecStart line gains `-t 1`.
+    added = [l.strip() for l in plan.stdout.splitlines() if l.strip().startswith("+ExecStart=")]
+    assert added and all(" -t 1" in l for l in added), plan.stdout[-4000:]
+    assert "would change" in plan.stdout
+    as_json = deploy(edited, "--check")
+    assert as_json.rc == 3
+    would = {(e["host"], e["task"]) for e in as_json.results() if e.get("would_change")}
+    assert would and {h for h, _ in would} == {"rpc-a"}, would
+    # Nothing on the host changed.
+    assert (sh(lab, "rpc-a", "cat", unit_path), file_identity(lab, "rpc-a", unit_path)) == before
+    assert sh(lab, "rpc-a", "systemctl", "show", "-p", "MainPID", "--value", RPC_UNIT).strip() == pid
+    assert "-t 1" not in sh(lab, "rpc-a", "systemctl", "show", "-p", "ExecStart", "--value", RPC_UNIT)
+
+
+# --- 4. CI credentials with the real deploy ---------------------------------------------------------
+def test_ci_credentials_with_the_real_deploy(lab, tmp_path):
+    converge(lab.inventory)
+    pinned = tmp_path / "pinned_known_hosts"
+    inv = inventory_copy(lab, tmp_path, "ci.ini", drop=("ansible_ssh_private_key_file=", "tunnelspec_known_hosts="),
+                         extra=(f"tunnelspec_known_hosts={pinned}",))
+    key, known = lab.key_file.read_text(), lab.known_hosts.read_text()
+    home = tmp_path / "home"
+    env = ci_env(home, TUNNELSPEC_SSH_KEY=key, TUNNELSPEC_KNOWN_HOSTS=known)
+    assert "SSH_AUTH_SOCK" not in env
+    r = cli("deploy", str(inv), "--format", "json", env=env, timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 0, failures(r)
+    assert sorted(r.recap) == ["main", "rpc-a", "rpc-b"]
+    assert all(c["changed"] == 0 for c in r.recap.values()), [e for e in r.events if e.get("status") == "changed"]
+    assert list(home.iterdir()) == [] and not pinned.exists()
+    assert key not in r.stdout + r.stderr
+
+    # Known hosts withheld: every host unreachable with its real fingerprint, nothing pinned.
+    env = ci_env(tmp_path / "home2", TUNNELSPEC_SSH_KEY=key)
+    r = cli("deploy", str(inv), "--format", "json", env=env, timeout=600)
+    assert r.rc == 4, failures(r)
+    msgs = {e["host"]: e["msg"] for e in r.of("unreachable")}
+    assert sorted(msgs) == ["main", "rpc-a", "rpc-b"], msgs
+    fps = _fingerprints(lab, known)
+    for host, msg in msgs.items():
+        assert "unknown host key" in msg and fps[host] in msg, msg
+    assert not pinned.exists()
+
+    # Accepted explicitly into an empty pinned file: the deploy passes and the real keys are pinned.
+    pinned.write_text("")
+    r = cli("deploy", str(inv), "--format", "json", "--accept-new-host-keys", env=env, timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 0, failures(r)
+    assert sorted(e["host"] for e in r.of("host_key_pinned")) == ["main", "rpc-a", "rpc-b"]
+    assert {l.split()[2] for l in pinned.read_text().splitlines() if l.strip()} == \
+        {l.split()[2] for l in known.splitlines() if l.strip()}
+    r = cli("deploy", str(inv), "--format", "json", env=env, timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 0 and r.of("host_key_pinned") == [], r.stdout[-3000:]
+    assert all(c["changed"] == 0 for c in r.recap.values())
+
+
+def _fingerprints(lab, known_text: str) -> dict:
+    import asyncssh
+
+    by_ip = {l.split()[0]: asyncssh.import_public_key(" ".join(l.split()[1:3])).get_fingerprint("sha256")
+             for l in known_text.splitlines() if l.strip()}
+    return {name: by_ip[ip] for name, ip in lab.hosts.items()}
+
+
+# --- 5. public bind with an API key -----------------------------------------------------------------
+KEY_FILE = "/etc/tunnelspec/llama-api-key"
+
+
+def _http_from(lab, host: str, url: str, key: str | None) -> int:
+    """HTTP status of a tiny completion request sent from another lab host (its own python3)."""
+    script = (
+        "import json,sys,urllib.request,urllib.error\n"
+        "h={'Content-Type':'application/json'}\n"
+        "if len(sys.argv)>2: h['Authorization']='Bearer '+sys.argv[2]\n"
+        "req=urllib.request.Request(sys.argv[1],data=json.dumps({'prompt':'Hi','n_predict':2}).encode(),headers=h)\n"
+        "try:\n print(urllib.request.urlopen(req,timeout=30).status)\n"
+        "except urllib.error.HTTPError as e:\n print(e.code)\n"
+        "except Exception as e:\n print(0)\n")
+    out = sh(lab, host, "python3", "-c", script, url, *([key] if key else [])).strip()
+    return int(out.splitlines()[-1]) if out else 0
+
+
+def test_public_bind_with_api_key(lab, tmp_path):
+    main_ip = lab.hosts["main"]
+    key = secrets.token_hex(24)
+    public = {"llama_server_host": main_ip, "llama_server_public_bind": "true"}
+    refused = inventory_copy(lab, tmp_path, "no-key.ini", main_vars=public)
+    r = deploy(refused)
+    assert r.rc == 2, (r.stdout[-2000:], r.stderr[-2000:])
+    assert "llama_server_api_key_file" in r.stdout + r.stderr
+
+    converge(lab.inventory)
+    # The key file lives on the main host (an absolute path there), written by the operator:
+    # world-readable here on purpose, so the deploy has to fix owner and mode.
+    sh(lab, "main", "sh", "-c", 'umask 022; mkdir -p "$(dirname "$2")"; printf "%s\\n" "$1" > "$2"', "sh", key, KEY_FILE)
+    inv = inventory_copy(lab, tmp_path, "public.ini", main_vars={**public, "llama_server_api_key_file": KEY_FILE})
+    try:
+        r = tunnelspec("deploy", str(inv), "--diff", "-v", timeout=DEPLOY_TIMEOUT)
+        assert r.rc == 0, failures(r)
+        assert key not in r.stdout + r.stderr
+        assert "--api-key-file" in r.stdout  # the unit diff shows the flag, never the key
+        unit = sh(lab, "main", "systemctl", "cat", UNIT)
+        assert f"--api-key-file {KEY_FILE}" in unit and f"--host {main_ip}" in unit, unit
+        assert key not in unit
+        assert sh(lab, "main", "stat", "-c", "%a %U", KEY_FILE).split() == ["600", "tunnelspec-llama"]
+        ver = tunnelspec("verify", str(inv), "--format", "json", "-v", timeout=600)
+        assert ver.rc == 0, failures(ver)
+        assert verify_stats(ver)[1] > 0
+        assert key not in ver.stdout + ver.stderr
+        url = f"http://{main_ip}:8080/completion"
+        assert _http_from(lab, "rpc-b", url, None) == 401
+        assert _http_from(lab, "rpc-b", url, "wrong-" + key[:8]) == 401
+        assert _http_from(lab, "rpc-b", url, key) == 200
+        again = deploy(inv)
+        assert again.rc == 0 and again.recap["main"]["changed"] == 0, again.results("changed")
+        assert key not in again.stdout + again.stderr
+        st = tunnelspec("status", str(inv), "--format", "json", timeout=120)
+        assert st.rc == 0 and json.loads(st.stdout)["hosts"]["main"]["llama_server"]["health"] == "ok", st.stdout
+    finally:
+        converge(lab.inventory)
+        sh(lab, "main", "rm", "-f", "--", KEY_FILE)
+    unit = sh(lab, "main", "systemctl", "cat", UNIT)
+    assert "--host 127.0.0.1" in unit and "--api-key-file" not in unit and "IPAddressDeny=any" in unit
+    assert _http_from(lab, "rpc-b", f"http://{main_ip}:8080/completion", None) == 0  # nothing listens there
