@@ -6,17 +6,21 @@ end-to-end HELLO through each tunnel.
 from __future__ import annotations
 
 import asyncio
-
+import fnmatch
+import hashlib
 import ipaddress
 import re
 
 from tunnelspec.constants import LOOPBACK
+from tunnelspec.engine.templating import render_file
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts.files import file_state
 from tunnelspec.keys import (TUNNEL_FORCED_COMMAND, authorized_keys_line, fingerprint, generate_ed25519,
                              known_hosts_line, tunnel_key_options)
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+from tunnelspec.tasks.files import template_search_path
 from tunnelspec.tasks.rpc import probe_until
 from tunnelspec.tasks.systemd import Service, SystemdUnit
 
@@ -214,6 +218,173 @@ class TunnelAuthorizedKey(Task):
         await ctx.conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", "--", home, f"{home}/.ssh"],
                            check=True)
         await ctx.conn.put(ch.data["content"], f"{home}/.ssh/authorized_keys", 0o644, "root")
+
+
+# ---- nodes: sshd limits for the tunnel user ---------------------------------------------------------
+SSHD_CONFIG = "/etc/ssh/sshd_config"
+SSHD_DROPIN = "/etc/ssh/sshd_config.d/tunnelspec-tunnel.conf"
+SSHD_DROPIN_TEMPLATE = "tunnelspec-tunnel-sshd.conf.j2"
+# Keyword → value, in file order; `sshd -T` prints the same pairs (keywords lower-cased), which is
+# how the effective policy is checked after install.
+SSHD_TUNNEL_POLICY = (
+    # sshd probes a silent client every 5 s and drops it after 3 misses: a session orphaned by a cut
+    # link would otherwise hold the one-client RPC server until TCP keepalive (hours).
+    ("ClientAliveInterval", "5"), ("ClientAliveCountMax", "3"),
+    ("AllowTcpForwarding", "local"), ("PermitListen", "none"), ("GatewayPorts", "no"),
+    ("X11Forwarding", "no"), ("AllowAgentForwarding", "no"), ("PermitTTY", "no"),
+    ("AllowStreamLocalForwarding", "no"), ("PermitTunnel", "no"),
+)
+_USER_SAFE = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+
+
+def sshd_includes(config_text: str) -> list[str]:
+    """Globs of the unconditional `Include` lines (before the first `Match`) of an sshd_config,
+    made absolute the way sshd does (relative to /etc/ssh)."""
+    globs = []
+    for raw in config_text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        key = words[0].lower()
+        if key == "match":
+            break  # an Include inside a Match block is conditional: not ours to rely on
+        if key == "include":
+            globs += [w if w.startswith("/") else f"/etc/ssh/{w}" for w in words[1:]]
+    return globs
+
+
+def parse_sshd_T(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key and key not in out:
+            out[key] = value.strip()
+    return out
+
+
+async def effective_policy_gaps(conn, user: str, address: str, sshd: str) -> list[str]:
+    """Settings of SSHD_TUNNEL_POLICY that sshd would not apply to `user` from `address`."""
+    res = await conn.run([sshd, "-T", "-C", f"user={user},host=tunnelspec-check,addr={address}"])
+    if res.rc != 0:
+        return [f"sshd -T failed: {res.stderr.strip()}"]
+    got = parse_sshd_T(res.stdout)
+    return [f"{k} {got.get(k.lower(), '?')} (want {v})" for k, v in SSHD_TUNNEL_POLICY
+            if got.get(k.lower(), "").lower() != v.lower()]
+
+
+@register_task
+class TunnelSshdPolicy(Task):
+    """`Match User <tunnel user>` drop-in in sshd_config.d on a node (state=present), or gone
+    (state=absent). Installed only where the main sshd_config includes sshd_config.d (Debian and
+    Ubuntu do); elsewhere it is skipped with a message, never by editing the main config.
+    A candidate is put in place, checked with `sshd -t` and `sshd -T`, and rolled back if sshd
+    would reject it: an sshd that cannot start locks everyone out. Notify `sshd_reload`
+    (and `tunnel_sessions_renew`, so existing tunnel sessions pick the limits up)."""
+
+    module = "tunnel_sshd_policy"
+    args = {"user": Arg(str, required=True), "path": Arg(str, default=SSHD_DROPIN),
+            "config": Arg(str, default=SSHD_CONFIG), "sshd": Arg(str, default="/usr/sbin/sshd"),
+            "state": Arg(str, default="present", choices=("present", "absent"))}
+
+    def _render(self, ctx) -> bytes:
+        user = self.p["user"]
+        if not _USER_SAFE.match(user):
+            raise TaskFailed(f"tunnel user name {user!r} cannot be used in an sshd Match line")
+        for d in template_search_path(ctx):
+            src = d / SSHD_DROPIN_TEMPLATE
+            if src.exists():
+                return render_file(src.read_text(), {"user": user, "policy": SSHD_TUNNEL_POLICY}, str(src)).encode()
+        raise TaskFailed(f"template {SSHD_DROPIN_TEMPLATE} not found")
+
+    async def check(self, ctx):
+        path = self.p["path"]
+        st = await file_state(ctx.conn, path)
+        if self.p["state"] == "absent":
+            return change(f"remove {path}", absent=True) if st.exists else ok(f"{path} absent")
+        config = (await ctx.conn.get(self.p["config"]) or b"").decode(errors="replace")
+        if not any(fnmatch.fnmatchcase(path, g) for g in sshd_includes(config)):
+            return ok(f"skipped: {self.p['config']} has no `Include {path.rsplit('/', 1)[0]}/*.conf` line, and "
+                      "tunnelspec does not edit the main sshd config; the tunnel key's authorized_keys "
+                      "restrictions still apply, but orphaned tunnel sessions are not reaped by sshd")
+        want = self._render(ctx)
+        if st.exists and st.type != "file":
+            raise TaskFailed(f"{path} exists and is a {st.type}, not a file")
+        if st.exists and st.sha256 == hashlib.sha256(want).hexdigest() and (st.mode, st.owner) == ("644", "root"):
+            return ok(f"sshd limits for {self.p['user']} in place")
+        cur = (await ctx.conn.get(path) or b"").decode(errors="replace") if st.exists else ""
+        return change(f"{'update' if st.exists else 'install'} {path}", Diff(cur, want.decode(), path), content=want)
+
+    async def apply(self, ctx, ch):
+        path = self.p["path"]
+        if ch.data.get("absent"):
+            await ctx.conn.run(["rm", "-f", "--", path], check=True)
+            return
+        before = await ctx.conn.get(path)
+        await ctx.conn.put(ch.data["content"], path, 0o644, "root")
+        # sshd only reads config at start/reload, and a new connection's re-exec'd child gets it
+        # from the listener: the candidate in place is invisible until the reload handler runs.
+        problem = None
+        res = await ctx.conn.run([self.p["sshd"], "-t"])
+        if res.rc != 0:
+            problem = f"sshd -t rejects it: {(res.stderr or res.stdout).strip()}"
+        else:
+            addr, _ = node_ssh_target(ctx.controller.inventory, ctx.host)
+            gaps = await effective_policy_gaps(ctx.conn, self.p["user"], await source_address(ctx, addr) or LOOPBACK,
+                                               self.p["sshd"])
+            if gaps:
+                problem = "an earlier sshd config overrides: " + ", ".join(gaps)
+        if problem:
+            if before is None:
+                await ctx.conn.run(["rm", "-f", "--", path], check=True)
+            else:
+                await ctx.conn.put(before, path, 0o644, "root")
+            raise TaskFailed(f"{path} rolled back ({problem})")
+
+
+@register_task
+class SshdReload(Task):
+    """Reload sshd after its config changed, only if `sshd -t` accepts the whole config."""
+
+    module = "sshd_reload"
+    args = {"sshd": Arg(str, default="/usr/sbin/sshd")}
+    handler_only = True
+
+    async def check(self, ctx):
+        return change("reload sshd")
+
+    async def apply(self, ctx, ch):
+        res = await ctx.conn.run([self.p["sshd"], "-t"])
+        if res.rc != 0:
+            raise TaskFailed(f"sshd config invalid, not reloading: {res.stderr.strip()}")
+        # Debian/Ubuntu name the unit ssh.service, most others sshd.service.
+        for unit in ("ssh.service", "sshd.service"):
+            state = await ctx.conn.run(["systemctl", "show", "-p", "LoadState", "--value", unit])
+            if state.stdout.strip() == "loaded":
+                await ctx.conn.run(["systemctl", "reload", unit], check=True)
+                return
+        raise TaskFailed("no ssh.service or sshd.service unit to reload")
+
+
+@register_task
+class TunnelSessionsRenew(Task):
+    """End the tunnel user's current sessions on a node, so the main host's tunnel units (which
+    restart by themselves in a second) reconnect under sshd's new limits: a running sshd session
+    keeps the config it started with. llama-server restarts with them (it aborts on RPC errors)."""
+
+    module = "tunnel_sessions_renew"
+    args = {"user": Arg(str, required=True)}
+    handler_only = True
+
+    async def check(self, ctx):
+        return change(f"renew {self.p['user']} sessions")
+
+    async def apply(self, ctx, ch):
+        # The session's unprivileged sshd child runs as the tunnel user; ending it ends the session
+        # (and its forced sleep). Only those PIDs, not the user's systemd manager.
+        res = await ctx.conn.run(["pgrep", "-u", self.p["user"], "-x", "sshd"])
+        pids = [p for p in res.stdout.split() if p.isdigit()]
+        if pids:
+            await ctx.conn.run(["kill", "-TERM", "--", *pids])
 
 
 # ---- main: one unit per node ------------------------------------------------------------------------
