@@ -93,7 +93,7 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         key_s = key.reveal() if key else None
         unit_text = (await conn.get(f"/etc/systemd/system/{UNIT}") or b"").decode()
         argv = parse_exec_start(unit_text)
-        spec = await _measure(http.ssh_opener(conn, main.server_port), prompt, n_predict, runs, key_s)
+        spec = await _measure(http.ssh_opener(conn, main.server_port, main.server_host), prompt, n_predict, runs, key_s)
         port = await _free_port(conn, main.server_port + 1)
         base = baseline_argv(argv, main.target_devices, port, same_placement)
         user = main.users.llama
@@ -113,7 +113,7 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
             await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
             if same_placement:
                 await conn.run(["systemctl", "start", UNIT], check=True)
-                await http.wait_health(http.ssh_opener(conn, main.server_port), health_timeout)
+                await http.wait_health(http.ssh_opener(conn, main.server_port, main.server_host), health_timeout)
         dev = base[base.index("-dev") + 1] if "-dev" in base else main.target_devices
         return {"schema": 1, "prompt": prompt, "n_predict": n_predict, "remote_draft": spec, "no_speculation": plain,
                 "baseline_devices": dev, "baseline_rpc": same_placement, "baseline_endpoint": f"{LOOPBACK}:{port}"}

@@ -54,7 +54,7 @@ async def _main_status(conn, cluster) -> dict:
                        "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
     server = {"unit": await _unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
     try:
-        r = await http.request(http.ssh_opener(conn, main.server_port), "GET", "/health", timeout=5)
+        r = await http.request(http.ssh_opener(conn, main.server_port, main.server_host), "GET", "/health", timeout=5)
         server["health"] = "ok" if r.status == 200 else f"HTTP {r.status}"
     except http.HttpError as e:
         server["health"] = f"down ({e})"

@@ -299,13 +299,17 @@ class LlamaVerify(Task):
 
     module = "llama_verify"
     read_only = True
-    args = {"port": Arg(int, required=True), "plan": Arg(dict, required=True), "api_key_file": Arg(str),
+    # host: llama_server_host — 127.0.0.1 by default; main's own address with the public-bind opt-out,
+    # where nothing listens on loopback.
+    args = {"host": Arg(str, default=LOOPBACK), "port": Arg(int, required=True), "plan": Arg(dict, required=True),
+            "api_key_file": Arg(str),
             "health_timeout": Arg(int, default=180), "n_predict": Arg(int, default=32),
             "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time"),
             "journal_timeout": Arg(int, default=30)}
 
     async def check(self, ctx):
-        result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], api_key_file=self.p["api_key_file"],
+        result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], host=self.p["host"],
+                                     api_key_file=self.p["api_key_file"],
                                      health_timeout=self.p["health_timeout"], n_predict=self.p["n_predict"],
                                      prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
                                      add_secret=ctx.add_secret)
@@ -316,16 +320,18 @@ class LlamaVerify(Task):
         return ok(result["summary"])
 
 
-async def verify_server(conn, port: int, plan: dict, *, api_key_file=None, health_timeout=180, n_predict=32,
-                        prompt="Once upon a time", journal_timeout=30, add_secret=None) -> dict:
-    """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed."""
-    opener = http.ssh_opener(conn, port)
+async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
+                        health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
+                        add_secret=None) -> dict:
+    """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
+    `host` is the address llama-server listens on, as seen from the main host."""
+    opener = http.ssh_opener(conn, port, host)
     try:
         await http.wait_health(opener, health_timeout)
     except http.HttpError as e:
         active = (await conn.run(["systemctl", "is-active", UNIT])).stdout.strip()
         tail = (await conn.run(["journalctl", "--no-pager", "-o", "cat", "-n", "15", "-u", UNIT])).stdout.strip()
-        raise TaskFailed(f"llama-server on {LOOPBACK}:{port} not healthy ({e}); unit {active}:\n{tail}") from None
+        raise TaskFailed(f"llama-server on {host}:{port} not healthy ({e}); unit {active}:\n{tail}") from None
     key = await read_api_key(conn, api_key_file)
     if key and add_secret:
         add_secret(key.reveal())
