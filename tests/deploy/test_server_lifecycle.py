@@ -167,7 +167,7 @@ def _leftovers(lab) -> dict:
             if sh(lab, host, "sh", "-c", f"getent passwd {user} || :").strip():
                 items.append(f"user {user}")
         for path in ("/etc/tunnelspec/tunnel", "/var/lib/tunnelspec/tunnel", "/usr/local/lib/tunnelspec",
-                     "/var/lib/tunnelspec/rpc-devices.json"):
+                     "/var/lib/tunnelspec/rpc-devices.json", "/etc/ssh/sshd_config.d/tunnelspec-tunnel.conf"):
             if sh(lab, host, "sh", "-c", f"[ -e {path} ] && echo yes || :").strip():
                 items.append(f"path {path}")
         listen = sh(lab, host, "ss", "-Hltn")
@@ -176,6 +176,7 @@ def _leftovers(lab) -> dict:
                 items.append(f"listener :{port}")
         # -x: exact process names, so the pgrep (and its shell) never match themselves.
         procs = sh(lab, host, "sh", "-c", "pgrep -l -x 'llama-server|ggml-rpc-server|rpc-server' || :").strip()
+        procs += "\n" + sh(lab, host, "sh", "-c", "pgrep -l -u tunnelspec-tunnel || :").strip()
         items += [f"process {p}" for p in procs.splitlines() if p.strip()]
         if items:
             found[host] = items
