@@ -69,6 +69,19 @@ def count_child(out_path: str, argv: list[str]) -> None:
         counts[host]["connections"] += 1
         return await orig_connect(host, *a, **kw)
 
+    from tunnelspec.connection import ssh as ts_ssh
+
+    busy: dict = collections.defaultdict(collections.Counter)   # host -> program -> seconds on the host
+    orig_exec = ts_ssh.SSHConnection._exec
+
+    async def timed_exec(self, argv, *a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return await orig_exec(self, argv, *a, **kw)
+        finally:
+            busy[self.name][argv[0][:40]] += time.perf_counter() - t0
+
+    ts_ssh.SSHConnection._exec = timed_exec
     asyncssh.SSHClientConnection.create_session = create_session
     asyncssh.SSHClientConnection.create_connection = create_connection
     asyncssh.connect = connect
@@ -80,7 +93,9 @@ def count_child(out_path: str, argv: list[str]) -> None:
     except SystemExit as e:
         rc = e.code or 0
     finally:
-        Path(out_path).write_text(json.dumps({"rc": rc, "counts": counts, "what": {k: dict(v) for k, v in what.items()}}))
+        Path(out_path).write_text(json.dumps({"rc": rc, "counts": counts, "what": {k: dict(v) for k, v in what.items()},
+                                              "seconds": {k: {p: round(t, 4) for p, t in v.most_common()}
+                                                          for k, v in busy.items()}}))
     sys.exit(rc if isinstance(rc, int) else 1)
 
 
@@ -155,6 +170,7 @@ def bench(lab_dir: str, runs: int) -> dict:
         count(inventory, tmp)                          # still a no-op at the end
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"round_trips_per_host": per_host, "commands_by_program": counted["what"], "recap": counted["recap"],
+            "command_seconds_by_program": counted["seconds"],
             "median_s": med, "all_s": times, "ratio": med["deploy"] / med["floor"], "runs": runs,
             "load": os.getloadavg()}
 
@@ -178,6 +194,9 @@ def main() -> None:
     for host, c in r["round_trips_per_host"].items():
         print(f"  {host:<8} connections {c.get('connections', 0)}, commands {c.get('commands', 0)}, "
               f"tcp channels {c.get('tcp_channels', 0)}")
+    for host, progs in r["command_seconds_by_program"].items():
+        print(f"  {host:<8} seconds per program (command channels, counted run): "
+              + ", ".join(f"{p} {t:.3f}" for p, t in list(progs.items())[:5]))
     print(f"floor  {r['median_s']['floor']:.3f} s\ndeploy {r['median_s']['deploy']:.3f} s ({r['ratio']:.2f}x floor)")
 
 

@@ -370,7 +370,7 @@ class Bench:
         self.start_unit("main", "llama", self._llama_argv("/opt/tunnelspec/current/bin/llama-server",
                                                           self.tunnel_port, draft))
         try:
-            got = json.loads(self.py("main", COMPLETIONS, LLAMA_PORT, 0, 0, 300, timeout=400))
+            got = json.loads(self.py("main", COMPLETIONS, LLAMA_PORT, 0, 0, 90, timeout=200))
         finally:
             self.stop_unit("main", "llama")
         after = self._tunnel_bytes()
