@@ -186,16 +186,28 @@ def test_purge_removes_everything_and_deploy_rebuilds(lab, tmp_path, llama_fixtu
         again = tunnelspec("teardown", str(lab.inventory), "--purge", "--format", "json", timeout=600)
         assert again.rc == 0 and all(c["changed"] == 0 for c in again.recap.values()), again.results("changed")
     finally:
+        hits_before = _ccache_stats(lab)
         started = time.monotonic()
         r = deploy(lab.inventory)
         seconds = time.monotonic() - started
+        hits_after = _ccache_stats(lab)
     assert r.rc == 0, failures(r)
     draft_n, accepted = verify_stats(r)
     assert draft_n > 0 and accepted == draft_n
     for host in purged:  # sources and builds came back on every host
         assert task(r, "llama.cpp source at the pinned commit with the patch stack", host)["status"] == "changed"
         assert task(r, "llama.cpp binaries for the host's role", host)["status"] == "changed"
-    print(f"redeploy after purge: {seconds:.0f} s")
+    # The builds came back from the shared ccache (the lab mounts one cache into every host).
+    hits, misses = (hits_after[k] - hits_before[k] for k in ("hit", "miss"))
+    assert hits > 0 and misses < hits, (hits, misses)
+    print(f"redeploy after purge: {seconds:.0f} s, ccache {hits} hits / {misses} misses")
+
+
+def _ccache_stats(lab) -> dict:
+    out = sh(lab, "main", "ccache", "--print-stats")
+    stats = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+    return {"hit": int(stats.get("direct_cache_hit", 0)) + int(stats.get("preprocessed_cache_hit", 0)),
+            "miss": int(stats.get("cache_miss", 0))}
 
 
 # --- 3. deploy --check: the pull-request gate -----------------------------------------------------
