@@ -318,6 +318,21 @@ def test_public_bind_with_api_key(lab, tmp_path):
     # world-readable here on purpose, so the deploy has to fix owner and mode.
     sh(lab, "main", "sh", "-c", 'umask 022; mkdir -p "$(dirname "$2")"; printf "%s\\n" "$1" > "$2"', "sh", key, KEY_FILE)
     inv = inventory_copy(lab, tmp_path, "public.ini", main_vars={**public, "llama_server_api_key_file": KEY_FILE})
+    # A key file the llama user cannot reach (a parent directory closed to it) fails at once, by
+    # name, instead of a server that never becomes healthy.
+    closed_dir = "/etc/tunnelspec-test-closed"
+    sh(lab, "main", "sh", "-c", 'mkdir -p -m 700 "$2" && printf "%s\\n" "$1" > "$2/key"', "sh", key, closed_dir)
+    try:
+        closed = inventory_copy(lab, tmp_path, "closed.ini",
+                                main_vars={**public, "llama_server_api_key_file": f"{closed_dir}/key"})
+        r = deploy(closed)
+        assert r.rc == 1, failures(r)
+        (failed,) = r.results("failed")
+        assert failed["task"] == "api key file" and "cannot read" in failed["msg"], failed
+        assert key not in r.stdout + r.stderr
+        assert "--host 127.0.0.1" in sh(lab, "main", "systemctl", "cat", UNIT)  # stopped before the unit
+    finally:
+        sh(lab, "main", "rm", "-rf", "--", closed_dir)
     try:
         r = tunnelspec("deploy", str(inv), "--diff", "-v", timeout=DEPLOY_TIMEOUT)
         assert r.rc == 0, failures(r)

@@ -340,6 +340,11 @@ def _rpc_node(hv: HostVars, index: int) -> RpcNode:
     )
 
 
+# The llama-server unit runs with ProtectHome=yes and PrivateTmp=yes: a key file below these is
+# invisible to it (the server would fail to start, seen only as "not healthy" minutes later).
+SANDBOX_HIDDEN_DIRS = ("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")
+
+
 def _main_host(hv: HostVars) -> MainHost:
     host = hv.string("llama_server_host", LOOPBACK)
     public = hv.boolean("llama_server_public_bind", False)
@@ -352,6 +357,11 @@ def _main_host(hv: HostVars) -> MainHost:
         )
     if key_file is not None and not key_file.startswith("/"):
         raise hv.fail("llama_server_api_key_file", f"must be an absolute path on the main host, got {key_file!r}")
+    hidden = next((d for d in SANDBOX_HIDDEN_DIRS if key_file and key_file.startswith(d)), None)
+    if hidden:
+        raise hv.fail("llama_server_api_key_file",
+                      f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
+                      "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key")
     extra = hv.words("llama_server_extra_args")
     for arg in extra:
         flag = arg.split("=", 1)[0]

@@ -124,6 +124,13 @@ class ApiKeyFile(Task):
             raise TaskFailed(f"API key file {self.p['path']} is empty")
         if (mode, owner) != ("600", self.p["owner"]):
             return change(f"{self.p['path']}: mode {mode} owner {owner} → 600 {self.p['owner']}")
+        # Owner and mode are not enough: every parent directory must let the user through, else
+        # llama-server cannot start and the deploy only sees "not healthy" minutes later.
+        res = await ctx.conn.run(["runuser", "-u", owner, "--", "test", "-r", self.p["path"]])
+        if res.rc != 0:
+            raise TaskFailed(f"{owner} cannot read {self.p['path']} on {ctx.host}: a parent directory is not "
+                             "searchable for it (needs o+x or its group); move the key, e.g. to "
+                             "/etc/tunnelspec/llama-api-key")
         return ok("API key file 0600, owned by " + owner)
 
     async def apply(self, ctx, ch):
