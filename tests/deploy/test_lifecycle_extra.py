@@ -109,6 +109,9 @@ def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixt
     assert sh(lab, "main", "sh", "-c", '[ -e "$1" ] && echo present || :', "sh", str(local)).strip() == ""
     sh(lab, "main", "rm", "-f", "--", dest)
     try:
+        plan = deploy(inv, "--check")
+        assert plan.rc == 3, failures(plan)
+        assert task(plan, "draft model").get("would_change") and file_identity(lab, "main", dest) == ("", "", "")
         first = deploy(inv)
         assert first.rc == 0, failures(first)
         up = task(first, "draft model")
