@@ -153,6 +153,27 @@ def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixt
         converge(lab.inventory)
 
 
+def test_two_controller_models_with_one_name_are_refused(lab, tmp_path, llama_fixtures):
+    """Both would land in the same upload path and overwrite each other on every deploy."""
+    paths = []
+    for d in ("target", "draft"):
+        (tmp_path / d).mkdir()
+        paths.append(tmp_path / d / "ts-same-name.gguf")
+        shutil.copyfile(llama_fixtures.model_local, paths[-1])
+    with paths[1].open("ab") as f:
+        f.write(b"\0" * 64)  # different content, same name
+    inv = inventory_copy(lab, tmp_path, main_vars={"llama_model": str(paths[0]), "llama_draft_model": str(paths[1])})
+    try:
+        r = deploy(inv)
+        assert r.rc == 1, failures(r)
+        (failed,) = r.results("failed")
+        assert failed["task"] == "draft model" and "different file names" in failed["msg"], failed
+        assert str(paths[0]) in failed["msg"] and str(paths[1]) in failed["msg"]
+        assert "ts-same-name.gguf" not in sh(lab, "main", "systemctl", "cat", UNIT)
+    finally:
+        converge(lab.inventory)
+
+
 # --- 2. teardown --purge, then deploy again -------------------------------------------------------
 def _listeners(lab) -> dict:
     found = {}

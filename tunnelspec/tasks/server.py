@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import weakref
 from pathlib import Path
 
 from tunnelspec.constants import LOOPBACK, STATE_DIR
@@ -25,6 +26,8 @@ MODELS_DIR = f"{STATE_DIR}/models"
 DEVICES_CACHE = f"{STATE_DIR}/rpc-devices.json"
 UPLOAD_CHUNK = 8 * 2**20
 _SHA_CACHE: dict[tuple, str] = {}  # (path, size, mtime) -> sha256: hash a big model once per run
+# run -> {(host, upload destination): controller file}: what this run already uploads where.
+_CLAIMED: "weakref.WeakKeyDictionary[object, dict[tuple[str, str], str]]" = weakref.WeakKeyDictionary()
 
 
 def _local_sha256(path: Path) -> str:
@@ -73,6 +76,12 @@ class ModelFile(Task):
         if local is None:
             raise TaskFailed(f"model {src} is neither a file on {ctx.host} nor on the controller")
         dest = self._dest()
+        claimed = _CLAIMED.setdefault(ctx.controller, {}).setdefault((ctx.host, dest), str(local))
+        if claimed != str(local):
+            # Two controller files with one name (target and draft from different directories) would
+            # overwrite each other on every deploy, and both would load the last one uploaded.
+            raise TaskFailed(f"{local} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
+                             "give the models different file names")
         ctx.register(self.p["fact"], dest)
         want = _local_sha256(local)
         got = await _remote_sha256(ctx.conn, dest)
