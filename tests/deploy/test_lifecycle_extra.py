@@ -315,12 +315,14 @@ KEY_FILE = "/etc/tunnelspec/llama-api-key"
 
 
 def _http_from(lab, host: str, url: str, key: str | None) -> int:
-    """HTTP status of a tiny completion request sent from another lab host (its own python3)."""
+    """HTTP status of a request sent from another lab host (its own python3): a tiny completion for
+    /completion, else a GET."""
     script = (
         "import json,sys,urllib.request,urllib.error\n"
         "h={'Content-Type':'application/json'}\n"
         "if len(sys.argv)>2: h['Authorization']='Bearer '+sys.argv[2]\n"
-        "req=urllib.request.Request(sys.argv[1],data=json.dumps({'prompt':'Hi','n_predict':2}).encode(),headers=h)\n"
+        "body=json.dumps({'prompt':'Hi','n_predict':2}).encode() if sys.argv[1].endswith('/completion') else None\n"
+        "req=urllib.request.Request(sys.argv[1],data=body,headers=h)\n"
         "try:\n print(urllib.request.urlopen(req,timeout=30).status)\n"
         "except urllib.error.HTTPError as e:\n print(e.code)\n"
         "except Exception as e:\n print(0)\n")
@@ -374,6 +376,9 @@ def test_public_bind_with_api_key(lab, tmp_path):
         assert _http_from(lab, "rpc-b", url, None) == 401
         assert _http_from(lab, "rpc-b", url, "wrong-" + key[:8]) == 401
         assert _http_from(lab, "rpc-b", url, key) == 200
+        # --metrics is on: the counters and the slots (prompts) need the key too.
+        for path in ("/metrics", "/slots", "/props"):
+            assert _http_from(lab, "rpc-b", f"http://{main_ip}:8080{path}", None) == 401, path
         again = deploy(inv)
         assert again.rc == 0 and again.recap["main"]["changed"] == 0, again.results("changed")
         assert key not in again.stdout + again.stderr
