@@ -99,6 +99,7 @@ def sha256_of(path: Path) -> str:
 
 # --- 1. a model that exists only on the controller is uploaded once ---------------------------------
 def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixtures):
+    converge(lab.inventory)  # the plan below is read against a deployed lab (binaries, tunnels)
     local = tmp_path / "controller-models" / "ts-upload-draft.gguf"
     local.parent.mkdir()
     shutil.copyfile(llama_fixtures.model_local, local)
@@ -331,6 +332,7 @@ def _http_from(lab, host: str, url: str, key: str | None) -> int:
 
 
 def test_public_bind_with_api_key(lab, tmp_path):
+    converge(lab.inventory)
     main_ip = lab.hosts["main"]
     key = secrets.token_hex(24)
     public = {"llama_server_host": main_ip, "llama_server_public_bind": "true"}

@@ -7,6 +7,8 @@ HTTP client that reaches 127.0.0.1 on the main host through the controller's SSH
 
 from __future__ import annotations
 
+import asyncio
+
 import hashlib
 import json
 import os
@@ -237,12 +239,13 @@ class LlamaServerPlan(Task):
     async def check(self, ctx):
         cluster = ctx.controller.cluster
         conn, binary = ctx.conn, self.p["binary"]
-        ver = await conn.run([binary, "--version"], timeout=60)
+        # Both are read-only and each loads the whole binary: run them side by side.
+        ver, helped = await asyncio.gather(conn.run([binary, "--version"], timeout=60),
+                                           conn.run([binary, "--help"], timeout=60))
         try:
             label = flags.parse_version(ver.stdout + ver.stderr).label
         except TaskFailed:
             label = f"{binary} (version unknown)"
-        helped = await conn.run([binary, "--help"], timeout=60)
         if helped.rc != 0 or "--rpc" not in helped.stdout:
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
@@ -274,12 +277,11 @@ class DaemonReload(Task):
     args = {"units": Arg(list, required=True)}
 
     async def _stale(self, ctx) -> list[str]:
-        out = []
-        for unit in self.p["units"]:
-            res = await ctx.conn.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", unit])
-            if res.stdout.strip() == "yes":
-                out.append(unit)
-        return out
+        units = list(self.p["units"])
+        # One `systemctl show` for every unit: it prints one value per unit, in order.
+        res = await ctx.conn.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", *units])
+        values = res.stdout.split()
+        return [u for u, v in zip(units, values) if v == "yes"]
 
     async def check(self, ctx):
         stale = await self._stale(ctx)
