@@ -1,6 +1,8 @@
 """Tunnel benchmarks on the lab (issue 8): what the SSH tunnel costs the remote draft.
 
     python benchmarks/tunnel.py [--lab lab] [--rounds 5] [--json] [--only rtt,bulk,decode,reload]
+    python benchmarks/tunnel.py --only decode --decode-model small --decode-rounds 3
+    python benchmarks/tunnel.py --only decode --decode-contenders "tunnel unit" --ssh-option IPQoS=lowdelay
 
 Against a running, deployed lab (`tunnelspec lab up && tunnelspec deploy lab/inventory.ini`), node
 rpc-a (the draft node). Every probe runs *inside* a lab host (its python3), so the numbers are the
@@ -10,12 +12,14 @@ tunnel's, not the controller's SSH hop. Contenders, each a real OpenSSH process 
 - unit/<c>      the unit's exact ssh argv (a session, forced `sleep infinity`) with `-c <c>`, on
                 another loopback port, in a transient unit as the tunnel user (no sandbox)
 - plain -N/<c>  a plain `ssh -N -L` with the same key and cipher (the seeds' recipe)
+- unit+<opt>    the unit's exact ssh argv plus `-o <opt>` (each `--ssh-option`, one contender each)
 - direct        on the node itself, its own loopback (no tunnel)
 
 Phases: rtt (connect+HELLO, then 200 small DEVICE_COUNT round trips per connection), bulk (the
 rpc-server is replaced by a loopback sink for the duration; 64 MiB per transfer), decode (a temporary
-llama-server, tiny model as target and draft, `-dev none`, draft on RPC0: on main through each tunnel
-vs on the node with `--rpc 127.0.0.1:<rpc_port>`), reload (bytes carried by the tunnel's TCP
+llama-server, one model as target and draft, `-dev none`, draft on RPC0: on main through each tunnel
+vs on the node with `--rpc 127.0.0.1:<rpc_port>`; `--decode-model tiny|small|mid|medium` picks the model,
+see MODELS), reload (bytes carried by the tunnel's TCP
 connection while a llama-server loads its draft onto the `-c` rpc-server: first load vs restarts).
 
 The RPC server serves one client at a time: the deployed llama-server is stopped for the run and
@@ -54,6 +58,17 @@ BENCH_DIR = "/var/tmp/tunnelspec-bench"          # inside hosts (not under Priva
 CIPHERS = {"chacha20": "chacha20-poly1305@openssh.com", "aes128-gcm": "aes128-gcm@openssh.com"}
 LLAMA_PORT = 18090
 PREFIX = "tunnelspec-bench-"                    # every transient unit this script starts
+
+# Decode models, all the tiny fixture's architecture and vocabulary, only wider (gguf_tiny's
+# module constants, f32): per-token compute grows with the width while the RPC round trips per token
+# stay the same, so the tunnel's fixed cost per round trip weighs less. None = the fixture itself.
+MODELS: dict[str, dict | None] = {
+    "tiny": None,                                                                   # 0.47 MB
+    "small": {"EMBED": 768, "HEADS": 12, "HEADS_KV": 12, "FEED_FORWARD": 1536, "ROPE_DIMS": 64},  # ≈ 48 MB
+    "mid": {"EMBED": 1024, "HEADS": 16, "HEADS_KV": 16, "FEED_FORWARD": 2048, "ROPE_DIMS": 64},  # ≈ 84 MB
+    "medium": {"EMBED": 2048, "HEADS": 16, "HEADS_KV": 16, "FEED_FORWARD": 2048, "ROPE_DIMS": 128},  # ≈ 239 MB
+}
+DECODE_CONTENDERS = ("tunnel unit", "unit/aes128-gcm", "plain -N/chacha20")
 
 # One connection: connect + HELLO timed, then n DEVICE_COUNT round trips. Prints JSON.
 RTT = r"""
@@ -205,7 +220,7 @@ class Bench:
             raise SystemExit(f"{host}: nothing listens on 127.0.0.1:{port} after {deadline}s")
 
     # ---- set-up / restore ---------------------------------------------------------------------
-    def setup(self) -> None:
+    def setup(self, ssh_options: tuple[str, ...] = ()) -> None:
         # The one-client RPC servers must be free for our probes.
         self.run("main", ["systemctl", "stop", "tunnelspec-llama-server.service"])
         self.unit_argv = parse_exec_start(self.run("main", ["cat", f"/etc/systemd/system/{self.unit}"]))
@@ -216,6 +231,12 @@ class Bench:
             argv = argv[:-1] + ["-o", f"Ciphers={cipher}", argv[-1]]
             self.start_unit("main", f"unit-{short}", argv, f"--uid={self.tunnel_user}", f"--gid={self.tunnel_user}")
             self.contenders[f"unit/{short}"] = port
+            port += 1
+        for opt in ssh_options:
+            argv = self._with_port(self.unit_argv, port)
+            argv = argv[:-1] + ["-o", opt, argv[-1]]
+            self.start_unit("main", f"unit-opt{port}", argv, f"--uid={self.tunnel_user}", f"--gid={self.tunnel_user}")
+            self.contenders[f"unit+{opt}"] = port
             port += 1
         for short, cipher in CIPHERS.items():
             argv = ["/usr/bin/ssh", "-F", "none", "-N", "-i", KEY, "-l", self.tunnel_user, "-o", "BatchMode=yes",
@@ -297,8 +318,8 @@ class Bench:
         out["tunnel unit"]["vs_plain"] = med["tunnel unit"] / med["plain -N/chacha20"]
         return out
 
-    def _llama_argv(self, binary: str, rpc_port: int, draft: str = TINY) -> list[str]:
-        return [binary, "--rpc", f"127.0.0.1:{rpc_port}", "-dev", "none", "-m", TINY,
+    def _llama_argv(self, binary: str, rpc_port: int, draft: str = TINY, target: str = TINY) -> list[str]:
+        return [binary, "--rpc", f"127.0.0.1:{rpc_port}", "-dev", "none", "-m", target,
                 "--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-device", "RPC0",
                 "--spec-draft-ngl", "all", "--spec-draft-n-max", "4", "--host", "127.0.0.1",
                 "--port", str(LLAMA_PORT)]
@@ -313,17 +334,19 @@ class Bench:
         shutil.copytree(src, dst, symlinks=True)
         return f"{BENCH_DIR}/bin"
 
-    def decode(self, rounds: int, n: int = 5, n_predict: int = 128) -> dict:
+    def decode(self, rounds: int, n: int = 5, n_predict: int = 128, model: str = "tiny",
+               contenders: tuple[str, ...] = DECODE_CONTENDERS) -> dict:
         node_bin = self._copy_llama_to_node()
+        path, size = self._model(model, hosts=("main", NODE))
         where = {"direct (server on node)": (NODE, f"{node_bin}/llama-server", self.rpc_port)}
-        for name in ("tunnel unit", "unit/aes128-gcm", "plain -N/chacha20"):
+        for name in contenders:
             where[name] = ("main", "/opt/tunnelspec/current/bin/llama-server", self.contenders[name])
         runs: dict[str, list[float]] = {k: [] for k in where}
         draft: dict[str, list] = {k: [0, 0] for k in where}
         for _ in range(rounds):
             for name, (host, binary, port) in where.items():
                 env = [f"--setenv=LD_LIBRARY_PATH={node_bin}"] if host == NODE else []
-                self.start_unit(host, "llama", self._llama_argv(binary, port), *env)
+                self.start_unit(host, "llama", self._llama_argv(binary, port, path, path), *env)
                 try:
                     got = json.loads(self.py(host, COMPLETIONS, LLAMA_PORT, n, n_predict, 120, timeout=900))
                 finally:
@@ -332,8 +355,10 @@ class Bench:
                 draft[name][0] += sum(t.get("draft_n_accepted") or 0 for t in got["timings"])
                 draft[name][1] += sum(t.get("draft_n") or 0 for t in got["timings"])
         d = statistics.median(runs["direct (server on node)"])
-        return {k: {"tok_s": statistics.median(v), "vs_direct": statistics.median(v) / d,
-                    "draft_accepted": f"{draft[k][0]}/{draft[k][1]}"} for k, v in runs.items()}
+        out = {k: {"tok_s": statistics.median(v), "vs_direct": statistics.median(v) / d,
+                   "draft_accepted": f"{draft[k][0]}/{draft[k][1]}", "all": v} for k, v in runs.items()}
+        return {"model": model, "model_bytes": size, "n_predict": n_predict, "completions": n,
+                "rounds": rounds, "contenders": out}
 
     def _tunnel_bytes(self) -> tuple[int, int]:
         """(bytes main→node acked, bytes node→main received) of the deployed tunnel's TCP connection."""
@@ -346,20 +371,27 @@ class Bench:
                 return acked, rcvd
         raise SystemExit(f"no TCP connection of the tunnel's ssh (pid {pid}) to {self.node_ip}")
 
-    def _medium_model(self) -> tuple[str, int]:
-        """A draft whose weights mostly sit in tensors above ggml-rpc's 10 MiB hash threshold (only
-        those are cached by `-c`), like a real model: 2048 wide, 2 blocks, f32 → ≈ 228 MiB."""
-        root = Path("/var/lib/tunnelspec-lab") / self.lab.net.bridge / "main/root" / BENCH_DIR.lstrip("/")
-        path = root / "medium-llama.gguf"
-        saved = {k: getattr(gguf_tiny, k) for k in ("EMBED", "HEADS", "HEADS_KV", "FEED_FORWARD", "ROPE_DIMS")}
+    def _model(self, name: str, hosts: tuple[str, ...] = ("main",)) -> tuple[str, int]:
+        """(path inside the hosts, bytes) of MODELS[name], written into each host's BENCH_DIR.
+        "medium" is also the reload phase's draft: its weights mostly sit in tensors above ggml-rpc's
+        10 MiB hash threshold (only those are cached by `-c`), like a real model's."""
+        if MODELS[name] is None:
+            return TINY, os.path.getsize("/var/cache/tunnelspec/fixtures/models/tiny-llama.gguf")
+        roots = [Path("/var/lib/tunnelspec-lab") / self.lab.net.bridge / h / "root" / BENCH_DIR.lstrip("/")
+                 for h in hosts]
+        path = roots[0] / f"{name}-llama.gguf"
+        saved = {k: getattr(gguf_tiny, k) for k in MODELS[name]}
         try:
-            gguf_tiny.EMBED, gguf_tiny.HEADS, gguf_tiny.HEADS_KV = 2048, 16, 16
-            gguf_tiny.FEED_FORWARD, gguf_tiny.ROPE_DIMS = 2048, 128
+            for k, v in MODELS[name].items():
+                setattr(gguf_tiny, k, v)
             gguf_tiny.write_tiny_llama(path)
         finally:
             for k, v in saved.items():
                 setattr(gguf_tiny, k, v)
-        return f"{BENCH_DIR}/medium-llama.gguf", path.stat().st_size
+        for root in roots[1:]:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, root / path.name)
+        return f"{BENCH_DIR}/{path.name}", path.stat().st_size
 
     def _cache_bytes(self) -> int:
         out = self.run(NODE, ["sh", "-c", "du -sb /var/cache/tunnelspec-rpc | cut -f1"])
@@ -378,7 +410,7 @@ class Bench:
 
     def reload(self, restarts: int) -> dict:
         out = {}
-        medium, medium_size = self._medium_model()
+        medium, medium_size = self._model("medium")
         for label, draft, size in (("tiny", TINY, os.path.getsize("/var/cache/tunnelspec/fixtures/models/tiny-llama.gguf")),
                                    ("medium", medium, medium_size)):
             cache0 = self._cache_bytes()
@@ -408,6 +440,14 @@ def main() -> None:
     ap.add_argument("--lab", default=str(REPO / "lab"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--decode-rounds", type=int, default=2)
+    ap.add_argument("--decode-model", choices=list(MODELS), default="tiny",
+                    help="target = draft model of the decode phase (see MODELS)")
+    ap.add_argument("--decode-completions", type=int, default=5, help="completions per server per round")
+    ap.add_argument("--decode-tokens", type=int, default=128, help="n_predict per completion")
+    ap.add_argument("--decode-contenders", default=",".join(DECODE_CONTENDERS),
+                    help="comma-separated tunnels the decode phase compares with direct")
+    ap.add_argument("--ssh-option", action="append", default=[],
+                    help="extra contender: the unit's argv plus -o OPTION (repeatable; added to decode)")
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--only", default="rtt,bulk,decode,reload")
     ap.add_argument("--json", action="store_true")
@@ -416,7 +456,7 @@ def main() -> None:
     result = {"machine": machine(), "load_start": os.getloadavg()}
     phases = a.only.split(",")
     try:
-        b.setup()
+        b.setup(tuple(a.ssh_option))
         result["unit_cipher"] = b.negotiated_cipher()
         result["ports"] = b.contenders
         if "rtt" in phases:
@@ -426,7 +466,10 @@ def main() -> None:
             result["bulk"] = b.bulk(a.rounds)
             print(json.dumps({"bulk": result["bulk"]}, indent=1), file=sys.stderr)
         if "decode" in phases:
-            result["decode"] = b.decode(a.decode_rounds)
+            contenders = tuple(c for c in a.decode_contenders.split(",") if c)
+            contenders += tuple(f"unit+{o}" for o in a.ssh_option)
+            result["decode"] = b.decode(a.decode_rounds, a.decode_completions, a.decode_tokens,
+                                        a.decode_model, contenders)
             print(json.dumps({"decode": result["decode"]}, indent=1), file=sys.stderr)
         if "reload" in phases:
             result["reload"] = b.reload(a.restarts)
@@ -449,8 +492,11 @@ def render(r: dict) -> str:
             vs = f"{100 * v['vs_plain']:.0f} %" if "vs_plain" in v else ""
             lines.append(f"{k:<18} {v['MB_s']:>8.0f}  {vs}")
     if "decode" in r:
-        lines.append(f"\n{'decode':<24} {'tok/s':>8}  vs direct  draft accepted")
-        for k, v in r["decode"].items():
+        d = r["decode"]
+        lines.append(f"\ndecode: model {d['model']} ({d['model_bytes']} B), {d['rounds']} rounds x "
+                     f"{d['completions']} completions x {d['n_predict']} tokens")
+        lines.append(f"{'decode':<24} {'tok/s':>8}  vs direct  draft accepted")
+        for k, v in d["contenders"].items():
             lines.append(f"{k:<24} {v['tok_s']:>8.1f}  {100 * v['vs_direct']:>6.0f} %  {v['draft_accepted']}")
     if "reload" in r:
         lines.append("\nreload (bytes main→node on the tunnel's TCP connection, until /health)")
