@@ -49,6 +49,7 @@ from tunnelspec.inventory import load_inventory  # noqa: E402
 from tunnelspec.inventory.cluster import Cluster  # noqa: E402
 from tunnelspec.lab import Lab  # noqa: E402
 from tunnelspec.llama import gguf_tiny  # noqa: E402
+from tunnelspec.llama.rtt_probe import SCRIPT as RTT_SCRIPT  # noqa: E402
 
 NODE = "rpc-a"
 KEY = "/etc/tunnelspec/tunnel/id_ed25519"
@@ -70,33 +71,8 @@ MODELS: dict[str, dict | None] = {
 }
 DECODE_CONTENDERS = ("tunnel unit", "unit/aes128-gcm", "plain -N/chacha20")
 
-# One connection: connect + HELLO timed, then n DEVICE_COUNT round trips. Prints JSON.
-RTT = r"""
-import json, socket, struct, sys, time
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-t0 = time.perf_counter()
-s = socket.create_connection((host, port), timeout=10)
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-def rx(k):
-    b = b""
-    while len(b) < k:
-        c = s.recv(k - len(b))
-        if not c:
-            raise SystemExit("closed")
-        b += c
-    return b
-def call(cmd, payload=b""):
-    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
-    size, = struct.unpack("<Q", rx(8))
-    return rx(size)
-t1 = time.perf_counter(); call(14, bytes(24)); t2 = time.perf_counter()
-rtts = []
-for _ in range(n):
-    t = time.perf_counter(); call(15); rtts.append((time.perf_counter() - t) * 1e3)
-rtts.sort()
-print(json.dumps({"connect_hello_ms": (t2 - t0) * 1e3, "hello_ms": (t2 - t1) * 1e3,
-                  "p50": rtts[len(rtts) // 2], "p95": rtts[int(0.95 * len(rtts))], "max": rtts[-1]}))
-"""
+# One connection: connect + HELLO timed, device memory, then n DEVICE_COUNT round trips (JSON).
+RTT = RTT_SCRIPT
 
 # Loopback sink: per connection, read to EOF, answer the byte count (8 bytes), close.
 SINK = r"""

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tunnelspec.llama.rtt_probe import SCRIPT as RTT_SCRIPT
+
 from engine.helpers import tunnelspec
 
 pytestmark = pytest.mark.lab
@@ -25,36 +27,8 @@ KNOWN = "/etc/tunnelspec/tunnel/known_hosts"
 TUNNEL_USER = "tunnelspec-tunnel"
 NODES = {"rpc-a": 15052, "rpc-b": 15053}  # lab inventory: tunnel_port defaults 15052 + index
 
-# HELLO (proto >= 4: 24 zero caps bytes), device memory, then N small round trips (DEVICE_COUNT)
-# on the same connection; prints JSON. Runs inside a lab host with the image's python3.
-PROBE = r"""
-import json, socket, struct, sys, time
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-s = socket.create_connection((host, port), timeout=5)
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-def rx(k):
-    b = b""
-    while len(b) < k:
-        c = s.recv(k - len(b))
-        if not c:
-            raise SystemExit("closed")
-        b += c
-    return b
-def call(cmd, payload=b""):
-    s.sendall(struct.pack("<BQ", cmd, len(payload)) + payload)
-    size, = struct.unpack("<Q", rx(8))
-    return rx(size)
-t0 = time.perf_counter(); v = call(14, bytes(24)); hello_ms = (time.perf_counter() - t0) * 1e3
-count, = struct.unpack("<I", call(15))
-mem = [struct.unpack("<QQ", call(11, struct.pack("<I", i))) for i in range(count)]
-rtts = []
-for _ in range(n):
-    t = time.perf_counter(); call(15); rtts.append((time.perf_counter() - t) * 1e3)
-rtts.sort()
-pct = lambda q: rtts[min(len(rtts) - 1, int(q * len(rtts)))] if rtts else None
-print(json.dumps({"version": "%d.%d.%d" % tuple(v[:3]), "devices": mem, "hello_ms": hello_ms,
-                  "p50": pct(0.5), "p95": pct(0.95), "max": rtts[-1] if rtts else None}))
-"""
+# Measured from inside a host, on its own loopback (see tunnelspec/llama/rtt_probe.py).
+PROBE = RTT_SCRIPT
 
 
 def probe_on(lab, host: str, port: int, n: int = 0, timeout: float = 60) -> dict | None:
