@@ -5,18 +5,22 @@ session per host."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from helpers import make_repo
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.connection.local import LocalConnection
+from tunnelspec.connection.probes import plan
 from tunnelspec.connection.ssh import SSHConnection
 from tunnelspec.facts.files import command as file_state_argv
+from tunnelspec.facts.files import parse
 
 DATA = Path(__file__).parent / "data"
 
@@ -101,3 +105,94 @@ def test_noop_run_uses_one_session_per_host(tmp_path, sshd_cluster, monkeypatch)
     assert all(r["changed"] == 0 and r["ok"] == 8 for r in recap.values()), recap
     assert sorted(sessions) == ["node0", "node1"], sessions
     assert first > 8 * 2                       # the converging run really ran its changes
+
+
+def _odd_tree(tmp_path: Path) -> list[str]:
+    """Every kind of path the file-state fact reports, with names that break naive parsing."""
+    d = tmp_path / "t"
+    d.mkdir()
+    (d / "plain").write_text("x\n")
+    (d / "empty").write_text("")
+    (d / "with space").write_text("s\n")
+    (d / "new\nline").write_text("n\n")
+    (d / "back\\slash").write_text("b\n")
+    (d / "setuid").write_text("#!/bin/sh\n")
+    os.chmod(d / "setuid", 0o4755)
+    (d / "dir").mkdir()
+    os.chmod(d / "dir", 0o700)
+    os.symlink("plain", d / "link")
+    os.symlink("/nowhere/at all\nreally", d / "dangling")
+    os.mkfifo(d / "fifo")
+    names = ["plain", "empty", "with space", "new\nline", "back\\slash", "setuid", "dir", "link", "dangling",
+             "fifo", "absent", "plain/under-a-file"]
+    return [str(d / n) for n in names]
+
+
+def test_file_states_of_many_paths_are_one_probe_with_the_same_answers(tmp_path):
+    paths = _odd_tree(tmp_path)
+    argvs = [file_state_argv(p) for p in paths]
+    batch, _ = plan(argvs)
+    assert len(batch) == 1                     # one command answers every path
+
+    async def go():
+        conn = LocalConnection("local")
+        alone = [await conn.run(a) for a in argvs]
+        assert all(r.rc == 0 for r in alone)
+        assert await conn.prefetch(argvs) == len(paths)    # every one served from the batch
+        for p, a, want in zip(paths, argvs, alone):
+            got = await conn.probe(a)
+            assert got.stdout_bytes == want.stdout_bytes, p
+        assert parse((await conn.probe(argvs[0])).stdout).sha256 == hashlib.sha256(b"x\n").hexdigest()
+        assert parse((await conn.probe(argvs[5])).stdout).mode == "4755"
+        assert parse((await conn.probe(argvs[8])).stdout).link_target == "/nowhere/at all\nreally"
+
+    asyncio.run(go())
+
+
+def test_file_states_fall_back_to_one_probe_each_when_find_is_not_gnu(tmp_path, monkeypatch):
+    # A stand-in for a host whose `find` has no -printf (busybox): a real executable earlier in PATH
+    # that fails the way busybox does. The merged answer must not pass for "everything absent".
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "find").write_text("#!/bin/sh\necho \"find: unrecognized: -printf\" >&2\nexit 1\n")
+    os.chmod(bin_dir / "find", 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    paths = _odd_tree(tmp_path)
+    argvs = [file_state_argv(p) for p in paths] + [read_argv(paths[0])]
+
+    async def go():
+        conn = LocalConnection("local")
+        assert await conn.prefetch(argvs) == 1            # only the file read; no file state served
+        assert parse((await conn.probe(argvs[0])).stdout).type == "file"   # run alone, for real
+        assert parse((await conn.probe(argvs[10])).stdout).type == "absent"
+
+    asyncio.run(go())
+
+
+def test_relative_paths_are_not_merged():
+    batch, _ = plan([file_state_argv("-rf"), file_state_argv("/a"), file_state_argv("rel")])
+    assert len(batch) == 3                     # a lone absolute path is not merged either
+
+
+def test_git_state_from_one_status(tmp_path):
+    from tunnelspec.tasks.git import GitCheckout, _parse_state
+
+    def state(dest: Path):
+        task = GitCheckout(GitCheckout.validate({"repo": "x", "dest": str(dest), "version": "0" * 40}))
+        [argv] = task.probes()
+        return _parse_state(asyncio.run(LocalConnection("l").run(argv, check=True)).stdout)
+
+    repo = tmp_path / "repo"
+    commit = make_repo(repo)
+    assert state(repo) == (commit, "clean")
+    (repo / "untracked").write_text("u\n")
+    assert state(repo) == (commit, "clean")    # untracked files do not count
+    tracked = repo / subprocess.run(["git", "-C", str(repo), "ls-files"], capture_output=True, text=True,
+                                    check=True).stdout.split()[0]
+    tracked.write_text(tracked.read_text() + "more\n")
+    assert state(repo) == (commit, "dirty")
+    assert state(tmp_path / "nothing") == ("absent", "clean")
+    subprocess.run(["git", "init", "-q", str(tmp_path / "empty")], check=True)
+    assert state(tmp_path / "empty") == ("none", "clean")
+    subprocess.run(["git", "clone", "-q", "--bare", str(repo), str(tmp_path / "bare")], check=True)
+    assert state(tmp_path / "bare") == (commit, "clean")

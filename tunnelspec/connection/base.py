@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunnelspec.errors import TaskFailed
-from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch
+from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.secrets import Secret, display_argv
 
 # Writes go to a temp file in the target's directory, then a rename: readers never see half a file
@@ -94,12 +94,14 @@ class Connection(abc.ABC):
         unique = list({tuple(reveal_argv(a)): None for a in argvs})
         if len(unique) < 2:
             return 0
-        argv, boundary = batch_argv([list(a) for a in unique])
+        batch, expand = plan([list(a) for a in unique])
+        argv, boundary = batch_argv(batch)
         if self._probes is not None:
             self._probes.clear()
         started, busy = self._changes_started, self._changes_running
         res = await self._run(argv, None, None, False, True)
-        parsed = parse_batch(res.stdout_bytes, boundary, len(unique)) if res.rc == 0 else None
+        parsed = parse_batch(res.stdout_bytes, boundary, len(batch)) if res.rc == 0 else None
+        parsed = expand(parsed) if parsed is not None else None
         # A command that may change the host ran alongside the batch (another host's task using this
         # connection): what the batch saw may already be stale, so keep none of it.
         if parsed is None or busy or self._changes_running or self._changes_started != started:

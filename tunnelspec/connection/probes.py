@@ -7,11 +7,19 @@ batch — as long as nothing was done to the host since: any other command, uplo
 connection drops every cached result, so a check after an apply always reads the host again.
 Only results with rc 0 are served (stderr is not kept): a failing probe runs again, for real, and
 its error is reported as it would be without the batch.
+
+Inside the batch, every probe costs the host processes (a subshell, then whatever it runs), and on a
+no-op run of many hosts sharing a machine those forks are most of the host's work. Two savings:
+a probe that is itself `sh -c SCRIPT` runs its script in the batch's subshell (no second `sh`), and
+probes of one registered shape (`Merge`: e.g. the file-state fact of many paths) are answered by one
+command for all their arguments, then split back into what each probe alone would have printed.
 """
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
+from typing import Callable
 
 # Positional parameters: BOUNDARY, then for every probe its argv length followed by its argv.
 # Each probe runs in a subshell that rebuilds "$@" as just its own argv (POSIX sh has no arrays:
@@ -27,11 +35,63 @@ while [ $# -gt 0 ]; do
       c=$((c + 1))
       [ $c -le "$n" ] && set -- "$@" "$a"
     done
+    if [ "$1" = sh ] && [ "$2" = -c ] && [ $# -ge 3 ]; then
+      s=$3; shift 3; [ $# -gt 0 ] && shift
+      eval "$s"; exit
+    fi
     exec "$@" ) </dev/null 2>/dev/null
   printf '\n%s %s\n' "$B" "$?"
   shift "$n"
 done
 """
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Probes shaped `prefix + [arg]` (arg accepted by `accepts`), answered together by `command(args)`.
+    `split(rc, stdout, args)` returns, per arg, exactly the stdout the probe alone prints (and that
+    probe's rc is then 0), or None when the combined output cannot be trusted: then none is served and
+    each probe runs on its own when its check asks."""
+    prefix: tuple[str, ...]
+    accepts: Callable[[str], bool]
+    command: Callable[[list[str]], list[str]]
+    split: Callable[[int, bytes, list[str]], "list[bytes] | None"]
+
+
+_MERGES: list[Merge] = []
+
+
+def register_merge(merge: Merge) -> None:
+    _MERGES.append(merge)
+
+
+def plan(argvs: list[list[str]]):
+    """(what the batch runs, expand): expand(batch results) → one (rc, stdout) per argv of `argvs`."""
+    groups: dict[int, list[int]] = {}
+    for i, a in enumerate(argvs):
+        for m_i, m in enumerate(_MERGES):
+            if len(a) == len(m.prefix) + 1 and tuple(a[:-1]) == m.prefix and m.accepts(a[-1]):
+                groups.setdefault(m_i, []).append(i)
+                break
+    groups = {m_i: idx for m_i, idx in groups.items() if len(idx) > 1}
+    merged = {i for idx in groups.values() for i in idx}
+    alone = [i for i in range(len(argvs)) if i not in merged]
+    batch = [argvs[i] for i in alone]
+    for m_i, idx in groups.items():
+        batch.append(_MERGES[m_i].command([argvs[i][-1] for i in idx]))
+
+    def expand(results: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = [(-1, b"")] * len(argvs)
+        for i, r in zip(alone, results):
+            out[i] = r
+        for (m_i, idx), (rc, stdout) in zip(groups.items(), results[len(alone):]):
+            parts = _MERGES[m_i].split(rc, stdout, [argvs[i][-1] for i in idx])
+            if parts is not None and len(parts) == len(idx):
+                for i, part in zip(idx, parts):
+                    out[i] = (0, part)
+        return out
+
+    return batch, expand
 
 
 def batch_argv(argvs: list[list[str]]) -> tuple[list[str], str]:

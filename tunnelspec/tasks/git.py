@@ -10,13 +10,31 @@ from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
-# Prints HEAD sha (or 'absent'), then 'dirty' or 'clean'.
+# 'absent', or one `git status` (porcelain v2: "# branch.oid <sha>|(initial)", then a line per
+# modified tracked file): HEAD and dirtiness from one process, without taking the index lock. Where
+# status cannot run (a bare repository): HEAD sha (or 'none'), then 'clean'.
 _STATE = r"""
 [ -d "$1/.git" ] || [ -f "$1/HEAD" -a -d "$1/objects" ] || { echo absent; exit 0; }
 cd -- "$1" || exit 2
+git --no-optional-locks status --porcelain=v2 --branch --untracked-files=no 2>/dev/null && exit 0
 git rev-parse --verify -q HEAD || echo none
-if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then echo dirty; else echo clean; fi
+echo clean
 """
+
+
+def _parse_state(out: str) -> tuple[str, str]:
+    """(head sha | 'absent' | 'none', 'dirty' | 'clean')."""
+    lines = out.splitlines()
+    if not lines or lines[0] == "absent":
+        return "absent", "clean"
+    if lines[0].startswith("# "):
+        head = "none"
+        for line in lines:
+            if line.startswith("# branch.oid "):
+                head = line.split(" ", 2)[2].strip()
+        dirty = any(line and not line.startswith("#") for line in lines)
+        return ("none" if head == "(initial)" else head), ("dirty" if dirty else "clean")
+    return lines[0].strip(), (lines[1].strip() if len(lines) > 1 else "clean")
 
 
 @register_task
@@ -36,10 +54,9 @@ class GitCheckout(Task):
             raise TaskFailed(f"version {self.p['version']!r} is not a full 40-hex commit SHA; pin the SHA "
                              f"(`git rev-parse {self.p['version']}`)")
         res = await ctx.conn.probe(self._state_argv(), check=True)
-        lines = res.stdout.split()
-        if lines[0] == "absent":
+        head, state = _parse_state(res.stdout)
+        if head == "absent":
             return change(f"clone {self.p['repo']} at {self.p['version'][:12]}", Diff("", self.p["version"]), clone=True)
-        head, state = lines[0], lines[1]
         if state == "dirty" and not self.p["force"]:
             raise TaskFailed(f"{self.p['dest']} has local modifications; commit or discard them, or set force")
         if head == self.p["version"] and state == "clean":
