@@ -51,6 +51,7 @@ class ConnectOptions:
     private_key: Secret | None = None       # key content from TUNNELSPEC_SSH_KEY
     use_ssh_config: bool = True
     new_host_keys: list = field(default_factory=list)  # (host, line) pinned this run
+    preconnect: object = None               # connection/preconnect.Preconnect of the run, if any
 
 
 def reveal_argv(argv) -> list[str]:

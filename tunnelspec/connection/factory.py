@@ -7,7 +7,6 @@ import os
 
 from tunnelspec.connection.base import ConnectOptions, Connection, expand_user_path
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.connection.ssh import SSHConnection
 from tunnelspec.errors import UsageError
 
 
@@ -30,6 +29,14 @@ def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tup
     return p, p
 
 
+def ssh_target(name: str, host_vars: dict) -> tuple[str, int]:
+    return str(host_vars.get("ansible_host", name)), int(host_vars.get("ansible_port", 22))
+
+
+def is_ssh(host_vars: dict) -> bool:
+    return str(host_vars.get("ansible_connection", "ssh")) in ("ssh", "smart")
+
+
 async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> Connection:
     kind = str(host_vars.get("ansible_connection", "ssh"))
     become = _truthy(host_vars.get("ansible_become", False))
@@ -37,8 +44,11 @@ async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_di
         return LocalConnection(name, become=become)
     if kind not in ("ssh", "smart"):
         raise UsageError(f"{name}: ansible_connection={kind} is not supported (use ssh or local)")
-    address = str(host_vars.get("ansible_host", name))
-    port = int(host_vars.get("ansible_port", 22))
+    # Imported here, not at the top: a run starts its TCP connects (connection/preconnect.py) before
+    # asyncssh is imported, so the hosts' sshd start-up overlaps that import.
+    from tunnelspec.connection.ssh import SSHConnection
+
+    address, port = ssh_target(name, host_vars)
     user = str(host_vars.get("ansible_user", getpass.getuser()))
     key = expand_user_path(host_vars.get("ansible_ssh_private_key_file"), inventory_dir)
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)

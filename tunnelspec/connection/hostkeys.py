@@ -36,12 +36,15 @@ def parsed_known_hosts(text: str) -> asyncssh.SSHKnownHosts:
     return asyncssh.import_known_hosts(text)
 
 
-def keys_for(text: str, address: str, port: int) -> list[asyncssh.SSHKey]:
+def match_for(text: str, address: str, port: int) -> tuple:
+    """asyncssh's known_hosts match for one host: (host keys, CA keys, revoked keys, x509 …)."""
     if not text.strip():
-        return []
-    kh = parsed_known_hosts(text)
-    trusted, *_ = kh.match(address, address, port)
-    return list(trusted)
+        return ((), (), (), (), (), (), ())
+    return parsed_known_hosts(text).match(address, address, port)
+
+
+def keys_for(text: str, address: str, port: int) -> list[asyncssh.SSHKey]:
+    return list(match_for(text, address, port)[0])
 
 
 class HostKeyPolicy:
@@ -50,11 +53,20 @@ class HostKeyPolicy:
     def __init__(self, host_name: str, address: str, port: int, known_text: str, accept_new: bool,
                  pin_path: str | None):
         self.host_name, self.address, self.port = host_name, address, port
-        self.known = keys_for(known_text, address, port)
+        self._text = known_text
+        self._match = match_for(known_text, address, port)
+        self.known = list(self._match[0])
         self.accept_new = accept_new
         self.pin_path = pin_path
         self.seen_key: asyncssh.SSHKey | None = None
         self.pinned_line: str | None = None
+
+    def asyncssh_known_hosts(self):
+        """What asyncssh checks first: the match already made above (each match resolves the address
+        again, ≈ 1 ms), unless X.509 entries are involved — then the parsed file, matched by asyncssh."""
+        if any(self._match[3:]):
+            return parsed_known_hosts(self._text)
+        return tuple(tuple(x) for x in self._match[:3])
 
     def validate(self, key: asyncssh.SSHKey) -> bool:
         self.seen_key = key

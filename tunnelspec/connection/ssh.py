@@ -6,7 +6,7 @@ import asyncssh
 
 from tunnelspec.connection import credentials
 from tunnelspec.connection.base import Connection, ConnectOptions, quote
-from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text, parsed_known_hosts
+from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
 from tunnelspec.errors import HostKeyError, HostUnreachable
 
@@ -45,7 +45,7 @@ class SSHConnection(Connection):
         client_keys, encrypted = credentials.client_keys(name, key_files, opts.private_key)
         kwargs = dict(
             port=port, username=user,
-            known_hosts=parsed_known_hosts(known_text) if known_text.strip() else ([], [], []),
+            known_hosts=policy.asyncssh_known_hosts(),
             client_factory=lambda: _Client(policy),
             # Encrypted files stay in the list (asyncssh skips them, ignore_encrypted): an empty list would
             # fall back to ~/.ssh keys, None would disable the agent too.
@@ -58,10 +58,15 @@ class SSHConnection(Connection):
         )
         if not opts.use_ssh_config:
             kwargs["config"] = None
+        sock = opts.preconnect.take(address, port) if opts.preconnect is not None else None
         try:
             async for attempt in connect_retrying():
                 with attempt:
-                    conn = await asyncssh.connect(address, **kwargs)
+                    if sock is not None:          # first attempt only: a retry connects afresh
+                        first, sock = sock, None
+                        conn = await asyncssh.connect(address, sock=first, **kwargs)
+                    else:
+                        conn = await asyncssh.connect(address, **kwargs)
         except asyncssh.HostKeyNotVerifiable:
             raise policy.error() from None
         except asyncssh.PermissionDenied as e:

@@ -103,6 +103,9 @@ class Run:
             if st.conn is not None:
                 await st.conn.close()
                 st.conn = None
+        if self.connect_options.preconnect is not None:
+            self.connect_options.preconnect.close()
+            self.connect_options.preconnect = None
         for host, line in self.connect_options.new_host_keys:
             self.emit({"event": "host_key_pinned", "host": host, "msg": f"pinned new host key: {line}"})
         self.connect_options.new_host_keys.clear()
@@ -123,8 +126,30 @@ class Run:
         return v
 
     # ---- plays ----------------------------------------------------------------------------
+    def _preconnect(self, playbook: Playbook) -> None:
+        """TCP connects to the first play's first --forks hosts, before asyncssh is imported
+        (connection/preconnect.py says when this is skipped)."""
+        from tunnelspec.connection.factory import is_ssh, ssh_target
+        from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
+
+        opts = self.connect_options
+        if not playbook.plays or opts.preconnect is not None or (opts.use_ssh_config and ssh_config_may_reroute()):
+            return
+        targets = []
+        for h in self.select(playbook.plays[0].hosts)[:max(1, self.options.forks)]:
+            hv = self.hosts[h].vars
+            if is_ssh(hv):
+                try:
+                    targets.append(ssh_target(h, hv))
+                except (TypeError, ValueError):
+                    continue             # a bad ansible_port is reported by the real connect
+        pre = Preconnect()
+        if pre.start(targets):
+            opts.preconnect = pre
+
     async def run_playbook(self, playbook: Playbook) -> Summary:
         self.emit({"event": "run_start", "playbook": playbook.path, "check": self.options.check})
+        self._preconnect(playbook)
         try:
             for play in playbook.plays:
                 await self.run_play(play)
