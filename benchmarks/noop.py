@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -48,11 +49,19 @@ def _env(src: Path = REPO) -> dict:
     return env
 
 
+# CPU seconds of the last timed() process (user + system, its children included): the controller's
+# own work, apart from the hosts' sshd and commands, which on this machine share the same cores.
+LAST_CPU = [0.0]
+
+
 def timed(argv: list[str], cwd=None, env=None) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     p = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        cwd=cwd or REPO, env=env or _env(), timeout=600)
     took = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    LAST_CPU[0] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if p.returncode != 0:
         raise SystemExit(f"{argv[:4]}… failed (rc={p.returncode}):\n{p.stdout.decode()[-2000:]}\n"
                          f"{p.stderr.decode()[-2000:]}")
@@ -156,6 +165,7 @@ def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = No
                     contenders[name] = argv
                 s.assert_noop()                 # the anchors wrote exactly what tunnelspec wants
             times: dict[str, list[float]] = {k: [] for k in contenders}
+            cpu: dict[str, list[float]] = {k: [] for k in contenders}
             # Interleaved so that a burst of load from other work on the machine hits every contender.
             for i in range(runs):
                 for name, argv in contenders.items():
@@ -163,12 +173,14 @@ def bench(n: int, runs: int, anchors: bool, compare: dict[str, Path] | None = No
                         continue  # slow (Ansible ≈ 16 s a run): fewer runs
                     cwd, env = where.get(name, (ANCHORS if name in ("pyinfra", "ansible") else None, None))
                     times[name].append(timed(argv, cwd=cwd, env=env))
+                    cpu[name].append(LAST_CPU[0])
             s.assert_noop()
         finally:
             s.stop()
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"hosts": n, "runs": runs, "median_s": med, "all_s": times,
-            "ratio_to_floor": {k: v / med["floor"] for k, v in med.items()}}
+            "ratio_to_floor": {k: v / med["floor"] for k, v in med.items()},
+            "controller_cpu_s": {k: statistics.median(v) for k, v in cpu.items()}}
 
 
 def table(rows: list[dict]) -> str:
@@ -179,9 +191,14 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         cells = [f"{r['median_s'][k]:7.3f}s ({r['ratio_to_floor'][k]:4.2f}x)" for k in names]
         lines.append(f"{r['hosts']:>5}  " + "  ".join(f"{c:>{w}}" for c in cells))
+    lines.append("controller CPU (s, median; the process and its children, not the hosts' sshd):")
+    for r in rows:
+        lines.append(f"{r['hosts']:>5}  " + "  ".join(f"{r['controller_cpu_s'][k]:>{w}.3f}" for k in names))
     if len(rows) > 1:
-        lines.append(f"{rows[-1]['hosts']} hosts vs {rows[0]['hosts']}: " + ", ".join(
+        lines.append(f"{rows[-1]['hosts']} hosts vs {rows[0]['hosts']}, wall: " + ", ".join(
             f"{k} {rows[-1]['median_s'][k] / rows[0]['median_s'][k]:.2f}x" for k in names))
+        lines.append(f"{rows[-1]['hosts']} hosts vs {rows[0]['hosts']}, controller CPU: " + ", ".join(
+            f"{k} {rows[-1]['controller_cpu_s'][k] / rows[0]['controller_cpu_s'][k]:.2f}x" for k in names))
     return "\n".join(lines)
 
 

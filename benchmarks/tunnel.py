@@ -294,8 +294,10 @@ class Bench:
         out["tunnel unit"]["vs_plain"] = med["tunnel unit"] / med["plain -N/chacha20"]
         return out
 
+    llama_extra: tuple[str, ...] = ()     # --llama-arg: the same extra flags for every decode contender
+
     def _llama_argv(self, binary: str, rpc_port: int, draft: str = TINY, target: str = TINY) -> list[str]:
-        return [binary, "--rpc", f"127.0.0.1:{rpc_port}", "-dev", "none", "-m", target,
+        return [binary, *self.llama_extra, "--rpc", f"127.0.0.1:{rpc_port}", "-dev", "none", "-m", target,
                 "--spec-type", "draft-simple", "--spec-draft-model", draft, "--spec-draft-device", "RPC0",
                 "--spec-draft-ngl", "all", "--spec-draft-n-max", "4", "--host", "127.0.0.1",
                 "--port", str(LLAMA_PORT)]
@@ -424,12 +426,16 @@ def main() -> None:
                     help="comma-separated tunnels the decode phase compares with direct")
     ap.add_argument("--ssh-option", action="append", default=[],
                     help="extra contender: the unit's argv plus -o OPTION (repeatable; added to decode)")
+    ap.add_argument("--llama-arg", action="append", default=[],
+                    help="extra llama-server argument for every decode contender, direct included (repeatable; "
+                         "use --llama-arg=--poll --llama-arg=0)")
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--only", default="rtt,bulk,decode,reload")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     b = Bench(a.lab)
-    result = {"machine": machine(), "load_start": os.getloadavg()}
+    b.llama_extra = tuple(a.llama_arg)
+    result = {"machine": machine(), "load_start": os.getloadavg(), "llama_extra": a.llama_arg}
     phases = a.only.split(",")
     try:
         b.setup(tuple(a.ssh_option))

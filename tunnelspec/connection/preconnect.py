@@ -65,8 +65,10 @@ class Preconnect:
         s = self._socks.pop((address, port), None)
         if s is None:
             return None
-        _, writable, _ = select.select([], [s], [], 0)
-        if not writable or s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+        poller = select.poll()              # not select(): descriptors above 1023 are fine
+        poller.register(s, select.POLLOUT)
+        ready = poller.poll(0)
+        if not ready or s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
             s.close()
             return None
         return s
