@@ -317,8 +317,9 @@ def _tunnel_play(inventory_file, name, fmt, extra):
 @_tunnel_limit
 @_tunnel_fmt
 def tunnel_open(inventory_file, nodes, fmt):
-    """Install, start and check the tunnels (HELLO through each one)."""
-    _tunnel_play(inventory_file, "tunnel.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [])
+    """Install, start and check the tunnels (HELLO through each one); start llama-server again if
+    closing the tunnels stopped it (deployed, enabled, and all of its tunnels open)."""
+    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [])
 
 
 @tunnel.command("close")
@@ -359,7 +360,7 @@ def keys_rotate(inventory_file, fmt):
     """Replace the tunnel key on main and its authorized_keys line on every node; restart tunnels."""
     from tunnelspec.keys import new_rotation_token
 
-    _tunnel_play(inventory_file, "tunnel.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"])
+    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"])
 
 
 # ---- end of command groups -------------------------------------------------------------------

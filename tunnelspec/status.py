@@ -16,6 +16,16 @@ from tunnelspec.tasks.server import DEVICES_CACHE
 
 RPC_UNIT = "tunnelspec-rpc.service"
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
+# The banner is among the first lines of the server's current run (its InvocationID); a long-running
+# server logs a line per client after it, so the last N lines of the unit lose it.
+_BANNER_SCRIPT = r"""
+inv=$(systemctl show -p InvocationID --value "$1")
+if [ -n "$inv" ]; then
+  journalctl --no-pager -o cat -u "$1" "_SYSTEMD_INVOCATION_ID=$inv" | head -n 200
+else
+  journalctl --no-pager -o cat -n 500 -u "$1"
+fi
+"""
 
 
 async def _sh(conn, argv, timeout=20) -> str:
@@ -72,7 +82,7 @@ async def _rpc_status(conn, node) -> dict:
     else:
         # Busy is the normal state while llama-server holds the connection (one client at a time):
         # read the version from the server's banner instead.
-        banner = _BANNER.findall(await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "500", "-u", RPC_UNIT]))
+        banner = _BANNER.findall(await _sh(conn, ["sh", "-c", _BANNER_SCRIPT, "sh", RPC_UNIT]))
         state = "serving llama-server" if result.status is rpc.ProbeStatus.BUSY else str(result)
         out["rpc"] = {"version": banner[-1] if banner else None, "devices": None, "state": state}
     return out

@@ -72,7 +72,8 @@ def deployed(lab):
     inv = str(lab.inventory)
     # The RPC servers serve one client at a time: a llama-server left running by an earlier test
     # (or the demo) on this shared lab would hold them. Probes are meant for a server nobody holds.
-    lab.exec("main", ["systemctl", "stop", "tunnelspec-llama-server.service"])
+    # Disabled, not only stopped: `tunnel open` (tested here) starts an enabled llama-server again.
+    lab.exec("main", ["systemctl", "disable", "--now", "tunnelspec-llama-server.service"])
     r = tunnelspec("play", inv, PLAYBOOK, "--format", "json", timeout=3600)
     assert r.rc == 0, r.stdout[-4000:] + r.stderr[-2000:]
     return inv

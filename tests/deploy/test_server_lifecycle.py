@@ -1,6 +1,7 @@
 """The whole lifecycle in the lab (real hosts, real systemd, real llama.cpp build, tiny model as target
 and draft): deploy → the draft runs on rpc-a's RPC device through the tunnel → a second deploy
 changes nothing and keeps llama-server's PID → a killed tunnel heals without a manual step →
+`tunnel close` takes llama-server down and `tunnel open` brings it back (only with all its tunnels) →
 teardown leaves nothing → a second teardown changes nothing → deploy works again.
 
 The steps share one lab and run in file order (each depends on the previous one's state).
@@ -134,6 +135,31 @@ def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
 
 
+def test_status_reads_the_version_of_a_long_running_rpc_server(lab, inventory, first_deploy):
+    """While llama-server holds an rpc-server, status reads its version from the start-up banner of
+    the server's current run. 300 clients later (600 journal lines after the banner) it still must."""
+    assert first_deploy.rc == 0
+    sh(lab, "main", "systemctl", "stop", UNIT)          # frees the one-client rpc-servers
+    try:
+        clients = ("import socket\nfor _ in range(300):\n"
+                   "    socket.create_connection(('127.0.0.1', 50052), timeout=5).close()\n")
+        assert lab.exec("rpc-a", ["python3", "-c", clients], timeout=120).returncode == 0
+        tail = sh(lab, "rpc-a", "journalctl", "--no-pager", "-o", "cat", "-n", "500", "-u", "tunnelspec-rpc.service")
+        assert "Starting RPC server" not in tail       # the banner is older than the last 500 lines
+    finally:
+        sh(lab, "main", "systemctl", "start", UNIT)
+    report = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:                  # bounded: until llama-server holds rpc-a again
+        st = tunnelspec("status", inventory, "--format", "json", timeout=120)
+        assert st.rc == 0, st.stdout + st.stderr
+        report = json.loads(st.stdout)["hosts"]
+        if report["rpc-a"]["rpc"]["state"] == "serving llama-server":
+            break
+        time.sleep(1)
+    assert report["rpc-a"]["rpc"] == {"version": "7.0.0", "devices": None, "state": "serving llama-server"}, report
+
+
 def test_killed_tunnel_heals_without_manual_step(lab, first_deploy):
     assert first_deploy.rc == 0
     before = main_pid(lab)
@@ -153,6 +179,60 @@ def test_killed_tunnel_heals_without_manual_step(lab, first_deploy):
     assert body and body["timings"]["draft_n_accepted"] > 0, body
     assert time.monotonic() <= deadline + 25  # the last attempt may have started just before the deadline
     assert main_pid(lab) != before  # llama-server was restarted by systemd, not by us
+
+
+def _active(lab, unit: str) -> str:
+    return sh(lab, "main", "systemctl", "is-active", unit).strip()
+
+
+def _resume_event(result) -> dict:
+    return next(e for e in result.results() if e.get("module") == "llama_server_resume")
+
+
+def test_tunnel_close_then_open_brings_the_server_back(lab, inventory, first_deploy):
+    assert first_deploy.rc == 0
+    assert _active(lab, UNIT) == "active"
+    r = tunnelspec("tunnel", "close", inventory, "--format", "json")
+    assert r.rc == 0, r.stdout[-2000:]
+    assert _active(lab, UNIT) != "active"               # PartOf= its tunnels: it stopped with them
+
+    # One node opened: llama-server needs both tunnels (draft on rpc-a, target on rpc-b), and starting
+    # it would pull rpc-b's closed tunnel up through Wants=. It stays down, and says why.
+    r = tunnelspec("tunnel", "open", inventory, "--limit", "rpc-a", "--format", "json")
+    assert r.rc == 0, r.stdout[-2000:]
+    ev = _resume_event(r)
+    assert ev["status"] == "ok" and "tunnelspec-tunnel-rpc-b.service" in ev["msg"], ev
+    assert _active(lab, UNIT) != "active"
+    assert _active(lab, "tunnelspec-tunnel-rpc-b.service") != "active"
+
+    r = tunnelspec("tunnel", "open", inventory, "--format", "json")
+    assert r.rc == 0, r.stdout[-2000:]
+    assert _resume_event(r)["status"] == "changed"
+    assert _active(lab, UNIT) == "active"
+    body = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:                   # bounded: the models load after start
+        body = completion_on_main(lab)
+        if body:
+            break
+        time.sleep(0.5)
+    assert body and body["timings"]["draft_n_accepted"] > 0, body
+
+    again = tunnelspec("tunnel", "open", inventory, "--format", "json")
+    assert again.rc == 0 and all(h["changed"] == 0 for h in again.recap.values()), again.recap
+    assert _resume_event(again)["msg"] == "llama-server running"
+
+
+def test_tunnel_open_leaves_a_disabled_server_alone(lab, inventory, first_deploy):
+    assert first_deploy.rc == 0
+    sh(lab, "main", "systemctl", "disable", "--now", UNIT)
+    try:
+        r = tunnelspec("tunnel", "open", inventory, "--format", "json")
+        assert r.rc == 0 and _resume_event(r)["msg"] == "llama-server unit is disabled: left stopped"
+        assert _active(lab, UNIT) != "active"
+    finally:
+        sh(lab, "main", "systemctl", "enable", "--now", UNIT)   # as deploy left it, for the next steps
+    assert tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT).rc == 0
 
 
 def _leftovers(lab) -> dict:

@@ -291,6 +291,48 @@ class DaemonReload(Task):
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
 
 
+@register_task
+class LlamaServerResume(Task):
+    """`tunnel open` after `tunnel close`: the llama-server unit is PartOf= its tunnels, so closing one
+    stopped it, and nothing starts it again. Started here when deploy installed it, it is enabled
+    (enabled means "should run"; `systemctl disable` keeps it down), it is not running, and every
+    tunnel it wants is active — with a node left closed (`tunnel open --limit`), starting it would
+    pull that tunnel up through Wants=, against the user's close."""
+
+    module = "llama_server_resume"
+    args: dict = {}
+
+    async def _state(self, ctx) -> tuple[str, list[str]]:
+        res = await ctx.conn.run(["systemctl", "show", "-p", "LoadState,UnitFileState,ActiveState,Wants", UNIT])
+        props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+        if props.get("LoadState") != "loaded":
+            return "absent", []
+        if props.get("UnitFileState") != "enabled":
+            return "disabled", []
+        if props.get("ActiveState") in ("active", "activating", "reloading"):
+            return "running", []
+        tunnels = sorted(u for u in props.get("Wants", "").split() if u.startswith("tunnelspec-tunnel-"))
+        if not tunnels:
+            return "stopped", []
+        states = (await ctx.conn.run(["systemctl", "show", "-p", "ActiveState", "--value", *tunnels])).stdout.split()
+        return "stopped", [u for u, st in zip(tunnels, states) if st != "active"]
+
+    async def check(self, ctx):
+        state, closed = await self._state(ctx)
+        if state == "absent":
+            return ok("llama-server is not deployed here")
+        if state == "disabled":
+            return ok("llama-server unit is disabled: left stopped")
+        if state == "running":
+            return ok("llama-server running")
+        if closed:
+            return ok(f"llama-server stays stopped: its tunnel(s) {', '.join(closed)} are closed")
+        return change("start llama-server (it stopped with its tunnels)")
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["systemctl", "start", UNIT], check=True, timeout=300)
+
+
 async def read_api_key(conn, path: str | None) -> Secret | None:
     if not path:
         return None
