@@ -81,7 +81,7 @@ def binaries(lab, host: str) -> dict[str, str]:
 
 def files_newer_than_stamp(lab, host: str) -> list[str]:
     out = sh(lab, host, 'd=$(readlink -f "$1/current"); find "$d" -newer "$d/.tunnelspec-stamp" -type f '
-                        '! -name "*.lock" | head -20', ROOT)
+                        '! -name "*.lock" ! -name .tunnelspec-used | head -20', ROOT)   # used: touched when made current
     return out.split()
 
 
@@ -191,7 +191,7 @@ def test_local_patch_changes_tree_everywhere_and_removing_it_reuses_the_build(la
             assert current(lab, h) == base_build[h]
             assert binaries(lab, h) == base_bins[h]
             assert files_newer_than_stamp(lab, h) == []
-        assert not [e for e in res.events if e.get("event") == "progress"]
+        assert not [e for e in res.events if e.get("event") == "progress" and not e["msg"].startswith("removed old")]
     finally:
         # The session-unique patched builds are not needed again.
         for h in HOSTS:
@@ -316,3 +316,46 @@ def test_pr_head_cherry_pick_is_reproducible(lab, deployed, inv_dir, fixtures):
         for h in HOSTS:
             sh(lab, h, 'rm -rf -- "$1"', pr_repo)
     assert {source_tree(lab, h) for h in HOSTS} == {base_tree}
+
+
+def test_old_builds_are_pruned_least_recently_used_first(lab, deployed):
+    """keep_builds: after a switch only the newest dirs stay — never the current one, one a
+    tunnelspec unit still runs from, or one another run is building (flock held). Last in the module:
+    it removes the other tests' builds on main."""
+    inv, _ = deployed
+    base = current(lab, "main")
+    key = base.rsplit("/", 1)[1]
+    build = f"{ROOT}/build"
+    unit = "/etc/systemd/system/tunnelspec-test-prune.service"
+    sh(lab, "main", """
+set -e
+cd "$1"
+for d in oldaaaa oldbbbb oldcccc oldddd; do mkdir -p $d/bin; echo '{}' > $d/.tunnelspec-stamp; done
+touch -d '2 days ago' oldaaaa/.tunnelspec-stamp
+touch -d '3 days ago' oldbbbb/.tunnelspec-stamp oldcccc/.tunnelspec-stamp
+touch oldddd/.tunnelspec-used
+printf '[Service]\\nExecStart=%s/oldbbbb/bin/x\\n' "$1" > "$2"
+""", build, unit)
+    holder = ["systemd-run", "-q", "--unit", "tunnelspec-test-prune-lock", "flock", f"{build}/oldcccc.lock", "sleep", "120"]
+    assert lab.exec("main", holder).returncode == 0
+    try:
+        deadline = time.monotonic() + 10
+        while "oldcccc.lock" not in sh(lab, "main", "ls -1 \"$1\"", build) and time.monotonic() < deadline:
+            time.sleep(0.2)   # bounded: until the holder has the lock
+        sh(lab, "main", 'ln -sfn /nonexistent "$1/current"', ROOT)      # so the build task switches back
+        res = run(inv, PLAYBOOK, "--tags", "source,build", "--limit", "main", "-e", "llama_keep_builds=2", timeout=600)
+        assert res.rc == 0, res.stdout[-3000:]
+        ev = results(res, "llama_build")["main"]
+        assert ev["status"] == "changed" and "no compile" in ev["msg"], ev
+        left = set(sh(lab, "main", 'cd "$1" && for d in */; do echo "${d%/}"; done', build).split())
+        assert left == {key, "oldddd", "oldbbbb", "oldcccc"}, left
+        assert current(lab, "main") == base
+        removed = [e["msg"] for e in res.events if e.get("event") == "progress" and e["msg"].startswith("removed old")]
+        assert removed and "oldaaaa" in removed[0], removed
+        again = run(inv, PLAYBOOK, "--tags", "source,build", "--limit", "main", "-e", "llama_keep_builds=2", timeout=600)
+        assert again.rc == 0 and again.recap["main"]["changed"] == 0, again.recap
+        assert set(sh(lab, "main", 'cd "$1" && for d in */; do echo "${d%/}"; done', build).split()) == left
+    finally:
+        lab.exec("main", ["systemctl", "stop", "tunnelspec-test-prune-lock"])
+        sh(lab, "main", 'rm -rf -- "$1"/oldaaaa "$1"/oldbbbb "$1"/oldcccc "$1"/oldddd "$1"/old*.lock "$2"; '
+                        '[ -e "$3/current" ] || ln -sfn "$4" "$3/current"', build, unit, ROOT, base)

@@ -30,6 +30,28 @@ from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 # Per build step: a cold llama-server build on 2 shared cores takes ≈ 8 min; leave headroom.
 BUILD_TIMEOUT = 4 * 3600
 LOCK_WAIT = str(BUILD_TIMEOUT)
+USED = ".tunnelspec-used"   # touched whenever the build becomes current: its mtime ranks builds for pruning
+
+# After a switch: keep the `keep` most recently used build dirs (last made current; else stamp, else
+# the dir's own mtime — a failed build keeps its partial objects for the retry while it is recent),
+# never one a tunnelspec unit's ExecStart still names (e.g. the rpc-server until the rpc play rewrites
+# its unit), never one another run is building (its flock is held). Prints each removed key.
+_PRUNE = r"""
+root=$1; keep=$2; cur=$3
+cd -- "$root/build" 2>/dev/null || exit 0
+for d in */; do
+  d=${d%/}
+  [ -d "$d" ] || continue
+  if [ -e "$d/""" + USED + r"""" ]; then m="$d/""" + USED + r""""; elif [ -e "$d/""" + bp.STAMP + r"""" ]; then m="$d/""" + bp.STAMP + r""""; else m=$d; fi
+  printf '%s %s\n' "$(stat -c %Y -- "$m")" "$d"
+done | sort -rn | while read -r t d; do
+  if [ "$d" = "$cur" ]; then continue; fi
+  if [ "$keep" -gt 1 ]; then keep=$((keep - 1)); continue; fi
+  if grep -qsF -- "/build/$d/" /etc/systemd/system/tunnelspec-*.service; then continue; fi
+  flock -n "$d.lock" rm -rf -- "$d" && rm -f -- "$d.lock" && echo "$d"
+done
+exit 0
+"""
 
 
 @register_task
@@ -44,6 +66,7 @@ class LlamaBuild(Task):
         "backend": Arg(str, default="cpu", choices=tuple(bp.BACKEND_OPTIONS)),
         "cmake_args": Arg((list, str), default=[]),  # a list, or a string split like a shell line
         "jobs": Arg(int),
+        "keep_builds": Arg(int, default=3),  # build dirs kept per host (current included), least recently used go
     }
 
     @property
@@ -118,8 +141,12 @@ class LlamaBuild(Task):
             await self._build(ctx, ch.data["jobs"])
         root = self.p["root"]
         # Atomic switch: a reader sees the old build or the new one, never a missing link.
-        await ctx.conn.run(["sh", "-c", 'ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"', "sh",
-                            self._dir, posixpath.join(root, "current")], check=True)
+        await ctx.conn.run(["sh", "-c", 'touch -- "$1/$3" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
+                            "sh", self._dir, posixpath.join(root, "current"), USED], check=True)
+        res = await ctx.conn.run(["sh", "-c", _PRUNE, "sh", root, str(max(1, self.p["keep_builds"])), self._key],
+                                 check=True, timeout=600)
+        if res.stdout.split():
+            ctx.progress(f"removed old build(s) {', '.join(res.stdout.split())} (keep_builds={self.p['keep_builds']})")
 
     async def _build(self, ctx, jobs: int) -> None:
         st, d, run = self._state, self._dir, ctx.conn.run
