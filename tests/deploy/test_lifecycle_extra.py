@@ -150,6 +150,18 @@ def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixt
         assert file_identity(lab, "main", dest)[2] == sha256_of(local) != before[2]
         assert main_pid(lab) not in (0, pid)
         assert verify_stats(third)[1] > 0
+
+        # Back to the lab's own draft: the uploaded file is no longer named by the inventory, so it
+        # goes (after the unit names the other model); a second deploy has nothing left to remove.
+        back = deploy(lab.inventory)
+        assert back.rc == 0, failures(back)
+        pruned = task(back, "uploaded models no longer used")
+        assert pruned["status"] == "changed" and dest in pruned["msg"], pruned
+        assert file_identity(lab, "main", dest) == ("", "", "")
+        assert f"--spec-draft-model {dest}" not in sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+        assert verify_stats(back)[1] > 0
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and task(again, "uploaded models no longer used")["status"] == "ok", failures(again)
     finally:
         converge(lab.inventory)
 

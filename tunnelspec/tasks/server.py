@@ -118,6 +118,44 @@ class ModelFile(Task):
 
 
 @register_task
+class ModelsPrune(Task):
+    """Uploaded models the inventory no longer names: removed from tunnelspec's upload directory
+    (models are gigabytes; switching models would otherwise fill the disk). Only regular files
+    directly in `dir`, never one of `keep` (the models this deploy uses, wherever they are), never an
+    upload in progress. Files elsewhere on the host are never touched."""
+
+    module = "models_prune"
+    args = {"keep": Arg(list, required=True), "dir": Arg(str, default=MODELS_DIR)}
+
+    async def _stale(self, ctx) -> list[tuple[str, int]]:
+        d = self.p["dir"].rstrip("/")
+        res = await ctx.conn.run(["sh", "-c", '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"',
+                                  "sh", d], check=True)
+        keep = {str(k) for k in self.p["keep"] if k}
+        out = []
+        for rec in res.stdout.split("\0"):
+            if not rec:
+                continue
+            size, _, name = rec.partition(" ")
+            path = f"{d}/{name}"
+            if path in keep or name.endswith(".tunnelspec-upload"):
+                continue
+            out.append((path, int(size)))
+        return sorted(out)
+
+    async def check(self, ctx):
+        stale = await self._stale(ctx)
+        if not stale:
+            return ok("no uploaded model left over")
+        total = sum(s for _, s in stale)
+        return change(f"remove {len(stale)} uploaded model(s) no longer in the inventory "
+                      f"({', '.join(p for p, _ in stale)}; {total / 2**20:.1f} MiB)", paths=[p for p, _ in stale])
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["rm", "-f", "--", *ch.data["paths"]], check=True)
+
+
+@register_task
 class ApiKeyFile(Task):
     """The API key file (written by the user) readable by llama-server's user only: owner and mode
     0600 enforced, content never read into a diff."""
