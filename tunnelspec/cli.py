@@ -10,8 +10,20 @@ from tunnelspec import __version__
 from tunnelspec.errors import EXIT_USAGE, TunnelspecError
 
 
-def _fail(err: TunnelspecError) -> None:
+def _wants_json(args: list[str]) -> bool:
+    return any(a == "--format=json" or (a == "--format" and nxt == "json") for a, nxt in zip(args, [*args[1:], ""]))
+
+
+def _fail(err: TunnelspecError, as_json: bool = False) -> None:
     click.echo(f"ERROR: {err}", err=True)
+    if as_json:
+        # With --format json, stdout stays machine-readable: the error is one event (docs/output.md).
+        import json
+
+        from tunnelspec.reporting.schema import SCHEMA_VERSION
+
+        click.echo(json.dumps({"event": "error", "exit_code": err.exit_code, "msg": str(err),
+                               "schema": SCHEMA_VERSION}, sort_keys=True))
     sys.exit(err.exit_code)
 
 
@@ -19,10 +31,11 @@ class _Group(click.Group):
     """Turns TunnelspecError into a message and its exit code; never a traceback."""
 
     def invoke(self, ctx):  # noqa: D401
+        args = [*ctx.protected_args, *ctx.args]
         try:
             return super().invoke(ctx)
         except TunnelspecError as err:
-            _fail(err)
+            _fail(err, _wants_json(args))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -112,6 +112,21 @@ def _pointed_at(src: Path, dst: Path, port: int) -> Path:
     return dst
 
 
+def _assert_only_the_error_event(res):
+    """--format json: stdout holds one `error` event (schema-valid, same text as stderr), no run."""
+    import json
+
+    import jsonschema
+
+    from tunnelspec.reporting.schema import EVENT_SCHEMA
+
+    lines = res.stdout.strip().splitlines()
+    assert len(lines) == 1, f"want only the error event, got: {res.stdout}"
+    ev = json.loads(lines[0])
+    jsonschema.validate(ev, EVENT_SCHEMA)
+    assert ev["event"] == "error" and ev["exit_code"] == 2 and f"ERROR: {ev['msg']}" == res.stderr.strip(), ev
+
+
 def _assert_clean_usage_error(res, expects: list[str], where: str, honeypot: Honeypot):
     assert res.rc == 2, f"exit {res.rc}, want 2\nstdout: {res.stdout}\nstderr: {res.stderr}"
     err = res.stderr.strip()
@@ -143,7 +158,7 @@ def test_bad_inventory(case, tmp_path, honeypot):
     inv = _pointed_at(case, tmp_path / case.name, honeypot.port)
     res = tunnelspec("deploy", str(inv), "--format", "json", timeout=60)
     _assert_clean_usage_error(res, _expects(case), str(inv), honeypot)
-    assert res.stdout.strip() == "", "events were emitted: the run started"
+    _assert_only_the_error_event(res)
 
 
 @pytest.mark.parametrize("case", PLAYBOOKS, ids=[p.stem for p in PLAYBOOKS])
@@ -153,6 +168,7 @@ def test_bad_playbook(case, tmp_path, honeypot):
     shutil.copy(case, pb)
     res = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=60)
     _assert_clean_usage_error(res, _expects(case), str(pb), honeypot)
+    _assert_only_the_error_event(res)
 
 
 @pytest.mark.parametrize("argv,expects", [c[1:] for c in OPTION_CASES], ids=[c[0] for c in OPTION_CASES])

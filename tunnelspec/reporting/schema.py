@@ -48,6 +48,9 @@ EVENTS = {
     "gate": _event("gate", {"play": _STR, "status": {"enum": ["ok", "failed"]}, "msg": _STR}),
     "host_key_pinned": _event("host_key_pinned", {"host": _HOST, "msg": _STR}),
     "message": _event("message", {"msg": _STR}),
+    # An error that stopped the command before or outside a run (exit 2: bad options, inventory or
+    # playbook); the same text is on stderr as `ERROR: …`.
+    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4]}}),
     "recap": _event("recap", {"hosts": {"type": "object", "additionalProperties": COUNTERS},
                               "exit_code": {"enum": [0, 1, 2, 3, 4]}}),
     # `tunnelspec hostkeys scan --format json`: one per host.
