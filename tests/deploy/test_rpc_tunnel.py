@@ -205,7 +205,9 @@ def test_non_loopback_bind_refused_before_any_host_is_touched(lab, tmp_path):
     r = tunnelspec("deploy", str(inv), "--format", "json")
     assert r.rc == 2
     assert "rpc_bind" in r.stderr and "0.0.0.0" in r.stderr
-    assert not r.events, "nothing may run (no connection) when the inventory asks for a public bind"
+    # Nothing ran (no run_start, no connection): stdout holds only the error event.
+    assert [e["event"] for e in r.events] == ["error"], "nothing may run when the inventory asks for a public bind"
+    assert "rpc_bind" in r.events[0]["msg"]
 
 
 # ---- faults ------------------------------------------------------------------------------------------
