@@ -46,3 +46,17 @@ def make_repo(path) -> str:
     subprocess.run(["git", "-C", str(path), "commit", "-qm", "one"], check=True, env=env)
     return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], check=True, env=env,
                           capture_output=True, text=True).stdout.strip()
+
+
+def generic8_inventory(cluster, tmp_path, monkeypatch):
+    """An inventory for data/generic8.yml on an sshd_cluster (a local repo, its pinned commit, the
+    template beside it), with no TUNNELSPEC_* variables of the caller's environment."""
+    import shutil
+    from pathlib import Path
+
+    repo = tmp_path / "repo"
+    commit = make_repo(repo)
+    shutil.copy(Path(__file__).parent / "data" / "app.conf.j2", cluster.base / "app.conf.j2")
+    for name in [k for k in os.environ if k.startswith("TUNNELSPEC_")]:
+        monkeypatch.delenv(name)
+    return cluster.inventory(all_vars={"repo": str(repo), "commit": commit})

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import socket
 from pathlib import Path
 
-from helpers import make_repo
+from helpers import generic8_inventory
 
 from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
 from tunnelspec.connection.ssh import SSHConnection
@@ -65,12 +63,7 @@ def _run(c, tmp_path, monkeypatch):
     from tunnelspec.engine.context import RunOptions
     from tunnelspec.runner import run_playbook_file
 
-    repo = tmp_path / "repo"
-    commit = make_repo(repo)
-    shutil.copy(DATA / "app.conf.j2", c.base / "app.conf.j2")
-    inv = c.inventory(all_vars={"repo": str(repo), "commit": commit})
-    for name in [k for k in os.environ if k.startswith("TUNNELSPEC_")]:
-        monkeypatch.delenv(name)
+    inv = generic8_inventory(c, tmp_path, monkeypatch)
     out = io.StringIO()
     rc = run_playbook_file(str(inv), DATA / "generic8.yml", RunOptions(), "json", stream=out)
     assert rc == 0, out.getvalue()

@@ -9,11 +9,10 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
-from helpers import make_repo
+from helpers import generic8_inventory, make_repo
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.connection.local import LocalConnection
@@ -81,12 +80,7 @@ def test_noop_run_uses_one_session_per_host(tmp_path, sshd_cluster, monkeypatch)
     from tunnelspec.runner import run_playbook_file
 
     c = sshd_cluster(2)
-    repo = tmp_path / "repo"
-    commit = make_repo(repo)
-    shutil.copy(DATA / "app.conf.j2", c.base / "app.conf.j2")
-    inv = c.inventory(all_vars={"repo": str(repo), "commit": commit})
-    for name in [k for k in os.environ if k.startswith("TUNNELSPEC_")]:
-        monkeypatch.delenv(name)
+    inv = generic8_inventory(c, tmp_path, monkeypatch)
     sessions: list[str] = []
     real_exec = SSHConnection._exec
 
