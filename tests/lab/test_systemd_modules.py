@@ -4,6 +4,7 @@ a changed unit reloads systemd and restarts the service (handlers); removal conv
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,30 @@ def test_broken_unit_is_never_installed(lab, tmp_path):
     assert res.rc == 1
     assert "systemd-analyze verify rejected" in res.results("failed")[0]["msg"]
     assert lab.exec(HOST, ["test", "-e", "/etc/systemd/system/tunnelspec-broken.service"]).returncode == 1
+
+
+def test_user_removal_waits_until_killed_processes_have_exited(lab, tmp_path):
+    """SIGKILL is asynchronous: a process still tearing down its memory counts as the user's, and
+    userdel refuses ("currently used by process N"; a CI teardown failed so on the tunnel user).
+    Here the user's process holds 1 GiB of written memory, which takes a while to free."""
+    user = "tunnelspec-reaptest"
+    add = tmp_path / "add.yml"
+    add.write_text(f"- hosts: {HOST}\n  tasks:\n    - user: {{name: {user}}}\n")
+    rm = tmp_path / "rm.yml"
+    rm.write_text(f"- hosts: {HOST}\n  tasks:\n    - user: {{name: {user}, state: absent}}\n")
+    inv = str(lab.inventory)
+    try:
+        assert tunnelspec("play", inv, str(add), "--format", "json").rc == 0
+        hog = "import sys, time\nb = b'\\x01' * 2**30\nprint('ready', flush=True)\ntime.sleep(300)\n"
+        assert lab.exec(HOST, ["systemd-run", "-q", "--unit", "tunnelspec-reaptest", "-p", f"User={user}",
+                               "python3", "-c", hog]).returncode == 0
+        for _ in range(100):                     # bounded: until the memory is written
+            if "ready" in lab.exec(HOST, ["journalctl", "-o", "cat", "-u", "tunnelspec-reaptest"]).stdout:
+                break
+            time.sleep(0.1)
+        gone = tunnelspec("play", inv, str(rm), "--format", "json")
+        assert gone.rc == 0, gone.stdout
+        assert lab.exec(HOST, ["getent", "passwd", user]).returncode == 2
+    finally:
+        lab.exec(HOST, ["systemctl", "stop", "tunnelspec-reaptest"])
+        tunnelspec("play", inv, str(rm), "--format", "json")

@@ -8,6 +8,18 @@ from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 NOLOGIN = "/usr/sbin/nologin"
 
 
+# Kill every process of the user, then wait (≤ 5 s) until none is left but zombies: SIGKILL is
+# asynchronous, and a process still tearing down its memory counts for userdel (zombies do not).
+_KILL_ALL = r"""
+i=0
+while ps -o stat= -u "$1" 2>/dev/null | grep -qv '^Z' && [ $i -lt 50 ]; do
+  pkill -KILL -u "$1"
+  i=$((i + 1))
+  sleep 0.1
+done
+"""
+
+
 @register_task
 class User(Task):
     module = "user"
@@ -36,8 +48,9 @@ class User(Task):
     async def apply(self, ctx, ch):
         name = self.p["name"]
         if self.p["state"] == "absent":
-            # Stop the user's leftover processes first or userdel refuses.
-            await ctx.conn.run(["pkill", "-KILL", "-u", name])
+            # Stop the user's leftover processes first or userdel refuses — and until they have exited
+            # (a CI teardown failed: "user tunnelspec-tunnel is currently used by process N").
+            await ctx.conn.run(["sh", "-c", _KILL_ALL, "sh", name], timeout=30)
             await ctx.conn.run(["userdel", "--remove", name], check=False)
             res = await ctx.conn.run(["getent", "passwd", name])
             if res.rc == 0:
