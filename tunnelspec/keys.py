@@ -21,7 +21,11 @@ from tunnelspec.secrets import Secret
 # The tunnel's session runs this instead of anything the client asks for. A session (rather than
 # `ssh -N`, forward only) is what keeps small RPC messages from stalling: see DESIGN.md step 6 and
 # tests/deploy/test_rpc_tunnel.py::test_stall_p95 for the measurement on this build of OpenSSH.
-TUNNEL_FORCED_COMMAND = "/bin/sleep infinity"
+# `exec` + setpriv's parent-death signal: sleep's parent is then the sshd session process itself, and
+# sleep dies with it. A plain `sleep infinity` outlived every session that sshd dropped (a cut link
+# reaped by ClientAlive, a reset after it came back): two orphaned processes per link flap, forever.
+# setpriv is util-linux (Essential on Debian and Ubuntu).
+TUNNEL_FORCED_COMMAND = "exec /usr/bin/setpriv --pdeathsig KILL /bin/sleep infinity"
 _ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+$")
 
 

@@ -230,6 +230,12 @@ def test_killed_rpc_server_comes_back(lab, deployed):
     print(f"\nrpc server back through the tunnel {waited:.1f}s after it was killed")
 
 
+def _tunnel_processes(lab, node: str) -> list[tuple[int, int, str]]:
+    """(pid, ppid, args) of the tunnel user's processes on the node."""
+    out = lab.exec(node, ["ps", "-u", TUNNEL_USER, "-o", "pid=,ppid=,args="]).stdout
+    return [(int(p), int(pp), a) for p, pp, a in (l.split(None, 2) for l in out.splitlines() if l.strip())]
+
+
 def test_link_cut_and_restore_recovers_by_itself(lab, deployed):
     unit = "tunnelspec-tunnel-rpc-b.service"
     pid = main_pid(lab, "main", unit)
@@ -244,6 +250,19 @@ def test_link_cut_and_restore_recovers_by_itself(lab, deployed):
         lab.link("rpc-b", up=True)
     _, waited = wait_probe(lab, "main", NODES["rpc-b"], 60)
     print(f"\ntunnel back {waited:.1f}s after the link was restored")
+    # The node's session of the dead ssh goes too (a reset once the link is back, or ClientAlive);
+    # its forced command must go with it: no sleep outlives its sshd session (pdeathsig).
+    end = time.monotonic() + 60
+    while time.monotonic() < end:       # bounded: until only the new session is left
+        procs = _tunnel_processes(lab, "rpc-b")
+        if sum(a.startswith("sshd:") for _, _, a in procs) == 1:
+            break
+        time.sleep(1)
+    procs = _tunnel_processes(lab, "rpc-b")
+    sshd = {p for p, _, a in procs if a.startswith("sshd:")}
+    assert len(sshd) == 1, procs
+    sleeps = [(p, pp) for p, pp, a in procs if "sleep infinity" in a]
+    assert len(sleeps) == 1 and all(pp in sshd for _, pp in sleeps), procs   # no orphan, parent is sshd
 
 
 def test_close_then_open_twice(lab, deployed):

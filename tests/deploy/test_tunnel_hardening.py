@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+from tunnelspec.keys import TUNNEL_FORCED_COMMAND
+
 from engine.helpers import tunnelspec
 from test_rpc_tunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
 
@@ -193,7 +195,7 @@ def test_sshd_dropin_in_effect_for_the_tunnel_user_only(lab):
         # Defence in depth: the key's own restrictions are unchanged.
         keys = run(lab, node, "cat", AUTH_KEYS).stdout
         assert keys.startswith('restrict,port-forwarding,permitopen="127.0.0.1:50052"'), keys
-        assert 'command="/bin/sleep infinity"' in keys
+        assert f'command="{TUNNEL_FORCED_COMMAND}"' in keys
     again = deploy(lab)
     states = {e["host"]: e["status"] for e in again.results() if e["task"] == "sshd limits for the tunnel user"}
     assert states == {n: "ok" for n in NODES}, states

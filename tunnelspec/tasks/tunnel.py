@@ -200,7 +200,7 @@ async def source_address(ctx, node_address: str) -> str | None:
 @register_task
 class TunnelAuthorizedKey(Task):
     """The tunnel user's authorized_keys on a node: exactly one line,
-    `restrict,port-forwarding,permitopen="127.0.0.1:<rpc_port>"[,from=…],command="/bin/sleep infinity"`.
+    `restrict,port-forwarding,permitopen="127.0.0.1:<rpc_port>"[,from=…],command="exec /usr/bin/setpriv --pdeathsig KILL /bin/sleep infinity"` (keys.TUNNEL_FORCED_COMMAND).
     Root-owned and 0644 in a root-owned directory, so the tunnel user cannot widen it."""
 
     module = "tunnel_authorized_key"
@@ -391,8 +391,14 @@ class TunnelSessionsRenew(Task):
 
     async def apply(self, ctx, ch):
         # The session's unprivileged sshd child runs as the tunnel user; ending it ends the session
-        # (and its forced sleep). Only those PIDs, not the user's systemd manager.
-        res = await ctx.conn.run(["pgrep", "-u", self.p["user"], "-x", "sshd"])
+        # (and its forced sleep, which has sshd as parent and its parent-death signal set). Then the
+        # forced commands left over by sessions started before that signal was set (`sh -c sleep`,
+        # `sleep`, orphaned): the user runs nothing else. Never the user's systemd manager.
+        # Forced commands first, sshd second: a session whose command is gone ends too, and main's
+        # tunnels reconnect only after their restart delay, so no new session's sleep is hit.
+        user = self.p["user"]
+        await ctx.conn.run(["pkill", "-KILL", "-u", user, "-x", "sleep|sh"])
+        res = await ctx.conn.run(["pgrep", "-u", user, "-x", "sshd"])
         pids = [p for p in res.stdout.split() if p.isdigit()]
         if pids:
             await ctx.conn.run(["kill", "-TERM", "--", *pids])
