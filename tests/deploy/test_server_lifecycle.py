@@ -135,6 +135,25 @@ def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
 
 
+def test_tunnel_status_reports_tunnels_serving_llama_server(lab, inventory, first_deploy):
+    """With llama-server holding both one-client RPC servers, `tunnel status` says so from main's
+    sockets instead of waiting out a HELLO timeout per tunnel, and exits 0."""
+    assert first_deploy.rc == 0
+    assert sh(lab, "main", "systemctl", "is-active", UNIT).strip() == "active"
+    deadline = time.monotonic() + 60
+    rows = []
+    while time.monotonic() < deadline:                 # bounded: until llama-server holds both tunnels
+        r = tunnelspec("tunnel", "status", inventory, "--format", "json", timeout=120)
+        assert r.rc == 0, r.stdout + r.stderr
+        rows = json.loads(r.stdout)
+        if all(row["rpc"] == "busy" for row in rows):
+            break
+        time.sleep(1)
+    assert [(row["node"], row["state"], row["rpc"], row["detail"]) for row in rows] == [
+        ("rpc-a", "active", "busy", "serving a client (llama-server)"),
+        ("rpc-b", "active", "busy", "serving a client (llama-server)")], rows   # from sockets, not a probe
+
+
 def test_status_reads_the_version_of_a_long_running_rpc_server(lab, inventory, first_deploy):
     """While llama-server holds an rpc-server, status reads its version from the start-up banner of
     the server's current run. 300 clients later (600 journal lines after the banner) it still must."""

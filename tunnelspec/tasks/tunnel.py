@@ -530,27 +530,37 @@ async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeo
     from tunnelspec.inventory import load_inventory
     from tunnelspec.inventory.cluster import Cluster
 
+    from tunnelspec.facts.sockets import clients_of
+
     inv = load_inventory(inventory_path)
     cluster = Cluster.from_inventory(inv)
     conn = await connect(cluster.main.name, inv.host_vars(cluster.main.name), connect_options, inv.path.parent)
-    rows = []
+
+    async def one(node) -> dict:
+        name = unit_name(node.name)
+        res = await conn.run(["systemctl", "is-active", name])
+        state = res.stdout.strip() or "unknown"
+        row = {"node": node.name, "unit": name, "state": state, "local": f"{LOOPBACK}:{node.tunnel_port}",
+               "remote": f"{LOOPBACK}:{node.rpc_port}", "rpc": None, "version": None, "devices": []}
+        if state != "active":
+            return row
+        if await clients_of(conn, node.tunnel_port):
+            # The normal state under llama-server: it holds the one-client server through this tunnel,
+            # so a HELLO would only wait for its timeout. (`tunnelspec status` reads the version from
+            # the node's rpc-server log.)
+            row["rpc"], row["detail"] = ProbeStatus.BUSY.value, "serving a client (llama-server)"
+            return row
+        r = await probe_tunnel(conn, node, 0, None, probe_timeout)
+        row["rpc"] = r.status.value
+        row["version"] = r.version_str if r.version else None
+        row["devices"] = [{"free": d.free, "total": d.total} for d in r.devices]
+        row["detail"] = r.detail
+        return row
+
     try:
-        for node in selected_nodes(cluster, nodes):
-            name = unit_name(node.name)
-            res = await conn.run(["systemctl", "is-active", name])
-            state = res.stdout.strip() or "unknown"
-            row = {"node": node.name, "unit": name, "state": state, "local": f"{LOOPBACK}:{node.tunnel_port}",
-                   "remote": f"{LOOPBACK}:{node.rpc_port}", "rpc": None, "version": None, "devices": []}
-            if state == "active":
-                r = await probe_tunnel(conn, node, 0, None, probe_timeout)
-                row["rpc"] = r.status.value
-                row["version"] = r.version_str if r.version else None
-                row["devices"] = [{"free": d.free, "total": d.total} for d in r.devices]
-                row["detail"] = r.detail
-            rows.append(row)
+        return list(await asyncio.gather(*(one(n) for n in selected_nodes(cluster, nodes))))
     finally:
         await conn.close()
-    return rows
 
 
 def format_status(rows: list[dict]) -> str:
