@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from engine.helpers import tunnelspec
+from test_server_lifecycle import verify_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
 from ci_helpers import ci_env, cli  # noqa: E402
@@ -76,14 +77,6 @@ def task(result, name: str, host: str = "main") -> dict:
     evs = [e for e in result.results() if e.get("task") == name and e.get("host") == host]
     assert len(evs) == 1, (name, host, [(e.get("task"), e.get("host")) for e in result.results()])
     return evs[0]
-
-
-def verify_stats(result) -> tuple[int, int]:
-    ev = next(e for e in result.results() if e.get("module") == "llama_verify")
-    assert ev["status"] == "ok", ev
-    m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
-    assert m, ev["msg"]
-    return int(m.group(1)), int(m.group(2))
 
 
 def file_identity(lab, host: str, path: str) -> tuple[str, str, str]:
