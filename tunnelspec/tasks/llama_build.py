@@ -37,12 +37,12 @@ USED = ".tunnelspec-used"   # touched whenever the build becomes current: its mt
 # never one a tunnelspec unit's ExecStart still names (e.g. the rpc-server until the rpc play rewrites
 # its unit), never one another run is building (its flock is held). Prints each removed key.
 _PRUNE = r"""
-root=$1; keep=$2; cur=$3
+root=$1; keep=$2; cur=$3; used=$4; stamp=$5
 cd -- "$root/build" 2>/dev/null || exit 0
 for d in */; do
   d=${d%/}
   [ -d "$d" ] || continue
-  if [ -e "$d/""" + USED + r"""" ]; then m="$d/""" + USED + r""""; elif [ -e "$d/""" + bp.STAMP + r"""" ]; then m="$d/""" + bp.STAMP + r""""; else m=$d; fi
+  if [ -e "$d/$used" ]; then m=$d/$used; elif [ -e "$d/$stamp" ]; then m=$d/$stamp; else m=$d; fi
   printf '%s %s\n' "$(stat -c %Y -- "$m")" "$d"
 done | sort -rn | while read -r t d; do
   if [ "$d" = "$cur" ]; then continue; fi
@@ -143,8 +143,8 @@ class LlamaBuild(Task):
         # Atomic switch: a reader sees the old build or the new one, never a missing link.
         await ctx.conn.run(["sh", "-c", 'touch -- "$1/$3" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
                             "sh", self._dir, posixpath.join(root, "current"), USED], check=True)
-        res = await ctx.conn.run(["sh", "-c", _PRUNE, "sh", root, str(max(1, self.p["keep_builds"])), self._key],
-                                 check=True, timeout=600)
+        res = await ctx.conn.run(["sh", "-c", _PRUNE, "sh", root, str(max(1, self.p["keep_builds"])), self._key,
+                                  USED, bp.STAMP], check=True, timeout=600)
         if res.stdout.split():
             ctx.progress(f"removed old build(s) {', '.join(res.stdout.split())} (keep_builds={self.p['keep_builds']})")
 
