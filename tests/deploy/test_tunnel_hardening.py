@@ -354,12 +354,17 @@ def test_cut_link_restored_after_20s_serves_again_without_manual_action(lab):
     finally:
         lab.link("rpc-a", True)
     print(f"\nlink down {time.monotonic() - t0:.1f}s; tunnel channels on rpc-a at restore: {len(orphaned)}")
+    _serving_again_with_one_channel(lab)
+    assert len(rpc_clients(lab, "rpc-a")) <= 1
+
+
+def _serving_again_with_one_channel(lab) -> None:
+    """After the link is back: the tunnels serve again (the live tunnel got the one-client server)
+    and no stale tunnel channel is left on rpc-a."""
     proof, waited = wait_tunnels_work(lab, 60)
     print(f"serving again {waited:.1f}s after the link came back: {proof}")
-    # Serving proves the live tunnel got the one-client server; and no stale channel is left.
     chans = settled_channels(lab, "rpc-a")
     assert len(chans) <= 1, chans
-    assert len(rpc_clients(lab, "rpc-a")) <= 1
 
 
 def test_cut_link_orphaned_session_reaped_while_the_link_is_down(lab):
@@ -380,10 +385,7 @@ def test_cut_link_orphaned_session_reaped_while_the_link_is_down(lab):
     finally:
         lab.link("rpc-a", True)
     print(f"\norphaned tunnel session on rpc-a reaped, RPC server freed {reaped:.1f}s after the cut")
-    proof, waited = wait_tunnels_work(lab, 60)
-    print(f"serving again {waited:.1f}s after the link came back: {proof}")
-    chans = settled_channels(lab, "rpc-a")
-    assert len(chans) <= 1, chans
+    _serving_again_with_one_channel(lab)
 
 
 # ---- 3. root's SSH login ---------------------------------------------------------------------------------

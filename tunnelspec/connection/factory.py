@@ -42,7 +42,7 @@ async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_di
     become = _truthy(host_vars.get("ansible_become", False))
     if kind == "local":
         return LocalConnection(name, become=become)
-    if kind not in ("ssh", "smart"):
+    if not is_ssh(host_vars):
         raise UsageError(f"{name}: ansible_connection={kind} is not supported (use ssh or local)")
     # Imported here, not at the top: a run starts its TCP connects (connection/preconnect.py) before
     # asyncssh is imported, so the hosts' sshd start-up overlaps that import.
