@@ -105,7 +105,10 @@ class SshdCluster:
                   "ansible_ssh_private_key_file": str(self.key), "root": str(h.root),
                   **((extra_host_vars or {}).get(h.name, {}))}
             lines.append(h.name + " " + " ".join(f"{k}={v}" for k, v in hv.items()))
-        lines += ["", "[all:vars]", f"tunnelspec_known_hosts={self.known_hosts}"]
+        # The run lock (engine/runlock.py) of these "hosts" is this machine's: one per cluster here,
+        # so tests running at the same time in other clusters never wait for each other.
+        lines += ["", "[all:vars]", f"tunnelspec_known_hosts={self.known_hosts}",
+                  f"tunnelspec_lock_dir={self.base / 'run-lock'}"]
         lines += [f"{k}={v}" for k, v in (all_vars or {}).items()]
         p = self.base / name
         p.write_text("\n".join(lines) + "\n")

@@ -150,10 +150,18 @@ class Run:
     async def run_playbook(self, playbook: Playbook) -> Summary:
         self.emit({"event": "run_start", "playbook": playbook.path, "check": self.options.check})
         self._preconnect(playbook)
+        lock = None
         try:
+            if self.options.lock and not self.options.check:
+                from tunnelspec.engine.runlock import RunLock
+
+                lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
+                await lock.acquire([h for play in playbook.plays for h in self.select(play.hosts)])
             for play in playbook.plays:
                 await self.run_play(play)
         finally:
+            if lock is not None:
+                await lock.release()
             await self.close()
         self.emit({"event": "recap", "hosts": self.summary.per_host(), "exit_code": self.summary.exit_code()})
         return self.summary
