@@ -101,8 +101,10 @@ class SshdCluster:
                   all_vars: dict | None = None) -> Path:
         lines = [f"[{group}]"]
         for h in self.hosts:
+            # tunnelspec_pending_dir: each "host" its own, not this machine's /var/lib/tunnelspec.
             hv = {"ansible_host": "127.0.0.1", "ansible_port": h.port, "ansible_user": "root",
                   "ansible_ssh_private_key_file": str(self.key), "root": str(h.root),
+                  "tunnelspec_pending_dir": str(h.dir / "pending"),
                   **((extra_host_vars or {}).get(h.name, {}))}
             lines.append(h.name + " " + " ".join(f"{k}={v}" for k, v in hv.items()))
         # The run lock (engine/runlock.py) of these "hosts" is this machine's: one per cluster here,

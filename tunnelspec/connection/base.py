@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunnelspec.engine import testhooks
 from tunnelspec.errors import TaskFailed
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.secrets import Secret, display_argv
@@ -137,6 +138,7 @@ class Connection(abc.ABC):
             return await self._run_stream(argv, on_line, timeout, check, become)
         finally:
             self._changes_running -= 1
+            testhooks.command_done()
 
     async def _run_stream(self, argv, on_line, timeout, check, become) -> Result:
         real = reveal_argv(argv)
@@ -160,6 +162,7 @@ class Connection(abc.ABC):
             return await self._run(argv, input, timeout, check, become)
         finally:
             self._changes_running -= 1
+            testhooks.command_done()
 
     async def _run(self, argv, input, timeout, check, become) -> Result:
         real = reveal_argv(argv)

@@ -23,6 +23,7 @@ KNOWN_VARS = frozenset(
         "rpc_user", "tunnel_user", "llama_user",
         "tunnelspec_known_hosts",  # read by the connection layer (the lab writes it)
         "tunnelspec_lock_dir",     # read by the run lock (engine/runlock.py)
+        "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
     }
 )
 

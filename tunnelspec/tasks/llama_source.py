@@ -120,10 +120,17 @@ class LlamaSource(Task):
                        "git am --abort || true; } 2>/dev/null; git reset -q --hard && git clean -fdq",
                        "sh", d], check=True)
         st = ss.parse_state((await run(["sh", "-c", ss.STATE_SCRIPT, "sh", d, commit], check=True)).stdout)
+        applying = posixpath.join(d, ss.APPLYING_FILE)
         if st.absent:
             await run(["mkdir", "-p", posixpath.dirname(d)], check=True)
-            await run(["git", "clone", "--quiet", "--no-checkout", "--", self.p["repo"], d], check=True, timeout=3600)
-        elif st.origin != self.p["repo"]:
+            # Cloned beside and renamed into place with its "applying" mark: a killed clone leaves
+            # only the scratch dir (removed next time), never a checkout without its files.
+            await run(["sh", "-c", 'rm -rf -- "$2" && git clone --quiet --no-checkout -- "$1" "$2" && '
+                       'touch -- "$2/.git/tunnelspec-applying" && { rmdir -- "$3" 2>/dev/null; mv -T -- "$2" "$3"; }',
+                       "sh", self.p["repo"], d + ".tunnelspec-clone", d], check=True, timeout=3600)
+        else:
+            await run(["touch", "--", applying], check=True)
+        if st.origin != self.p["repo"] and not st.absent:
             await run(_git(d, "remote", "set-url", "origin", self.p["repo"]), check=True)
         # A half-applied stack must never look finished: drop the record first.
         await run(["rm", "-f", "--", posixpath.join(d, ss.STACK_FILE)], check=True)
@@ -139,6 +146,7 @@ class LlamaSource(Task):
         await run(_git(d, "update-ref", "refs/tunnelspec/stack", head), check=True)
         record = ss.stack_record(ss.fingerprint(commit, patches), commit, head, tree, steps)
         await ctx.conn.put(record, posixpath.join(d, ss.STACK_FILE), mode=0o644)
+        await run(["rm", "-f", "--", applying], check=True)
 
     async def _head_tree(self, ctx) -> tuple[str, str]:
         res = await ctx.conn.run(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)

@@ -1,0 +1,63 @@
+"""TEST ONLY: kill the controller at a chosen point of a run, deterministically.
+
+The resilience tests (tests/deploy/test_resilience.py) must show that a run SIGKILLed anywhere is
+repaired by the next one; waiting a lucky number of seconds before `kill -9` proves nothing. So a
+run started with TUNNELSPEC_TEST_KILL_AT set SIGKILLs its own process when it reaches that point:
+
+  "<task name>"            as the task's apply starts (its check said changed; nothing applied yet)
+  "<task name>:<N>"        after the N-th command of its apply returned (a multi-step apply half done)
+  "<task name>:apply"      after its apply returned (before the re-check and the notified handlers)
+  "<task name>:progress"   at its first progress event (in the middle of a long command: the build)
+
+SIGKILL, not an exception: no `finally`, no cleanup, no closing of connections — what a killed CI
+runner does. Unset (always, outside tests) every function here returns at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "TUNNELSPEC_TEST_KILL_AT"
+
+
+
+def _parse(spec: str) -> tuple[str, str]:
+    task, sep, point = spec.rpartition(":")
+    if sep and (point in ("apply", "progress") or point.isdigit()):
+        return task, point
+    return spec, ""
+
+
+_spec = os.environ.get(ENV, "")
+_task, _point = _parse(_spec)
+_commands_left: int | None = None
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def reached(task: str, point: str) -> None:
+    """The executor reached `point` ("start", "apply", "progress") of `task`."""
+    global _commands_left
+    if not _spec or task != _task:
+        return
+    if point == "start":
+        if not _point:
+            _die()
+        if _point.isdigit():
+            _commands_left = int(_point)
+    elif point == _point:
+        _die()
+    if point == "apply":
+        _commands_left = None
+
+
+def command_done() -> None:
+    """A command of the connection layer returned (counted only while a `<task>:<N>` apply runs)."""
+    global _commands_left
+    if _commands_left is not None:
+        _commands_left -= 1
+        if _commands_left <= 0:
+            _die()
