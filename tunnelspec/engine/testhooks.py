@@ -8,6 +8,7 @@ run started with TUNNELSPEC_TEST_KILL_AT set SIGKILLs its own process when it re
   "<task name>:<N>"        after the N-th command of its apply returned (a multi-step apply half done)
   "<task name>:apply"      after its apply returned (before the re-check and the notified handlers)
   "<task name>:progress"   at its first progress event (in the middle of a long command: the build)
+  "<task name>:progress:N" at its N-th progress event
 
 SIGKILL, not an exception: no `finally`, no cleanup, no closing of connections — what a killed CI
 runner does. Unset (always, outside tests) every function here returns at once.
@@ -22,15 +23,22 @@ ENV = "TUNNELSPEC_TEST_KILL_AT"
 
 
 
-def _parse(spec: str) -> tuple[str, str]:
-    task, sep, point = spec.rpartition(":")
-    if sep and (point in ("apply", "progress") or point.isdigit()):
-        return task, point
-    return spec, ""
+def _parse(spec: str) -> tuple[str, str, int]:
+    """(task, point, count): "build:progress:2" → ("build", "progress", 2)."""
+    task, sep, last = spec.rpartition(":")
+    count = 1
+    if sep and last.isdigit():
+        head, sep2, point = task.rpartition(":")
+        if sep2 and point == "progress":
+            return head, "progress", int(last)
+        return task, last, 1
+    if sep and last in ("apply", "progress"):
+        return task, last, count
+    return spec, "", count
 
 
 _spec = os.environ.get(ENV, "")
-_task, _point = _parse(_spec)
+_task, _point, _count = _parse(_spec)
 _commands_left: int | None = None
 
 
@@ -40,7 +48,7 @@ def _die() -> None:
 
 def reached(task: str, point: str) -> None:
     """The executor reached `point` ("start", "apply", "progress") of `task`."""
-    global _commands_left
+    global _commands_left, _count
     if not _spec or task != _task:
         return
     if point == "start":
@@ -49,7 +57,9 @@ def reached(task: str, point: str) -> None:
         if _point.isdigit():
             _commands_left = int(_point)
     elif point == _point:
-        _die()
+        _count -= 1
+        if _count <= 0:
+            _die()
     if point == "apply":
         _commands_left = None
 
