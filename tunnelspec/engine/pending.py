@@ -45,4 +45,6 @@ async def mark(conn, hostvars: dict, play: str, notified: list[str]) -> None:
 
 
 async def clear(conn, hostvars: dict, play: str) -> None:
-    await conn.run(["rm", "-f", "--", _path(hostvars, play)], check=True)
+    # The directory goes when empty: a teardown prunes an empty /var/lib/tunnelspec.
+    await conn.run(["sh", "-c", 'rm -f -- "$1" && { rmdir -- "${1%/*}" 2>/dev/null || :; }', "sh",
+                    _path(hostvars, play)], check=True)
