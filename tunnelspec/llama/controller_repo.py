@@ -92,3 +92,43 @@ def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path) -
             _git(scratch, "update-ref", ref, sha)
         _git(scratch, "bundle", "create", str(dest), *refs)
     return list(refs)
+
+
+# ---- the host side -------------------------------------------------------------------------------
+BUNDLE_FILE = ".git/tunnelspec-source.bundle"
+
+
+async def missing_on_host(conn, d: str, shas: list[str]) -> list[str]:
+    """The commits of `shas` the host's checkout does not hold (one command)."""
+    script = 'd=$1; shift; for s; do git -C "$d" cat-file -e "$s^{commit}" 2>/dev/null || echo "$s"; done'
+    res = await conn.run(["sh", "-c", script, "sh", d, *shas], check=True)
+    return res.stdout.split()
+
+
+async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list[str], progress=None) -> int:
+    """Build the bundle on the controller, upload it into the host's .git (atomic, sha256 checked),
+    fetch its refs there and remove it. Returns the bundle's size in bytes."""
+    import asyncio
+    import hashlib
+
+    from tunnelspec.connection.upload import upload_file
+
+    with tempfile.TemporaryDirectory(prefix="tunnelspec-bundle-out-") as tmp:
+        local = Path(tmp) / "source.bundle"
+        await asyncio.to_thread(make_bundle, path, commit, patch_commits, local)
+        h = hashlib.sha256()
+        with local.open("rb") as f:
+            for block in iter(lambda: f.read(2**20), b""):
+                h.update(block)
+        dest = f"{d}/{BUNDLE_FILE}"
+        await upload_file(conn, local, dest, h.hexdigest(), progress=progress)
+        size = local.stat().st_size
+    try:
+        res = await conn.run(["git", "-C", d, "fetch", "--quiet", "--no-tags", "--", dest,
+                              "+refs/tunnelspec/*:refs/tunnelspec/bundle/*", "+refs/tags/*:refs/tags/*"],
+                             timeout=3600)
+        if res.rc != 0:
+            raise RuntimeError(f"git fetch from the bundle failed: {res.stderr.strip()[-600:]}")
+    finally:
+        await conn.run(["rm", "-f", "--", dest])
+    return size
