@@ -13,6 +13,8 @@ from typing import Any
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.inventory.fields import HostVars, cluster_error, is_full_sha
 from tunnelspec.inventory.model import Inventory
+from tunnelspec.llama import controller_repo
+from tunnelspec.models import hub
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 ROLES = ("draft", "target")
@@ -24,6 +26,13 @@ OWNED_SERVER_FLAGS = (
     "--api-key", "--api-key-file",
 )
 OWNED_SERVER_PREFIXES = ("--spec-", "--draft-")
+# llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
+# hf:// form of llama_model / llama_draft_model replaces them.
+DOWNLOAD_SERVER_FLAGS = (
+    "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-hff", "--hf-file", "-hfv", "-hfrv",
+    "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu", "--model-url", "-dr", "--docker-repo",
+    "--spec-draft-hf", "--spec-draft-hf-repo", "--spec-draft-hf-file",
+)
 # CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
 # a CVE), the build identity, and the backend (chosen with llama_backend).
 OWNED_CMAKE_VARS = (
@@ -256,10 +265,17 @@ def _source(hv: HostVars) -> SourcePin:
             f"{commit!r} is not a full 40-hex commit SHA; tags, branches and short SHAs can move or "
             "collide: pin the full SHA (git rev-parse '<tag>^{{commit}}'), quoted: llama_commit=\"<sha>\"",
         )
+    patches = _patches(hv)
+    if controller_repo.is_controller_repo(repo):
+        try:
+            controller_repo.check(controller_repo.path_of(repo, hv.inv.path.parent), commit,
+                                  [p.commit for p in patches if p.kind != "file"])
+        except controller_repo.ControllerRepoError as err:
+            raise hv.fail("llama_repo", str(err)) from None
     return SourcePin(
         repo=repo,
         commit=commit,
-        patches=_patches(hv),
+        patches=patches,
         build_number=hv.integer("llama_build_number", None, minimum=0),
     )
 
@@ -365,6 +381,13 @@ def _main_host(hv: HostVars) -> MainHost:
     extra = hv.words("llama_server_extra_args")
     for arg in extra:
         flag = arg.split("=", 1)[0]
+        if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):
+            raise hv.fail(
+                "llama_server_extra_args",
+                f"{flag} makes llama-server download a model at every start, unpinned and unverified; "
+                f"name the model as llama_model / llama_draft_model = {hub.FORM} instead (downloaded and "
+                "checked on the controller, uploaded once)",
+            )
         if flag in OWNED_SERVER_FLAGS or flag.startswith(OWNED_SERVER_PREFIXES):
             raise hv.fail(
                 "llama_server_extra_args",
@@ -376,8 +399,8 @@ def _main_host(hv: HostVars) -> MainHost:
         raise hv.fail("spec_draft_ngl", f"must be 'all' or a number of layers (0 or more), got {ngl!r}")
     return MainHost(
         name=hv.host,
-        model=hv.string("llama_model", None),
-        draft_model=hv.string("llama_draft_model", None),
+        model=_model(hv, "llama_model"),
+        draft_model=_model(hv, "llama_draft_model"),
         server_host=host,
         server_port=hv.port("llama_server_port", DEFAULT_HTTP_PORT),
         public_bind=public,
@@ -390,6 +413,16 @@ def _main_host(hv: HostVars) -> MainHost:
         root=_root(hv),
         users=_users(hv),
     )
+
+
+def _model(hv: HostVars, var: str) -> str | None:
+    value = hv.string(var, None)
+    if value is not None and (hub.is_hub_ref(value) or value.lower().startswith(("hf:", "huggingface:"))):
+        try:
+            return str(hub.parse_ref(value))
+        except hub.HubRefError as err:
+            raise hv.fail(var, str(err)) from None
+    return value
 
 
 # ---- cross-host checks ----------------------------------------------------------------------------
