@@ -62,6 +62,9 @@ def test_pinned_models_upload_once_then_nothing(setup):
     assert files(models) == {"tiny.gguf": DATA, "tiny-00001-of-00002.gguf": PART1,
                              "tiny-00002-of-00002.gguf": PART2}
     assert hubs.downloads() == 3, hubs.requests
+    progress = [e["msg"] for e in first.events if e.get("event") == "progress"]
+    assert any(m.startswith("download tiny-00002-of-00002.gguf") for m in progress), progress
+    assert any(m.startswith("tiny.gguf: sha256") and "verified" in m for m in progress), progress
     assert set(hubs.auth_seen) == {f"Bearer {TOKEN}"}  # the token from the environment was used
     second = tunnelspec("play", str(inv), pb, "--format", "json", "--diff", env=env)
     assert second.rc == 0 and [e["status"] for e in second.results()] == ["ok", "ok", "ok"], second.stdout
