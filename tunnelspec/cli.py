@@ -84,13 +84,14 @@ def run_options(f):
     return f
 
 
-def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False, **kw):
+def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
+          preflight=False, **kw):
     from tunnelspec.runner import connect_options_from_env, run_playbook_file
 
     options = _run_options(**kw)
     code = run_playbook_file(inventory_file, playbook, options, fmt,
                              connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster,
-                             require_models=require_models)
+                             require_models=require_models, preflight=preflight)
     sys.exit(code)
 
 
@@ -116,7 +117,7 @@ def _builtin(name: str) -> str:
 @run_options
 def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
-    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True,
+    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
           allow_vulnerable_llama=allow_vulnerable_llama, **kw)
 
 

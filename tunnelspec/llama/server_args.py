@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.llama.flags import ServerHelp, DRAFT_SIMPLE
-from tunnelspec.llama.speculative import SpecError, check_extra_args, spec_type_argv, split_modes
+from tunnelspec.llama.preflight import check_settings
+from tunnelspec.llama.speculative import SpecError, spec_type_argv
 
 # llama-server's unit name, shared by the tasks, the verify step, status and teardown.
 UNIT = "tunnelspec-llama-server.service"
@@ -94,26 +95,19 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
     dev = target_device_list(main.target_devices, rpc_targets)
     draft_devices = nodes[draft.name]
     try:
+        check_settings(cluster, help_)
         # Where the build has --spec-type it is mandatory (the default `none` loads the draft and
         # silently frees it); where the draft model alone speculates it is [] (and draft-simple is
         # then rejected by the build).
         spec = spec_type_argv(help_, main.spec_type)
     except SpecError as e:
         raise TaskFailed(str(e)) from None
-    try:
-        check_extra_args(help_, list(main.extra_args))
-    except SpecError as e:
-        raise TaskFailed(f"llama_server_extra_args: {e}") from None
 
     argv = [binary, help_.require("--rpc"), ",".join(endpoints)]
     argv += [help_.require("-dev", "--device"), dev]
     argv += [help_.require("-m", "--model"), model]
     placement = cluster.placement
     if placement.split_mode is not None:
-        modes = split_modes(help_)
-        if placement.split_mode not in modes:
-            raise TaskFailed(f"llama_split_mode {placement.split_mode} is not offered by this llama-server build "
-                             f"({help_.build}); it has: {', '.join(modes) or 'no --split-mode'}")
         argv += [help_.require("-sm", "--split-mode"), placement.split_mode]
     split = tensor_split(cluster, nodes)
     if split is not None:
