@@ -14,7 +14,9 @@ from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TU
 from tunnelspec.inventory.fields import HostVars, cluster_error, is_full_sha
 from tunnelspec.inventory.model import Inventory
 from tunnelspec.inventory.placement import TargetPlacement, node_share, parse_placement
+from tunnelspec.llama import controller_repo
 from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
+from tunnelspec.models import hub
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 ROLES = ("draft", "target")
@@ -23,6 +25,13 @@ ROLES = ("draft", "target")
 # or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
 # --spec-draft-type-k, ...) are allowed and checked against the built --help at plan time.
 OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
+# llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
+# hf:// form of llama_model / llama_draft_model replaces them.
+DOWNLOAD_SERVER_FLAGS = (
+    "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-hff", "--hf-file", "-hfv", "-hfrv",
+    "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu", "--model-url", "-dr", "--docker-repo",
+    "--spec-draft-hf", "--spec-draft-hf-repo", "--spec-draft-hf-file",
+)
 # CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
 # a CVE), the build identity, and the backend (chosen with llama_backend).
 OWNED_CMAKE_VARS = (
@@ -278,10 +287,17 @@ def _source(hv: HostVars) -> SourcePin:
             f"{commit!r} is not a full 40-hex commit SHA; tags, branches and short SHAs can move or "
             "collide: pin the full SHA (git rev-parse '<tag>^{{commit}}'), quoted: llama_commit=\"<sha>\"",
         )
+    patches = _patches(hv)
+    if controller_repo.is_controller_repo(repo):
+        try:
+            controller_repo.check(controller_repo.path_of(repo, hv.inv.path.parent), commit,
+                                  [p.commit for p in patches if p.kind != "file"])
+        except controller_repo.ControllerRepoError as err:
+            raise hv.fail("llama_repo", str(err)) from None
     return SourcePin(
         repo=repo,
         commit=commit,
-        patches=_patches(hv),
+        patches=patches,
         build_number=hv.integer("llama_build_number", None, minimum=0),
     )
 
@@ -389,6 +405,13 @@ def _main_host(hv: HostVars) -> MainHost:
     p_min = _p_min(hv)
     for arg in extra:
         flag = arg.split("=", 1)[0]
+        if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):
+            raise hv.fail(
+                "llama_server_extra_args",
+                f"{flag} makes llama-server download a model at every start, unpinned and unverified; "
+                f"name the model as llama_model / llama_draft_model = {hub.FORM} instead (downloaded and "
+                "checked on the controller, uploaded once)",
+            )
         var = owned_variable(None, flag)
         if var is not None:
             raise hv.fail("llama_server_extra_args", f"{flag} is set by tunnelspec; use {var} instead (remove it here)")
@@ -398,7 +421,7 @@ def _main_host(hv: HostVars) -> MainHost:
     if spec_type is not None and spec_type not in DRAFT_TYPES:
         raise hv.fail("spec_type", f"must be one of {', '.join(DRAFT_TYPES)} (a draft model on the remote device); "
                       f"got {spec_type!r}")
-    model, draft_model = hv.string("llama_model", None), hv.string("llama_draft_model", None)
+    model, draft_model = _model(hv, "llama_model"), _model(hv, "llama_draft_model")
     if spec_type == "draft-mtp" and draft_model is not None and draft_model == model:
         raise hv.fail("spec_type", "draft-mtp with llama_draft_model = llama_model is MTP without a separate file: "
                       "llama.cpp then runs the MTP heads on the target's devices and ignores the draft device; "
@@ -437,6 +460,16 @@ def _p_min(hv: HostVars) -> float | None:
     if out is None or not 0.0 <= out <= 1.0:
         raise hv.fail("spec_draft_p_min", f"must be a probability between 0 and 1, got {value!r}")
     return out
+
+
+def _model(hv: HostVars, var: str) -> str | None:
+    value = hv.string(var, None)
+    if value is not None and (hub.is_hub_ref(value) or value.lower().startswith(("hf:", "huggingface:"))):
+        try:
+            return str(hub.parse_ref(value))
+        except hub.HubRefError as err:
+            raise hv.fail(var, str(err)) from None
+    return value
 
 
 # ---- cross-host checks ----------------------------------------------------------------------------
