@@ -488,9 +488,12 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     tps = timings.get("predicted_per_second")
     # The type llama-server runs, in its own words (after the completion a slot carries it).
     types = await props.read_spec_types(opener, key.reveal() if key else None)
-    want = plan.get("spec_type")
-    if want and types["active"] and want not in types["active"].split(","):
-        raise TaskFailed(f"llama-server runs speculative type {types['active']!r} (from /slots, /props), "
+    want, running = plan.get("spec_type"), types["slots"]
+    # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
+    # model alone speculates report "none" there although they draft.
+    implicit = "--spec-type" not in plan.get("argv", [])
+    if want and running and not implicit and want not in running.split(","):
+        raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
                          f"not the {want} the inventory asks for")
     summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
                f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
