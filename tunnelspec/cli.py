@@ -189,7 +189,7 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, fmt):
 # ---- inventory -------------------------------------------------------------------------------
 @main.group()
 def inventory() -> None:
-    """Inspect an Ansible-style INI inventory."""
+    """Inspect an Ansible inventory (INI or YAML)."""
 
 
 @inventory.command("list")

@@ -69,7 +69,7 @@ class HostVars:
         if var in self.values:
             return self.values[var]
         if default is _MISSING:
-            raise self.fail(var, "is required; set it in the inventory (see inventory.example.ini)")
+            raise self.fail(var, "is required; set it in the inventory (see inventory.example.ini or .yml)")
         return default
 
     def string(self, var: str, default: Any = _MISSING) -> str | None:
