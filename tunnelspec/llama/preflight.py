@@ -16,6 +16,7 @@ Where the controller gets that `--help`, in order:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -136,8 +137,11 @@ async def _read_main_build(cluster, connect_options) -> flags.ServerHelp | None:
     inv, name = cluster.inventory, cluster.main.name
     current = posixpath.join(cluster.main.root, "current")
     binary = posixpath.join(current, "bin", "llama-server")
+    # Never pins a new host key here: the run itself accepts (and reports) it when asked to.
+    opts = dataclasses.replace(connect_options, accept_new_host_keys=False, new_host_keys=[], preconnect=None,
+                               connect_timeout=min(connect_options.connect_timeout, 5.0))
     try:
-        conn = await connect(name, inv.host_vars(name), connect_options, inv.path.parent)
+        conn = await connect(name, inv.host_vars(name), opts, inv.path.parent)
     except Exception:  # unreachable now: the run reports it properly (exit 4) in its first play
         return None
     try:
