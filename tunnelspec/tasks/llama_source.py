@@ -143,20 +143,29 @@ class LlamaSource(Task):
         patches = self._patches(ctx)
         if ch.data.get("abort") or ch.data.get("discard"):
             await run(["sh", "-c", "cd -- \"$1\" && { git cherry-pick --abort || true; git rebase --abort || true; "
-                       "git am --abort || true; } 2>/dev/null; git reset -q --hard && git clean -fdq",
+                       "git am --abort || true; } 2>/dev/null; "
+                       # No HEAD yet: a repo made by a killed run before its first commit arrived.
+                       "{ ! git rev-parse -q --verify HEAD >/dev/null || git reset -q --hard; } && git clean -fdq",
                        "sh", d], check=True)
         st = ss.parse_state((await run(["sh", "-c", ss.STATE_SCRIPT, "sh", d, commit], check=True)).stdout)
         origin = self._origin(ctx)
-        if st.absent and self.pushed:
-            # The origin URL only records where the source came from: the host never fetches it.
-            await run(["mkdir", "-p", d], check=True)
-            await run(["git", "init", "--quiet", "--", d], check=True)
-            await run(_git(d, "remote", "add", "origin", origin), check=True)
-        elif st.absent:
+        applying = posixpath.join(d, ss.APPLYING_FILE)
+        if st.absent:
             await run(["mkdir", "-p", posixpath.dirname(d)], check=True)
-            await run(["git", "clone", "--quiet", "--no-checkout", "--", self.p["repo"], d], check=True, timeout=3600)
-        elif st.origin != origin:
-            await run(_git(d, "remote", "set-url", "origin", origin), check=True)
+            if self.pushed:
+                # The origin URL only records where the source came from: the host never fetches it.
+                make, arg = 'git init --quiet -- "$2" && git -C "$2" remote add origin "$1"', origin
+            else:
+                make, arg = 'git clone --quiet --no-checkout -- "$1" "$2"', self.p["repo"]
+            # Made beside and renamed into place with its "applying" mark: a killed clone leaves only
+            # the scratch dir (removed next time), never a checkout without its files.
+            await run(["sh", "-c", f'rm -rf -- "$2" && {make} && touch -- "$2/.git/tunnelspec-applying" && '
+                       '{ rmdir -- "$3" 2>/dev/null; mv -T -- "$2" "$3"; }',
+                       "sh", arg, d + ".tunnelspec-clone", d], check=True, timeout=3600)
+        else:
+            await run(["touch", "--", applying], check=True)
+            if st.origin != origin:
+                await run(_git(d, "remote", "set-url", "origin", origin), check=True)
         # A half-applied stack must never look finished: drop the record first.
         await run(["rm", "-f", "--", posixpath.join(d, ss.STACK_FILE)], check=True)
         if self.pushed:
@@ -174,6 +183,7 @@ class LlamaSource(Task):
         await run(_git(d, "update-ref", "refs/tunnelspec/stack", head), check=True)
         record = ss.stack_record(ss.fingerprint(commit, patches), commit, head, tree, steps)
         await ctx.conn.put(record, posixpath.join(d, ss.STACK_FILE), mode=0o644)
+        await run(["rm", "-f", "--", applying], check=True)
 
     async def _push_commits(self, ctx, patches) -> None:
         needed = self._needed(patches)
