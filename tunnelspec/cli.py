@@ -94,7 +94,7 @@ def run_options(f):
 
 
 def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
-          lock="", lock_timeout=1800, no_wait=False, **kw):
+          preflight=False, lock="", lock_timeout=1800, no_wait=False, **kw):
     from tunnelspec.runner import connect_options_from_env, run_playbook_file
 
     # --check changes nothing: it never takes (or waits for) the run lock.
@@ -102,7 +102,7 @@ def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=F
                            lock_wait=not no_wait, **kw)
     code = run_playbook_file(inventory_file, playbook, options, fmt,
                              connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster,
-                             require_models=require_models)
+                             require_models=require_models, preflight=preflight)
     sys.exit(code)
 
 
@@ -130,7 +130,7 @@ def _builtin(name: str) -> str:
 @run_options
 def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
-    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True,
+    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
           allow_vulnerable_llama=allow_vulnerable_llama, lock="deploy", **kw)
 
 
@@ -175,6 +175,23 @@ def status_cmd(inventory_file, fmt):
     report = asyncio.run(status.gather(inv, cluster, opts))
     click.echo(json.dumps(report, sort_keys=True) if fmt == "json" else status.render(report))
     sys.exit(status.status_exit_code(report))
+
+
+@main.command("logs")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", "output", default=None, type=click.Path(),
+              help="Directory, or a .tar.gz file, to write (default ./tunnelspec-logs-<UTC time>).")
+@click.option("--since", default=None,
+              help="Journal lines since this time (journalctl --since syntax, e.g. '1 hour ago'); "
+                   "default: the current boot.")
+def logs_cmd(inventory_file, output, since):
+    """Read-only bug-report bundle: every host's tunnelspec journals, unit files, llama-server version
+    and devices, load/placement lines, status; secrets masked. Unreachable hosts are listed."""
+    from tunnelspec import logs
+
+    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    where, hosts = logs.run(inv, cluster, opts, output, since)
+    click.echo(logs.summary(hosts, where), nl=False)
 
 
 @main.command("bench")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tunnelspec.constants import LOOPBACK, STATE_DIR
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import flags, http
+from tunnelspec.llama import flags, http, preflight, props
 from tunnelspec.connection.upload import upload_file
 from tunnelspec.models import hub
 from tunnelspec.llama.server_args import (UNIT, build_server_argv, draft_placement, list_devices_argv,
@@ -99,6 +99,9 @@ class ModelFile(Task):
     async def _check_hub(self, ctx):
         """hf://…@SHA: compared with what the Hub reports (no download when the host has it)."""
         var = self.p["fact"].removesuffix("_path")
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+            if os.environ.get(name):
+                ctx.add_secret(os.environ[name])  # masked in every message of the run, whatever prints it
         try:
             ref = hub.parse_ref(self.p["src"])
         except hub.HubRefError as err:
@@ -312,6 +315,9 @@ class LlamaServerPlan(Task):
         if helped.rc != 0 or "--rpc" not in helped.stdout:
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
+        # The controller keeps this build's --help: the next deploy of the same source checks the
+        # inventory's llama-server settings against it before touching any host (llama/preflight.py).
+        preflight.save_record(cluster, label, helped.stdout)
         by_port = ctx.vars.get("rpc_devices")
         if not by_port:
             raise TaskFailed("no RPC device map: the rpc_devices task must run first")
@@ -483,12 +489,22 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
                 raise
             await asyncio.sleep(0.5)
     tps = timings.get("predicted_per_second")
-    summary = (f"health ok; draft model buffer on {placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
+    # The type llama-server runs, in its own words (after the completion a slot carries it).
+    types = await props.read_spec_types(opener, key.reveal() if key else None)
+    want, running = plan.get("spec_type"), types["slots"]
+    # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
+    # model alone speculates report "none" there although they draft.
+    implicit = "--spec-type" not in plan.get("argv", [])
+    if want and running and not implicit and want not in running.split(","):
+        raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
+                         f"not the {want} the inventory asks for")
+    summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
+               f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
                f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
                f"draft_n={draft_n} draft_n_accepted={accepted}")
     return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
             "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
-            "summary": summary}
+            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary}
 
 
 _SS_LOCAL = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s")
