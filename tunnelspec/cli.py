@@ -354,7 +354,7 @@ def tunnel_status_cmd(inventory_file, nodes, fmt):
     import json
 
     from tunnelspec.runner import connect_options_from_env
-    from tunnelspec.tasks.tunnel import format_status, tunnel_status
+    from tunnelspec.tunnel_status import format_status, tunnel_status
 
     rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env()))
     click.echo(json.dumps(rows) if fmt == "json" else format_status(rows))

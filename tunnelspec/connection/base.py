@@ -72,6 +72,11 @@ class Connection(abc.ABC):
     async def open_connection(self, host: str, port: int):
         """A TCP stream (reader, writer) to host:port as seen from this host."""
 
+    def server_host_key(self) -> str | None:
+        """The host key this connection verified (OpenSSH public-key line), or None when the
+        connection is not SSH (a local connection has no host key to pin)."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         ...

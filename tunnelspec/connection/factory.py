@@ -8,12 +8,8 @@ import os
 from tunnelspec.connection.base import ConnectOptions, Connection, expand_user_path
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.errors import UsageError
-
-
-def _truthy(v) -> bool:
-    if isinstance(v, bool):
-        return v
-    return str(v).strip().lower() in {"1", "true", "yes", "on"}
+from tunnelspec.inventory.addresses import ssh_address
+from tunnelspec.truth import truthy
 
 
 def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:
@@ -30,7 +26,7 @@ def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tup
 
 
 def ssh_target(name: str, host_vars: dict) -> tuple[str, int]:
-    return str(host_vars.get("ansible_host", name)), int(host_vars.get("ansible_port", 22))
+    return ssh_address(name, host_vars)
 
 
 def is_ssh(host_vars: dict) -> bool:
@@ -39,7 +35,7 @@ def is_ssh(host_vars: dict) -> bool:
 
 async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> Connection:
     kind = str(host_vars.get("ansible_connection", "ssh"))
-    become = _truthy(host_vars.get("ansible_become", False))
+    become = truthy(host_vars.get("ansible_become", False))
     if kind == "local":
         return LocalConnection(name, become=become)
     if not is_ssh(host_vars):

@@ -111,6 +111,10 @@ class SSHConnection(Connection):
         rc = proc.exit_status if proc.exit_status is not None else 255
         return rc, "\n".join(tail)
 
+    def server_host_key(self) -> str | None:
+        key = self._conn.get_server_host_key()
+        return key.export_public_key().decode().strip() if key is not None else None
+
     async def open_connection(self, host, port):
         return await self._conn.open_connection(host, port)
 

@@ -54,11 +54,15 @@ class Run:
 
     def __init__(self, inventory, options: RunOptions, emit, connect_options: ConnectOptions | None = None,
                  cluster=None):
+        # The run's one view of every variable: inventory layers with -e on top (Inventory.host_vars);
+        # the caller's cluster, when given, was built from the same view (runner.py).
+        inventory = inventory.with_extra_vars(options.extra_vars)
         self.inventory = inventory
         self.options = options
         self.emit_raw = emit
         self.connect_options = connect_options or ConnectOptions()
         self.cluster = cluster
+        self.memo: dict = {}           # HostContext.memo: one per run
         self.summary = Summary(check=options.check)
         self.hosts: dict[str, HostState] = {}
         self.secrets: list[str] = []
@@ -67,7 +71,6 @@ class Run:
         self._hostvars = HostVars(self.hosts)
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
-            hv.update(options.extra_vars)
             self.hosts[name] = HostState(name, hv)
             self.secrets.extend(secret_values(hv))
 
@@ -259,7 +262,8 @@ class Run:
             return True
         variables = self.template_vars(host, play)
         ctx = HostContext(host=host, conn=conn, vars=variables, facts=st.facts, options=self.options,
-                          emit=self.emit, task_name=spec.name, secrets=self.secrets, controller=self)
+                          emit=self.emit, task_name=spec.name, secrets=self.secrets, cluster=self.cluster,
+                          inventory_dir=self.inventory.path.parent, connect=self.connection, memo=self.memo)
         started = time.monotonic()
         try:
             for cond in spec.when:
@@ -276,7 +280,7 @@ class Run:
                 status = "changed"
                 if not self.options.check:
                     await task.apply(ctx, ch)
-                    if not task.handler_only:
+                    if not task.is_handler_only(task.p):
                         again = await task.check(ctx)
                         if again.changed:
                             raise TaskFailed(f"not convergent: after apply the check still reports: {again.msg}")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.truth import parse_bool
 
 _MISSING = object()
 
@@ -60,8 +61,8 @@ def _coerce(name: str, spec: Arg, value: Any):
     types = spec.type if isinstance(spec.type, tuple) else (spec.type,)
     if isinstance(value, types):
         out = value
-    elif bool in types and isinstance(value, str) and value.lower() in {"true", "false", "yes", "no", "1", "0"}:
-        out = value.lower() in {"true", "yes", "1"}
+    elif bool in types and isinstance(value, str) and parse_bool(value) is not None:
+        out = parse_bool(value)
     elif int in types and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         out = int(value)
     elif str in types and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -84,6 +85,11 @@ class Task:
 
     def __init__(self, params: dict):
         self.p = params
+
+    @classmethod
+    def is_handler_only(cls, params: dict) -> bool:
+        """Whether these arguments make a task that cannot be idempotent (`handler_only`)."""
+        return cls.handler_only
 
     @classmethod
     def unknown_args(cls, params: dict) -> list[str]:

@@ -173,7 +173,7 @@ class Copy(_Content):
         if self.p["src"]:
             path = Path(self.p["src"])
             if not path.is_absolute():
-                path = ctx.controller.inventory.path.parent / path
+                path = ctx.inventory_dir / path
             try:
                 return path.read_bytes()
             except OSError as e:
@@ -183,7 +183,7 @@ class Copy(_Content):
 
 def template_search_path(ctx) -> list[Path]:
     here = Path(__file__).resolve().parent.parent
-    return [ctx.controller.inventory.path.parent, here / "data" / "templates"]
+    return [ctx.inventory_dir, here / "data" / "templates"]
 
 
 @register_task

@@ -49,11 +49,7 @@ class LlamaSource(Task):
         return posixpath.join(self.p["root"], "src", "llama.cpp")
 
     def _patches(self, ctx) -> list[ss.PatchSpec]:
-        inv = getattr(ctx.controller, "inventory", None)
-        base = inv.path.parent if inv is not None else None
-        from pathlib import Path
-
-        return ss.parse_patches(self.p["patches"], base or Path.cwd())
+        return ss.parse_patches(self.p["patches"], ctx.inventory_dir)
 
     async def _refuse_non_sha(self, ctx) -> None:
         # The Cluster model refuses this at validation; kept here for playbooks run without one.
