@@ -20,10 +20,9 @@ def _fail(err: TunnelspecError, as_json: bool = False) -> None:
         # With --format json, stdout stays machine-readable: the error is one event (docs/output.md).
         import json
 
-        from tunnelspec.reporting.schema import SCHEMA_VERSION
+        from tunnelspec.reporting import events
 
-        click.echo(json.dumps({"event": "error", "exit_code": err.exit_code, "msg": str(err),
-                               "schema": SCHEMA_VERSION}, sort_keys=True))
+        click.echo(json.dumps(events.error(str(err), err.exit_code), sort_keys=True))
     sys.exit(err.exit_code)
 
 

@@ -50,8 +50,15 @@ class ConnectOptions:
     keepalive_interval: float = 15.0
     private_key: Secret | None = None       # key content from TUNNELSPEC_SSH_KEY
     use_ssh_config: bool = True
-    new_host_keys: list = field(default_factory=list)  # (host, line) pinned this run
-    preconnect: object = None               # connection/preconnect.Preconnect of the run, if any
+
+
+@dataclass
+class ConnectSession:
+    """What the connections of one run share, apart from the options (which a run never changes):
+    the TCP sockets opened ahead (connection/preconnect.py) and the host keys pinned on first use."""
+
+    preconnect: object = None               # connection/preconnect.Preconnect, if any
+    new_host_keys: list = field(default_factory=list)  # (host, known_hosts line) pinned this run
 
 
 def reveal_argv(argv) -> list[str]:

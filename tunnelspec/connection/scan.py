@@ -128,10 +128,10 @@ def run_scan(inventory_path: str, limit: str | None, fmt: str, opts: ConnectOpti
                          else f"{inventory_path}: no hosts")
     results = asyncio.run(scan(inv, hosts, opts))
     if fmt == "json":
-        from tunnelspec.reporting import SCHEMA_VERSION
+        from tunnelspec.reporting import events
 
         for r in results:
-            stream.write(json.dumps({"schema": SCHEMA_VERSION, "event": "host_keys", **r.as_dict()}, sort_keys=True) + "\n")
+            stream.write(json.dumps(events.host_keys(**r.as_dict()), sort_keys=True) + "\n")
     else:
         stream.write(format_human(results) + "\n")
     return exit_code(results)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.reporting import events
 
 
 @dataclass
@@ -66,7 +67,7 @@ class HostContext:
         self.vars[key] = value
 
     def progress(self, msg: str, **data) -> None:
-        self.emit({"event": "progress", "host": self.host, "task": self.task_name, "msg": msg, **data})
+        self.emit(events.progress(self.host, self.task_name, msg, **data))
 
     def add_secret(self, value: str) -> None:
         if value:

@@ -146,7 +146,7 @@ class _Content(Task):
                 await ctx.conn.run(["chown", owner, "--", dest], check=True)
             return
         data = await self.desired(ctx)
-        validate = self.p.get("validate")
+        validate = self.p["validate"]
         if validate:
             # Validate a candidate next to the destination before it replaces the real file.
             cand = f"{dest}.tunnelspec-validate"

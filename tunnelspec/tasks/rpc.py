@@ -173,7 +173,7 @@ class RpcUnit(Task):
         if node.bind != LOOPBACK:  # the cluster model already refuses this; never render it
             raise TaskFailed(f"rpc bind {node.bind!r} is not {LOOPBACK}")
         argv = rpc_argv(self.p["binary"], node.rpc_port, node.devices, node.threads, node.cache)
-        return SystemdUnit({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "content": None, "verify": True,
+        return SystemdUnit.build({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "verify": True,
                             "vars": {"loopback": LOOPBACK, "rpc_port": node.rpc_port, "rpc_user": node.users.rpc,
                                      "cache": node.cache, "backend": node.build.backend, "rpc_argv": argv,
                                      "supplementary_groups": BACKEND_GROUPS[node.build.backend]}})

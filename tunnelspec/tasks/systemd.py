@@ -25,10 +25,10 @@ class SystemdUnit(Task):
             "verify": Arg(bool, default=True)}
 
     def _inner(self):
-        p = {"dest": _unit_path(self.p["name"]), "mode": "644", "owner": None, "group": None, "validate": None}
+        p = {"dest": _unit_path(self.p["name"]), "mode": "644"}
         if self.p["src"]:
-            return Template({**p, "src": self.p["src"], "vars": self.p["vars"]})
-        return Copy({**p, "content": self.p["content"] or "", "src": None})
+            return Template.build({**p, "src": self.p["src"], "vars": self.p["vars"]})
+        return Copy.build({**p, "content": self.p["content"] or ""})
 
     async def check(self, ctx):
         return await self._inner().check(ctx)

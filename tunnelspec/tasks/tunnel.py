@@ -46,12 +46,12 @@ class TunnelUnits(Task):
         target = node_ssh_target(cluster.inventory, node.name)
         argv = ssh_argv(node, target, node.users.tunnel, self.p["key"], self.p["known_hosts"], self.p["session"],
                         aes_ni)
-        unit = SystemdUnit({"name": name, "src": UNIT_TEMPLATE, "content": None, "verify": True, "vars": {
+        unit = SystemdUnit.build({"name": name, "src": UNIT_TEMPLATE, "verify": True, "vars": {
             "node": node.name, "loopback": LOOPBACK, "tunnel_port": node.tunnel_port, "rpc_port": node.rpc_port,
             "tunnel_user": cluster.main.users.tunnel, "ssh_argv": argv, "session": self.p["session"],
             "forced_command": TUNNEL_FORCED_COMMAND, "key_fingerprint": key_fp}})
         want = self.p["state"] == "started"
-        svc = Service({"name": name, "state": self.p["state"], "enabled": want})
+        svc = Service.build({"name": name, "state": self.p["state"], "enabled": want})
         return name, unit, svc
 
     async def check(self, ctx):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.errors import ArgumentError, TaskFailed
 from tunnelspec.keys import (TUNNEL_FORCED_COMMAND, authorized_keys_line, fingerprint, generate_ed25519,
                              known_hosts_line, tunnel_key_options)
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
@@ -132,8 +132,11 @@ class TunnelAuthorizedKey(Task):
         if frm is None:
             addr, _ = node_ssh_target(ctx.require_cluster().inventory, ctx.host)
             frm = await source_address(ctx, addr)
-        opts = tunnel_key_options(self.p["rpc_port"], frm or None, TUNNEL_FORCED_COMMAND)
-        return authorized_keys_line(self.p["pubkey"], opts, "tunnelspec-tunnel") + "\n"
+        try:
+            opts = tunnel_key_options(self.p["rpc_port"], frm or None, TUNNEL_FORCED_COMMAND)
+            return authorized_keys_line(self.p["pubkey"], opts, "tunnelspec-tunnel") + "\n"
+        except ValueError as e:     # a port, address or key the line cannot carry: the arguments' fault
+            raise ArgumentError(str(e)) from None
 
     async def check(self, ctx):
         path = f"{self.p['home']}/.ssh/authorized_keys"
