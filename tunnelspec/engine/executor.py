@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tunnelspec.connection import ConnectOptions, ConnectSession, connect
+from tunnelspec.engine import pending, testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
 from tunnelspec.engine.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
@@ -87,6 +88,8 @@ class Run:
         event = mask_value(event, sorted(set(self.secrets), key=len, reverse=True))
         self.summary.record(event)
         self.emit_raw(event)
+        if event.get("event") == "progress":
+            testhooks.reached(event.get("task", ""), "progress")
 
     # ---- hosts ----------------------------------------------------------------------------
     def select(self, pattern: str) -> list[str]:
@@ -158,10 +161,18 @@ class Run:
     async def run_playbook(self, playbook: Playbook) -> Summary:
         self.emit(events.run_start(playbook.path, self.options.check))
         self._preconnect(playbook)
+        lock = None
         try:
+            if self.options.lock and not self.options.check:
+                from tunnelspec.engine.runlock import RunLock
+
+                lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
+                await lock.acquire([h for play in playbook.plays for h in self.select(play.hosts)])
             for play in playbook.plays:
                 await self.run_play(play)
         finally:
+            if lock is not None:
+                await lock.release()
             await self.close()
         self.emit(events.recap(self.summary.per_host(), self.summary.exit_code()))
         return self.summary
@@ -214,8 +225,14 @@ class Run:
             st.failed = True
             self.emit(events.task_failed(host, "connect", play.name, str(e)))
             return
+        try:
+            # Handlers a killed run of this play notified and never ran (engine/pending.py).
+            notified: list[str] = await pending.load(conn, st.vars, play.name) if play.handlers else []
+        except HostUnreachable as e:
+            st.unreachable = True
+            self.emit(events.unreachable(host, play.name, str(e)))
+            return
         await self._prefetch(play, host, conn)
-        notified: list[str] = []
         for spec in play.tasks:
             if not await self._run_task(play, spec, host, conn, notified, is_handler=False):
                 return
@@ -223,6 +240,11 @@ class Run:
             if spec.name in notified or any(x in notified for x in spec.listen):
                 if not await self._run_task(play, spec, host, conn, notified, is_handler=True):
                     return
+        if notified and not self.options.check:
+            try:
+                await pending.clear(conn, st.vars, play.name)
+            except TunnelspecError:
+                pass                     # kept: the handlers run once more next time, no harm
 
     async def _prefetch(self, play: Play, host: str, conn) -> None:
         """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
@@ -272,7 +294,7 @@ class Run:
                 return True
             task = TASKS[spec.module].build(render_value(spec.args, variables))
             ctx = self._context(host, conn, variables, spec)
-            status, ch = await self._converge(task, ctx)
+            status, ch = await self._converge(task, ctx, spec, play)
             if status == "changed":
                 notified.extend(spec.notify)
             if spec.register:
@@ -303,15 +325,20 @@ class Run:
                            emit=self.emit, task_name=spec.name, secrets=self.secrets, cluster=self.cluster,
                            inventory_dir=self.inventory.path.parent, connect=self.connection, memo=self.memo)
 
-    async def _converge(self, task: Task, ctx: HostContext) -> tuple[str, Change]:
-        """check → (unless --check) apply → check again, which must then be clean."""
+    async def _converge(self, task: Task, ctx: HostContext, spec: TaskSpec, play: Play) -> tuple[str, Change]:
+        """check → (unless --check) apply → check again, which must then be clean. The handlers a
+        change will notify are recorded on the host before the apply (engine/pending.py)."""
         for s in task.secrets():
             ctx.add_secret(s)
         ch = await task.check(ctx)
         if not ch.changed:
             return "ok", ch
         if not self.options.check:
+            if spec.notify:
+                await pending.mark(ctx.conn, self.hosts[ctx.host].vars, play.name, spec.notify)
+            testhooks.reached(spec.name, "start")
             await task.apply(ctx, ch)
+            testhooks.reached(spec.name, "apply")
             if not task.is_handler_only(task.p):
                 again = await task.check(ctx)
                 if again.changed:

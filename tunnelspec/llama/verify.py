@@ -1,6 +1,6 @@
 """Proof that llama-server serves with the remote draft: /health, one completion that used draft
-tokens, and the journal line placing the draft model's buffer on the draft node's RPC device.
-Shared by the `llama_verify` task, `tunnelspec status` and `tunnelspec bench`."""
+tokens, the journal line placing the draft model's buffer on the draft node's RPC device, and the
+speculative type it runs. Shared by the `llama_verify` task, `tunnelspec status` and `tunnelspec bench`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import http
+from tunnelspec.llama import http, props
 from tunnelspec.llama.server_args import UNIT, draft_placement
 from tunnelspec.secrets import Secret
 
@@ -69,9 +69,19 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
                 raise
             await asyncio.sleep(0.5)
     tps = timings.get("predicted_per_second")
-    summary = (f"health ok; draft model buffer on {placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
+    # The type llama-server runs, in its own words (after the completion a slot carries it).
+    types = await props.read_spec_types(opener, key.reveal() if key else None)
+    want, running = plan.get("spec_type"), types["slots"]
+    # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
+    # model alone speculates report "none" there although they draft.
+    implicit = "--spec-type" not in plan.get("argv", [])
+    if want and running and not implicit and want not in running.split(","):
+        raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
+                         f"not the {want} the inventory asks for")
+    summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
+               f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
                f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
                f"draft_n={draft_n} draft_n_accepted={accepted}")
     return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
             "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
-            "summary": summary}
+            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary}

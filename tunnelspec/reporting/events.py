@@ -69,6 +69,11 @@ def error(msg: str, exit_code: int) -> dict:
     return _event("error", msg=msg, exit_code=exit_code)
 
 
+def run_lock_waiting(host: str, holder: dict | None, msg: str) -> dict:
+    """Another run holds a host's run lock (engine/runlock.py); repeated while waiting."""
+    return _event("run_lock", host=host, status="waiting", holder=holder, msg=msg)
+
+
 def recap(hosts: dict, exit_code: int) -> dict:
     return _event("recap", hosts=hosts, exit_code=exit_code)
 
@@ -83,5 +88,5 @@ def host_keys(host: str, address: str, port: int, keys: list[dict], error: str |
 CONSTRUCTORS = {
     "run_start": run_start, "play_start": play_start, "task_result": task_result, "unreachable": unreachable,
     "progress": progress, "gate": gate, "host_key_pinned": host_key_pinned, "message": message,
-    "error": error, "recap": recap, "host_keys": host_keys,
+    "error": error, "run_lock": run_lock_waiting, "recap": recap, "host_keys": host_keys,
 }

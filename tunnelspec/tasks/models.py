@@ -1,17 +1,19 @@
-"""Model files on the main host: a GGUF used in place or uploaded once from the controller, and
-uploads the inventory no longer names removed."""
+"""Model files on the main host: a GGUF used in place, uploaded once from the controller, or
+downloaded from a pinned Hugging Face revision; uploads the inventory no longer names removed."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from pathlib import Path
 
+from tunnelspec.connection.upload import upload_file
 from tunnelspec.constants import STATE_DIR
 from tunnelspec.errors import TaskFailed
+from tunnelspec.models import hub
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 
 MODELS_DIR = f"{STATE_DIR}/models"
-UPLOAD_CHUNK = 8 * 2**20
 _SHA_CACHE: dict[tuple, str] = {}  # (path, size, mtime) -> sha256: hash a big model once per process
 
 
@@ -30,6 +32,11 @@ def _local_sha256(path: Path) -> str:
 async def _remote_sha256(conn, path: str) -> str | None:
     res = await conn.run(["sh", "-c", '[ -f "$1" ] || exit 3; sha256sum < "$1"', "sh", path])
     return res.stdout.split()[0] if res.rc == 0 and res.stdout.strip() else None
+
+
+def _claims(ctx) -> dict[tuple[str, str], str]:
+    """What this run already uploads where: {(host, upload destination): source} (the run's memo)."""
+    return ctx.memo.setdefault(ModelFile.module, {})
 
 
 @register_task
@@ -53,6 +60,8 @@ class ModelFile(Task):
 
     async def check(self, ctx):
         src = self.p["src"]
+        if hub.is_hub_ref(src):
+            return await self._check_hub(ctx)
         if src.startswith("/") and (await ctx.conn.run(["test", "-f", src])).rc == 0:
             # Already on the host (a shared mount, a pre-staged file, or the controller is the host).
             ctx.register(self.p["fact"], src)
@@ -61,9 +70,7 @@ class ModelFile(Task):
         if local is None:
             raise TaskFailed(f"model {src} is neither a file on {ctx.host} nor on the controller")
         dest = self._dest()
-        # What this run already uploads where: {(host, upload destination): controller file}.
-        claims = ctx.memo.setdefault(self.module, {})
-        claimed = claims.setdefault((ctx.host, dest), str(local))
+        claimed = _claims(ctx).setdefault((ctx.host, dest), str(local))
         if claimed != str(local):
             # Two controller files with one name (target and draft from different directories) would
             # overwrite each other on every deploy, and both would load the last one uploaded.
@@ -77,29 +84,48 @@ class ModelFile(Task):
         size = local.stat().st_size
         return change(f"upload {local} → {dest} ({size / 2**20:.1f} MiB)", local=str(local), sha256=want)
 
+    async def _check_hub(self, ctx):
+        """hf://…@SHA: compared with what the Hub reports (no download when the host has it)."""
+        var = self.p["fact"].removesuffix("_path")
+        try:
+            ref = hub.parse_ref(self.p["src"])
+        except hub.HubRefError as err:
+            raise TaskFailed(f"{var}: {err}") from None
+        files = await asyncio.to_thread(hub.resolve, ref, var)
+        dir_ = self.p["dest_dir"].rstrip("/")
+        claims = _claims(ctx)
+        todo = []
+        for f in files:
+            dest = f"{dir_}/{f.name}"
+            claimed = claims.setdefault((ctx.host, dest), f"{ref.repo_id}/{f.path}@{ref.revision}")
+            if claimed != f"{ref.repo_id}/{f.path}@{ref.revision}":
+                raise TaskFailed(f"{var}: {ref} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
+                                 "give the models different file names")
+            if await _remote_sha256(ctx.conn, dest) != f.sha256:
+                todo.append((f, dest))
+        ctx.register(self.p["fact"], f"{dir_}/{files[0].name}")
+        if not todo:
+            return ok(f"{dir_}/{files[0].name} up to date ({len(files)} file(s), sha256 as the Hub reports "
+                      f"at {ref.revision[:12]})")
+        size = sum(f.size for f, _ in todo) / 2**20
+        return change(f"download {ref} ({len(todo)} file(s), {size:.1f} MiB), verify, upload → {dir_}",
+                      hub=[(f.path, f.size, f.sha256, dest) for f, dest in todo])
+
     async def apply(self, ctx, ch):
+        if "hub" in ch.data:
+            var = self.p["fact"].removesuffix("_path")
+            ref = hub.parse_ref(self.p["src"])
+            files = [hub.HubFile(path=p, size=size, sha256=sha) for p, size, sha, _ in ch.data["hub"]]
+            # Every part downloaded and verified before the first byte goes to the host.
+            locals_ = await hub.download(ref, files, var, lambda msg, pct: ctx.progress(msg, percent=pct))
+            await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
+            for local, f, (_, _, _, dest) in zip(locals_, files, ch.data["hub"]):
+                await upload_file(ctx.conn, local, dest, f.sha256,
+                                  progress=lambda msg, pct: ctx.progress(msg, percent=pct))
+            return
         local, want, dest = Path(ch.data["local"]), ch.data["sha256"], self._dest()
         await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
-        tmp = f"{dest}.tunnelspec-upload"
-        await ctx.conn.run(["sh", "-c", 'umask 022; : > "$1"', "sh", tmp], check=True)
-        size = max(1, local.stat().st_size)
-        sent = 0
-        try:
-            with local.open("rb") as f:
-                for _ in range(size // UPLOAD_CHUNK + 2):
-                    block = f.read(UPLOAD_CHUNK)
-                    if not block:
-                        break
-                    await ctx.conn.run(["sh", "-c", 'cat >> "$1"', "sh", tmp], input=block, check=True)
-                    sent += len(block)
-                    if size > 4 * UPLOAD_CHUNK:
-                        ctx.progress(f"upload {local.name} {100 * sent // size}%", percent=100 * sent // size)
-            got = await _remote_sha256(ctx.conn, tmp)
-            if got != want:
-                raise TaskFailed(f"upload of {local} to {dest}: sha256 {got} != {want}")
-            await ctx.conn.run(["sh", "-c", 'chmod 644 "$1" && mv -f -- "$1" "$2"', "sh", tmp, dest], check=True)
-        finally:
-            await ctx.conn.run(["rm", "-f", "--", tmp])
+        await upload_file(ctx.conn, local, dest, want, progress=lambda msg, pct: ctx.progress(msg, percent=pct))
 
 
 @register_task
@@ -117,6 +143,8 @@ class ModelsPrune(Task):
         res = await ctx.conn.run(["sh", "-c", '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"',
                                   "sh", d], check=True)
         keep = {str(k) for k in self.p["keep"] if k}
+        # The other parts of a kept split GGUF are kept too (llama.cpp opens them by name).
+        keep |= {f"{k.rsplit('/', 1)[0]}/{p}" for k in list(keep) for p in hub.split_parts(k.rsplit("/", 1)[-1])}
         out = []
         for rec in res.stdout.split("\0"):
             if not rec:

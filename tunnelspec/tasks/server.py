@@ -13,7 +13,7 @@ import os
 
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import flags
+from tunnelspec.llama import flags, preflight
 from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, systemd_exec, tunnel_unit
 from tunnelspec.llama.verify import verify_server
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
@@ -145,6 +145,9 @@ class LlamaServerPlan(Task):
         if helped.rc != 0 or "--rpc" not in helped.stdout:
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
+        # The controller keeps this build's --help: the next deploy of the same source checks the
+        # inventory's llama-server settings against it before touching any host (llama/preflight.py).
+        preflight.save_record(cluster, label, helped.stdout)
         by_port = ctx.vars.get("rpc_devices")
         if not by_port:
             raise TaskFailed("no RPC device map: the rpc_devices task must run first")

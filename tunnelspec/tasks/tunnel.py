@@ -14,7 +14,7 @@ from tunnelspec.keys import TUNNEL_FORCED_COMMAND, fingerprint
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
-from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload
+from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload, stale_units
 from tunnelspec.tunnel_ssh import (AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel,
                                    selected_nodes, ssh_argv, unit_name)
 
@@ -57,10 +57,16 @@ class TunnelUnits(Task):
     async def check(self, ctx):
         todo, plan = [], []
         aes_ni = await self._aes_ni(ctx)
-        for node in selected_nodes(ctx.require_cluster(), self.p["nodes"]):
+        nodes = selected_nodes(ctx.require_cluster(), self.p["nodes"])
+        # A run killed between writing a unit and restarting it left the old ssh running.
+        stale = await stale_units(ctx.conn, [unit_name(n.name) for n in nodes]) \
+            if self.p["state"] == "started" else {}
+        for node in nodes:
             name, unit, svc = self._parts(ctx, node, aes_ni)
             u = await unit.check(ctx) if self.p["state"] == "started" else ok("unit kept")
             s = await svc.check(ctx)
+            if not u.changed and not s.changed and name in stale:
+                u = change(f"restart ({stale[name]})")
             if u.changed or s.changed:
                 todo.append(f"{name}: {', '.join(c.msg for c in (u, s) if c.changed)}")
                 plan.append((node.name, u.changed, s.changed))
