@@ -52,12 +52,18 @@ CASES = {
     "llama_target_devices": ({"llama_target_devices": "CPU"}, lambda c: c.main.target_devices),
     "spec_draft_n_max": ({"spec_draft_n_max": "6"}, lambda c: c.main.spec_draft_n_max),
     "spec_draft_ngl": ({"spec_draft_ngl": "10"}, lambda c: c.main.spec_draft_ngl),
+    "spec_draft_p_min": ({"spec_draft_p_min": "0.3"}, lambda c: c.main.spec_draft_p_min),
+    "spec_type": ({"spec_type": "draft-eagle3"}, lambda c: c.main.spec_type),
+    "llama_split_mode": ({"llama_split_mode": "row"}, lambda c: c.placement.split_mode),
+    "llama_tensor_split": ({"llama_tensor_split": "r1=1"}, lambda c: c.placement.weights),
+    "rpc_target_share": ({"rpc_target_share": "2"}, lambda c: c.rpc[0].target_share),
     "rpc_user": ({"rpc_user": "other-rpc"}, lambda c: c.rpc[0].users.rpc),
     "tunnel_user": ({"tunnel_user": "other-tunnel"}, lambda c: c.main.users.tunnel),
     "llama_user": ({"llama_user": "other-llama"}, lambda c: c.main.users.llama),
 }
-# Read by the connection layer, not the cluster model (and not a value a deploy renders).
-NOT_IN_THE_MODEL = {"tunnelspec_known_hosts"}
+# Read by the connection layer, the run lock and the pending-handler record, not the cluster model
+# (templates and those readers get -e through Inventory.host_vars like every variable).
+NOT_IN_THE_MODEL = {"tunnelspec_known_hosts", "tunnelspec_lock_dir", "tunnelspec_pending_dir"}
 # rpc_bind has one allowed value: -e with another one is refused, naming -e (test below).
 REFUSED_OTHERWISE = {"rpc_bind"}
 
