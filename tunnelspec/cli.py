@@ -177,6 +177,23 @@ def status_cmd(inventory_file, fmt):
     sys.exit(status.status_exit_code(report))
 
 
+@main.command("logs")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", "output", default=None, type=click.Path(),
+              help="Directory, or a .tar.gz file, to write (default ./tunnelspec-logs-<UTC time>).")
+@click.option("--since", default=None,
+              help="Journal lines since this time (journalctl --since syntax, e.g. '1 hour ago'); "
+                   "default: the current boot.")
+def logs_cmd(inventory_file, output, since):
+    """Read-only bug-report bundle: every host's tunnelspec journals, unit files, llama-server version
+    and devices, load/placement lines, status; secrets masked. Unreachable hosts are listed."""
+    from tunnelspec import logs
+
+    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    where, hosts = logs.run(inv, cluster, opts, output, since)
+    click.echo(logs.summary(hosts, where), nl=False)
+
+
 @main.command("bench")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096))

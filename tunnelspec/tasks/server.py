@@ -99,6 +99,9 @@ class ModelFile(Task):
     async def _check_hub(self, ctx):
         """hf://…@SHA: compared with what the Hub reports (no download when the host has it)."""
         var = self.p["fact"].removesuffix("_path")
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+            if os.environ.get(name):
+                ctx.add_secret(os.environ[name])  # masked in every message of the run, whatever prints it
         try:
             ref = hub.parse_ref(self.p["src"])
         except hub.HubRefError as err:

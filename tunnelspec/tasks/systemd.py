@@ -29,8 +29,12 @@ async def stale_units(conn, names: list[str]) -> dict[str, str]:
     if not names:
         return {}
     res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
+    return parse_stale(res.stdout)
+
+
+def parse_stale(text: str) -> dict[str, str]:
     out = {}
-    for line in res.stdout.splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
             unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
