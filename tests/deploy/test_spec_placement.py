@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.llama import gguf_tiny
+from tunnelspec.lab import gguf_tiny
 
 from engine.helpers import tunnelspec
 
