@@ -58,8 +58,14 @@ class SystemdUnit(Task):
     """Install a unit file from a template (or content). Notify a `daemon_reload` handler."""
 
     module = "systemd_unit"
-    args = {"name": Arg(str, required=True), "src": Arg(str), "content": Arg(str), "vars": Arg(dict, default={}),
-            "verify": Arg(bool, default=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit's name (in /etc/systemd/system)."),
+        "src": Arg(str, help="A template (from the inventory's directory or tunnelspec's templates)."),
+        "content": Arg(str, help="The unit's text, when there is no template."),
+        "vars": Arg(dict, default={}, help="Extra template variables."),
+        "verify": Arg(bool, default=True,
+                      help="Check a candidate with `systemd-analyze verify` before installing it."),
+    }
 
     def _inner(self):
         p = {"dest": _unit_path(self.p["name"]), "mode": "644"}
@@ -91,8 +97,12 @@ class SystemdUnit(Task):
 
 @register_task
 class SystemdUnitAbsent(Task):
+    """A unit stopped, disabled and its file removed."""
+
     module = "systemd_unit_absent"
-    args = {"name": Arg(str, required=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit to stop, disable and delete."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.run(["sh", "-c", 'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
@@ -112,10 +122,14 @@ class SystemdUnitAbsent(Task):
 
 @register_task
 class Service(Task):
+    """A unit started or stopped, enabled or disabled."""
+
     module = "service"
-    args = {"name": Arg(str, required=True),
-            "state": Arg(str, default="started", choices=("started", "stopped")),
-            "enabled": Arg(bool)}
+    args = {
+        "name": Arg(str, required=True, help="The unit."),
+        "state": Arg(str, default="started", choices=("started", "stopped"), help="`started` or `stopped`."),
+        "enabled": Arg(bool, help="Enabled at boot (true/false); unset: left as is."),
+    }
 
     async def _observe(self, ctx) -> tuple[str, str]:
         res = await ctx.conn.run(["sh", "-c", 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/dev/null || :',
@@ -165,7 +179,10 @@ class DaemonReload(Task):
     a handler, reloading whenever notified."""
 
     module = "daemon_reload"
-    args = {"units": Arg(list, default=[])}
+    args = {
+        "units": Arg(list, default=[],
+                     help="Reload only when systemd reports one of these units' files changed on disk (a task); empty: reload whenever notified (a handler)."),
+    }
 
     @classmethod
     def is_handler_only(cls, params: dict) -> bool:
@@ -190,8 +207,12 @@ class DaemonReload(Task):
 
 @register_task
 class ServiceRestart(Task):
+    """Restart a unit (a handler: a restart cannot be idempotent)."""
+
     module = "service_restart"
-    args = {"name": Arg(str, required=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit to restart."),
+    }
     handler_only = True
 
     async def check(self, ctx):
