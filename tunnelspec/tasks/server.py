@@ -13,6 +13,7 @@ import os
 
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts import units
 from tunnelspec.llama import flags, preflight
 from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, systemd_exec, tunnel_unit
 from tunnelspec.llama.verify import verify_server
@@ -192,8 +193,7 @@ class LlamaServerResume(Task):
     args: dict = {}
 
     async def _state(self, ctx) -> tuple[str, list[str]]:
-        res = await ctx.conn.run(["systemctl", "show", "-p", "LoadState,UnitFileState,ActiveState,Wants", UNIT])
-        props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+        props = await units.show(ctx.conn, UNIT, ["LoadState", "UnitFileState", "ActiveState", "Wants"])
         if props.get("LoadState") != "loaded":
             return "absent", []
         if props.get("UnitFileState") != "enabled":
@@ -203,7 +203,7 @@ class LlamaServerResume(Task):
         tunnels = sorted(u for u in props.get("Wants", "").split() if u.startswith("tunnelspec-tunnel-"))
         if not tunnels:
             return "stopped", []
-        states = (await ctx.conn.run(["systemctl", "show", "-p", "ActiveState", "--value", *tunnels])).stdout.split()
+        states = await units.unit_values(ctx.conn, "ActiveState", tunnels)
         return "stopped", [u for u, st in zip(tunnels, states) if st != "active"]
 
     async def check(self, ctx):

@@ -10,11 +10,12 @@ import asyncio
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts.sockets import clients_of
+from tunnelspec.facts.units import stale_units
 from tunnelspec.keys import TUNNEL_FORCED_COMMAND, fingerprint
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
-from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload, stale_units
+from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload
 from tunnelspec.tunnel_ssh import (AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel,
                                    selected_nodes, ssh_argv, unit_name)
 
