@@ -50,12 +50,7 @@ class LlamaSource(Task):
         return posixpath.join(self.p["root"], "src", "llama.cpp")
 
     def _base_dir(self, ctx):
-        from pathlib import Path
-
-        if getattr(ctx, "inventory_dir", None) is not None:
-            return Path(ctx.inventory_dir)
-        inv = getattr(ctx.controller, "inventory", None)
-        return inv.path.parent if inv is not None else Path.cwd()
+        return ctx.inventory_dir
 
     def _patches(self, ctx) -> list[ss.PatchSpec]:
         return ss.parse_patches(self.p["patches"], self._base_dir(ctx))
