@@ -27,6 +27,7 @@ import time
 from datetime import datetime, timezone
 
 from tunnelspec.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.reporting import events
 
 LOCK_DIR = "/run/tunnelspec"
 LOCK_DIR_VAR = "tunnelspec_lock_dir"     # inventory override (tests on one machine, non-root hosts)
@@ -156,9 +157,8 @@ class RunLock:
                 now = time.monotonic()
                 if holder != last_holder or now - last_said >= BUSY_EVERY_S:
                     last_said, last_holder = now, holder
-                    self.run.emit({"event": "run_lock", "host": host, "status": "waiting", "holder": holder,
-                                   "msg": f"waiting for {describe(holder)} to finish (up to {wait_s}s, "
-                                          "--lock-timeout)"})
+                    self.run.emit(events.run_lock_waiting(host, holder, f"waiting for {describe(holder)} to finish "
+                                                          f"(up to {wait_s}s, --lock-timeout)"))
                 continue
             await proc.close()
             if word == "TIMEOUT":
