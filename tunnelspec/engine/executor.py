@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.engine import pending, testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
+from tunnelspec.engine.checkplan import CheckPlan
 from tunnelspec.engine.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
 from tunnelspec.engine.templating import TemplateError, evaluate, render_value
@@ -61,6 +62,7 @@ class Run:
         self.connect_options = connect_options or ConnectOptions()
         self.cluster = cluster
         self.summary = Summary(check=options.check)
+        self.check_plan = CheckPlan()  # --check: what earlier tasks would change (engine/checkplan.py)
         self.hosts: dict[str, HostState] = {}
         self.secrets: list[str] = []
         self._conn_locks: dict[str, asyncio.Lock] = {}
@@ -194,6 +196,11 @@ class Run:
                 msg = GATES[play.gate["kind"]](play.gate, hv)
                 self.emit({"event": "gate", "play": play.name, "status": "ok", "msg": msg})
             except TaskFailed as e:
+                if self.options.check and self.check_plan.any():
+                    # --check: the values compared are what the planned changes would produce.
+                    self.emit({"event": "gate", "play": play.name, "status": "planned",
+                               "msg": "would be compared after the planned changes: " + str(e).splitlines()[0]})
+                    return
                 self.emit({"event": "gate", "play": play.name, "status": "failed", "msg": str(e)})
                 for h in live:
                     self._fail(h, play.gate.get("name", f"gate {play.gate['kind']}"), str(e), play, quiet=True)
@@ -316,6 +323,7 @@ class Run:
                 ev["diff"] = {"path": diff.path, "before": diff.before, "after": diff.after}
             if status == "changed" and self.options.check:
                 ev["would_change"] = True
+                self.check_plan.record(host, spec.name)
             self.emit(ev)
             return True
         except HostUnreachable as e:
@@ -323,6 +331,17 @@ class Run:
             self.emit({"event": "unreachable", "host": host, "play": play.name, "task": spec.name, "msg": str(e)})
             return False
         except (TaskFailed, TemplateError, ValueError, UsageError) as e:
+            after = (self.check_plan.earlier(host)
+                     if self.options.check and isinstance(e, (TaskFailed, TemplateError)) else [])
+            if after:
+                # The check needs what earlier would-changes create (engine/checkplan.py).
+                self.check_plan.record(host, spec.name)
+                self.emit({**base, "status": "changed", "would_change": True, "after": after,
+                           "msg": CheckPlan.message(after, str(e)),
+                           "duration": round(time.monotonic() - started, 3)})
+                if spec.register:
+                    ctx.register(spec.register, {"changed": True, "msg": "planned"})
+                return True
             where = f" ({spec.file}:{spec.line})" if isinstance(e, (TemplateError, ValueError)) else ""
             st.failed = True
             self.emit({**base, "status": "failed", "msg": f"{e}{where}"})
