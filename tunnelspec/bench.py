@@ -19,7 +19,7 @@ from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.llama import http
 from tunnelspec.llama.server_args import UNIT
-from tunnelspec.tasks.server import read_api_key
+from tunnelspec.llama.verify import read_api_key
 
 BENCH_UNIT = "tunnelspec-llama-bench.service"
 # Flags (every spelling across builds) that carry the draft or the RPC placement, each with a value.

@@ -9,10 +9,9 @@ import json
 import re
 
 from tunnelspec.connection import ConnectOptions, connect
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.llama import http, props, rpc
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
-from tunnelspec.tasks.server import DEVICES_CACHE
 
 RPC_UNIT = "tunnelspec-rpc.service"
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")

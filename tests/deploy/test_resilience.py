@@ -97,7 +97,8 @@ def test_killed_during_the_source_step(lab, converged):
     sh(lab, "rpc-b", 'rm -rf -- "$1"', src)
     # rpc-b clones again: killed after the clone (command 3 of the apply), before any checkout. The
     # clone has no files: a check that took it for the user's local modifications would refuse.
-    killed_deploy(converged, f"{SOURCE_TASK}:3")
+    # --forks 1: one host at a time, so the commands counted are rpc-b's apply alone.
+    killed_deploy(converged, f"{SOURCE_TASK}:3", "--forks", "1")
     assert sh(lab, "rpc-b", '[ -e "$1/.git/tunnelspec-applying" ] && echo marked', src).strip() == "marked"
     repaired(lab, converged)
     assert not sh(lab, "rpc-b", 'git -C "$1" status --porcelain', src).strip()

@@ -412,7 +412,7 @@ def test_root_login_keeps_working_after_the_dropin(lab, tmp_path):
 
 # ---- pure parts (no lab needed) ---------------------------------------------------------------------------
 def test_sshd_includes_only_unconditional_ones():
-    from tunnelspec.tasks.tunnel import sshd_includes
+    from tunnelspec.facts.sshd import sshd_includes
 
     text = ("# Include /etc/ssh/commented/*.conf\n  include sshd_config.d/*.conf other.conf # trailing\n"
             "Port 22\nMatch User x\nInclude /etc/ssh/conditional/*.conf\n")
@@ -421,7 +421,7 @@ def test_sshd_includes_only_unconditional_ones():
 
 
 def test_parse_sshd_T_keeps_the_first_value():
-    from tunnelspec.tasks.tunnel import parse_sshd_T
+    from tunnelspec.facts.sshd import parse_sshd_T
 
     got = parse_sshd_T("clientaliveinterval 5\npermitlisten none\nsubsystem sftp /usr/lib/sftp\nclientaliveinterval 9\n")
     assert got == {"clientaliveinterval": "5", "permitlisten": "none", "subsystem": "sftp /usr/lib/sftp"}

@@ -1,5 +1,5 @@
 """Pure parsers on captured output: the real output of the fixture build (tests/llama/data/) and the
-older forms quoted in LLAMA_FACTS.md."""
+older forms quoted in docs/llama-facts.md."""
 
 from __future__ import annotations
 

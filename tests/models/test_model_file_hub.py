@@ -62,6 +62,9 @@ def test_pinned_models_upload_once_then_nothing(setup):
     assert files(models) == {"tiny.gguf": DATA, "tiny-00001-of-00002.gguf": PART1,
                              "tiny-00002-of-00002.gguf": PART2}
     assert hubs.downloads() == 3, hubs.requests
+    progress = [e["msg"] for e in first.events if e.get("event") == "progress"]
+    assert any(m.startswith("download tiny-00002-of-00002.gguf") for m in progress), progress
+    assert any(m.startswith("tiny.gguf: sha256") and "verified" in m for m in progress), progress
     assert set(hubs.auth_seen) == {f"Bearer {TOKEN}"}  # the token from the environment was used
     second = tunnelspec("play", str(inv), pb, "--format", "json", "--diff", env=env)
     assert second.rc == 0 and [e["status"] for e in second.results()] == ["ok", "ok", "ok"], second.stdout
@@ -126,3 +129,13 @@ def test_controller_file_still_uploads_once(setup, tmp_path):
     second = tunnelspec("play", str(inv), pb, "--format", "json", env=env)
     assert [e["status"] for e in second.results()] == ["ok", "ok"]
     assert hubs.requests == []  # a controller file never asks the Hub
+
+
+def test_check_mode_asks_the_hub_but_downloads_and_uploads_nothing(setup):
+    c, inv, hubs, env, models = setup
+    pb = playbook(c, (SPLIT, "llama_model_path"))
+    plan = tunnelspec("play", str(inv), pb, "--format", "json", "--check", "--diff", env=env)
+    assert plan.rc == 3, plan.stdout + plan.stderr
+    (would,) = [e for e in plan.results() if e.get("task") == "llama_model_path"]
+    assert "download" in would["msg"] and "2 file(s)" in would["msg"], would
+    assert hubs.downloads() == 0 and files(models) == {} and not (Path(env["HF_HOME"]) / "hub").exists()

@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
+from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.inventory.fields import HostVars, cluster_error, is_full_sha
 from tunnelspec.inventory.model import Inventory
 from tunnelspec.inventory.placement import TargetPlacement, node_share, parse_placement
 from tunnelspec.llama import controller_repo
 from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
 from tunnelspec.models import hub
+from tunnelspec.inventory.values import USER_NAME
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 ROLES = ("draft", "target")
@@ -39,7 +41,6 @@ OWNED_CMAKE_VARS = (
     "GGML_HIP", "GGML_VULKAN", "GGML_METAL",
 )
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 _HEX = re.compile(r"^[0-9a-f]{7,40}$")
 
 
@@ -245,7 +246,7 @@ def _users(hv: HostVars) -> Users:
     for var, default in (("rpc_user", "tunnelspec-rpc"), ("tunnel_user", "tunnelspec-tunnel"),
                          ("llama_user", "tunnelspec-llama")):
         name = hv.string(var, default)
-        if not _USER.match(name) or name == "root":
+        if not USER_NAME.match(name) or name == "root":
             raise hv.fail(var, f"{name!r} is not a valid unprivileged system user name (e.g. {default})")
         values[var.split("_")[0]] = name
     return Users(**values)
@@ -497,7 +498,7 @@ def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> 
     # Two nodes that are the same machine (same address) cannot share an rpc_port.
     seen: dict[tuple[str, int], str] = {}
     for node in nodes:
-        address = str(inv.host_vars(node.name).get("ansible_host", node.name))
+        address = ssh_host(node.name, inv.host_vars(node.name))
         key = (address, node.rpc_port)
         if key in seen:
             raise cluster_error(

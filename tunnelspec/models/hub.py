@@ -243,6 +243,8 @@ async def download(ref: HubRef, files: list[HubFile], var: str,
     out = []
     blobs = _repo_dir(ref) / "blobs"
     for f in files:
+        if progress:
+            progress(f"download {f.name} ({f.size / 2**20:.1f} MiB) from {ref.repo_id}@{ref.revision[:12]}", 0)
         job = asyncio.ensure_future(asyncio.to_thread(_download_one, ref, f, var))
         for _ in range(7 * 24 * 3600):  # bounded: a week of one-second polls
             done, _pending = await asyncio.wait({job}, timeout=1.0)
@@ -253,4 +255,6 @@ async def download(ref: HubRef, files: list[HubFile], var: str,
                 pct = min(100, 100 * have // f.size)
                 progress(f"download {f.name} {pct}% of {f.size / 2**20:.1f} MiB", pct)
         out.append(await job)
+        if progress:
+            progress(f"{f.name}: sha256 {f.sha256[:12]} verified", 100)
     return out

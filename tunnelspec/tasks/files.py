@@ -146,7 +146,7 @@ class _Content(Task):
                 await ctx.conn.run(["chown", owner, "--", dest], check=True)
             return
         data = await self.desired(ctx)
-        validate = self.p.get("validate")
+        validate = self.p["validate"]
         if validate:
             # Validate a candidate next to the destination before it replaces the real file.
             cand = f"{dest}.tunnelspec-validate"
@@ -173,7 +173,7 @@ class Copy(_Content):
         if self.p["src"]:
             path = Path(self.p["src"])
             if not path.is_absolute():
-                path = ctx.controller.inventory.path.parent / path
+                path = ctx.inventory_dir / path
             try:
                 return path.read_bytes()
             except OSError as e:
@@ -183,7 +183,7 @@ class Copy(_Content):
 
 def template_search_path(ctx) -> list[Path]:
     here = Path(__file__).resolve().parent.parent
-    return [ctx.controller.inventory.path.parent, here / "data" / "templates"]
+    return [ctx.inventory_dir, here / "data" / "templates"]
 
 
 @register_task

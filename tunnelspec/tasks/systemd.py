@@ -29,8 +29,12 @@ async def stale_units(conn, names: list[str]) -> dict[str, str]:
     if not names:
         return {}
     res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
+    return parse_stale(res.stdout)
+
+
+def parse_stale(text: str) -> dict[str, str]:
     out = {}
-    for line in res.stdout.splitlines():
+    for line in text.splitlines():
         parts = line.split()
         if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
             unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
@@ -51,17 +55,17 @@ def _unit_path(name: str) -> str:
 
 @register_task
 class SystemdUnit(Task):
-    """Install a unit file from a template (or content). Notify a `systemd_reload` handler."""
+    """Install a unit file from a template (or content). Notify a `daemon_reload` handler."""
 
     module = "systemd_unit"
     args = {"name": Arg(str, required=True), "src": Arg(str), "content": Arg(str), "vars": Arg(dict, default={}),
             "verify": Arg(bool, default=True)}
 
     def _inner(self):
-        p = {"dest": _unit_path(self.p["name"]), "mode": "644", "owner": None, "group": None, "validate": None}
+        p = {"dest": _unit_path(self.p["name"]), "mode": "644"}
         if self.p["src"]:
-            return Template({**p, "src": self.p["src"], "vars": self.p["vars"]})
-        return Copy({**p, "content": self.p["content"] or "", "src": None})
+            return Template.build({**p, "src": self.p["src"], "vars": self.p["vars"]})
+        return Copy.build({**p, "content": self.p["content"] or ""})
 
     async def check(self, ctx):
         return await self._inner().check(ctx)
@@ -102,7 +106,7 @@ class SystemdUnitAbsent(Task):
         name = self.p["name"]
         await ctx.conn.run(["systemctl", "disable", "--now", name])
         await ctx.conn.run(["rm", "-f", "--", _unit_path(name)], check=True)
-        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await daemon_reload(ctx.conn)
         await ctx.conn.run(["systemctl", "reset-failed", name])
 
 
@@ -150,17 +154,38 @@ class Service(Task):
             await ctx.conn.run(["systemctl", "stop", name], check=True)
 
 
+async def daemon_reload(conn) -> None:
+    await conn.run(["systemctl", "daemon-reload"], check=True)
+
+
 @register_task
-class SystemdReload(Task):
-    module = "systemd_reload"
-    args = {}
-    handler_only = True
+class DaemonReload(Task):
+    """`systemctl daemon-reload`. With `units`: a task, changed only when systemd says one of their
+    files changed on disk (so a changed unit is loaded before a `service` task starts it). Without:
+    a handler, reloading whenever notified."""
+
+    module = "daemon_reload"
+    args = {"units": Arg(list, default=[])}
+
+    @classmethod
+    def is_handler_only(cls, params: dict) -> bool:
+        return not params.get("units")
+
+    async def _stale(self, ctx) -> list[str]:
+        units = list(self.p["units"])
+        # One `systemctl show` for every unit: it prints one value per unit, in order.
+        res = await ctx.conn.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", *units])
+        values = res.stdout.split()
+        return [u for u, v in zip(units, values) if v == "yes"]
 
     async def check(self, ctx):
-        return change("daemon-reload")
+        if not self.p["units"]:
+            return change("daemon-reload")
+        stale = await self._stale(ctx)
+        return change(f"daemon-reload ({', '.join(stale)} changed on disk)") if stale else ok("units loaded")
 
     async def apply(self, ctx, ch):
-        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await daemon_reload(ctx.conn)
 
 
 @register_task
