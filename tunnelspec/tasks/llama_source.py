@@ -192,11 +192,12 @@ class LlamaSource(Task):
         path = cr.path_of(self.p["repo"], self._base_dir(ctx))
         try:
             cr.check(path, self.p["commit"], needed[1:])
-            size = await cr.send_bundle(ctx.conn, self.dir, path, self.p["commit"], needed[1:],
+            size, basis = await cr.send_bundle(ctx.conn, self.dir, path, self.p["commit"], needed[1:],
                                         progress=lambda msg, pct: ctx.progress(msg, percent=pct))
         except (cr.ControllerRepoError, RuntimeError) as err:
             raise TaskFailed(f"llama_repo {self.p['repo']}: {err}") from None
-        ctx.progress(f"git bundle sent ({size / 2**20:.1f} MiB)")
+        ctx.progress(f"git bundle sent ({size / 2**20:.1f} MiB"
+                     + (f", on top of {basis} commit(s) the host has)" if basis else ")"))
 
     async def _head_tree(self, ctx) -> tuple[str, str]:
         res = await ctx.conn.run(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)

@@ -178,7 +178,10 @@ class LlamaServerPlan(Task):
             "public_bind": cluster.main.public_bind,
         }
         ctx.register("llama_server", fact)
-        return ok(f"{label}: draft on {plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
+        from tunnelspec.llama.speculative import spec_support
+
+        return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
+                  f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
 
 
 @register_task
