@@ -17,8 +17,9 @@ import pytest
 
 from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.llama import flags, gguf_tiny, http, props
-from tunnelspec.llama.localserver import free_port, spawn, start_rpc_server
+from tunnelspec.lab import gguf_tiny
+from tunnelspec.lab.localserver import free_port, spawn, start_rpc_server
+from tunnelspec.llama import flags, http, props
 from tunnelspec.llama.server_args import build_server_argv, list_devices_argv
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
