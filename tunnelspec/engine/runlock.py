@@ -27,6 +27,8 @@ import time
 from datetime import datetime, timezone
 
 from tunnelspec.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.inventory.addresses import ssh_host
+from tunnelspec.reporting import events
 
 LOCK_DIR = "/run/tunnelspec"
 LOCK_DIR_VAR = "tunnelspec_lock_dir"     # inventory override (tests on one machine, non-root hosts)
@@ -111,7 +113,7 @@ class RunLock:
     def _order(self, hosts: list[str]) -> list[str]:
         def key(h):
             hv = self.run.hosts[h].vars
-            return (str(hv.get("ansible_host") or h), str(hv.get("ansible_port") or 22), h)
+            return (ssh_host(h, hv), str(hv.get("ansible_port") or 22), h)
 
         return sorted(set(hosts), key=key)
 
@@ -156,9 +158,8 @@ class RunLock:
                 now = time.monotonic()
                 if holder != last_holder or now - last_said >= BUSY_EVERY_S:
                     last_said, last_holder = now, holder
-                    self.run.emit({"event": "run_lock", "host": host, "status": "waiting", "holder": holder,
-                                   "msg": f"waiting for {describe(holder)} to finish (up to {wait_s}s, "
-                                          "--lock-timeout)"})
+                    self.run.emit(events.run_lock_waiting(host, holder, f"waiting for {describe(holder)} to finish "
+                                                          f"(up to {wait_s}s, --lock-timeout)"))
                 continue
             await proc.close()
             if word == "TIMEOUT":
