@@ -84,13 +84,7 @@ def _cap_reason(host: str) -> str:
 
 async def _kernel_check(ctx, text: str) -> str:
     """'' when nft accepts `text` against this kernel (--check: nothing is committed), else why not."""
-    res = await ctx.conn.run(["mktemp", "/tmp/tunnelspec-nft.XXXXXX"], check=True)
-    tmp = res.stdout.strip()
-    try:
-        await ctx.conn.put(text, tmp, 0o600)
-        v = await ctx.conn.run([nft.NFT, "--check", "-f", tmp], timeout=30)
-    finally:
-        await ctx.conn.run(["rm", "-f", "--", tmp])
+    v = await ctx.conn.run([nft.NFT, "--check", "-f", "/dev/stdin"], input=text.encode(), timeout=30)
     if v.rc == 0:
         return ""
     return " ".join((v.stderr or v.stdout).strip().splitlines()[-3:]) or f"nft exited {v.rc}"
