@@ -22,6 +22,7 @@ KNOWN_VARS = frozenset(
         "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl",
         "rpc_user", "tunnel_user", "llama_user",
         "tunnelspec_known_hosts",  # read by the connection layer (the lab writes it)
+        "rpc_local_isolation",  # playbooks/isolation*.yml, status
     }
 )
 
