@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunnelspec.engine import testhooks
 from tunnelspec.errors import TaskFailed
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.secrets import Secret, display_argv
@@ -50,8 +51,15 @@ class ConnectOptions:
     keepalive_interval: float = 15.0
     private_key: Secret | None = None       # key content from TUNNELSPEC_SSH_KEY
     use_ssh_config: bool = True
-    new_host_keys: list = field(default_factory=list)  # (host, line) pinned this run
-    preconnect: object = None               # connection/preconnect.Preconnect of the run, if any
+
+
+@dataclass
+class ConnectSession:
+    """What the connections of one run share, apart from the options (which a run never changes):
+    the TCP sockets opened ahead (connection/preconnect.py) and the host keys pinned on first use."""
+
+    preconnect: object = None               # connection/preconnect.Preconnect, if any
+    new_host_keys: list = field(default_factory=list)  # (host, known_hosts line) pinned this run
 
 
 def reveal_argv(argv) -> list[str]:
@@ -72,12 +80,22 @@ class Connection(abc.ABC):
     async def open_connection(self, host: str, port: int):
         """A TCP stream (reader, writer) to host:port as seen from this host."""
 
+    def server_host_key(self) -> str | None:
+        """The host key this connection verified (OpenSSH public-key line), or None when the
+        connection is not SSH (a local connection has no host key to pin)."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None:
         ...
 
     def _wrap_become(self, argv: list[str]) -> list[str]:
         return argv
+
+    async def spawn(self, argv) -> "Spawned":
+        """A long-lived command whose stdin stays open until `Spawned.close()` or until this
+        connection dies (the run lock: engine/runlock.py). stderr is merged into stdout."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a process open")
 
     # ---- read-only probes, batched (see connection/probes.py) -------------------------------
     _probes: ProbeCache | None = None
@@ -132,6 +150,7 @@ class Connection(abc.ABC):
             return await self._run_stream(argv, on_line, timeout, check, become)
         finally:
             self._changes_running -= 1
+            testhooks.command_done()
 
     async def _run_stream(self, argv, on_line, timeout, check, become) -> Result:
         real = reveal_argv(argv)
@@ -155,6 +174,7 @@ class Connection(abc.ABC):
             return await self._run(argv, input, timeout, check, become)
         finally:
             self._changes_running -= 1
+            testhooks.command_done()
 
     async def _run(self, argv, input, timeout, check, become) -> Result:
         real = reveal_argv(argv)
@@ -184,6 +204,18 @@ class Connection(abc.ABC):
         if res.rc != 0:
             raise TaskFailed(f"cannot read {path}: {_tail(res.stderr)}")
         return res.stdout_bytes
+
+
+class Spawned(abc.ABC):
+    """A process started by `Connection.spawn`: its output line by line, and a way to end it."""
+
+    @abc.abstractmethod
+    async def readline(self) -> str:
+        """The next line of output without its newline; "" at the end of output."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """End its stdin (it exits on EOF) and wait briefly; kill it if it lingers."""
 
 
 def read_argv(path: str) -> list[str]:

@@ -38,19 +38,25 @@ EVENTS = {
         "task_result",
         {"host": _HOST, "task": _STR, "play": _STR, "status": {"enum": list(STATUSES)}, "msg": _STR},
         {"module": _STR, "duration": {"type": "number", "minimum": 0}, "would_change": {"const": True},
-         "no_log": {"const": True},
+         "after": {"type": "array", "items": _STR}, "no_log": {"const": True},
          "diff": {"type": "object", "required": ["before", "after"], "additionalProperties": False,
                   "properties": {"path": _STR, "before": _STR, "after": _STR}}},
     ),
     "unreachable": _event("unreachable", {"host": _HOST, "play": _STR, "msg": _STR}, {"task": _STR}),
     "progress": _event("progress", {"host": _HOST, "task": _STR, "msg": _STR},
                        {"percent": {"type": "number", "minimum": 0, "maximum": 100}}, extra=True),
-    "gate": _event("gate", {"play": _STR, "status": {"enum": ["ok", "failed"]}, "msg": _STR}),
+    "gate": _event("gate", {"play": _STR, "status": {"enum": ["ok", "failed", "planned"]}, "msg": _STR}),
     "host_key_pinned": _event("host_key_pinned", {"host": _HOST, "msg": _STR}),
     "message": _event("message", {"msg": _STR}),
     # An error that stopped the command before or outside a run (exit 2: bad options, inventory or
     # playbook); the same text is on stderr as `ERROR: …`.
-    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4]}}),
+    # exit 5: another run holds the cluster's run lock (--no-wait, or --lock-timeout passed).
+    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4, 5]}}),
+    # A mutating run waiting for another run's lock on a host (engine/runlock.py); holder: who.
+    "run_lock": _event("run_lock", {"host": _HOST, "status": {"enum": ["waiting"]}, "msg": _STR},
+                       {"holder": {"type": "object", "additionalProperties": False,
+                                   "properties": {"command": _STR, "pid": {"type": "integer"},
+                                                  "controller": _STR, "since": _STR}}}),
     "recap": _event("recap", {"hosts": {"type": "object", "additionalProperties": COUNTERS},
                               "exit_code": {"enum": [0, 1, 2, 3, 4]}}),
     # `tunnelspec hostkeys scan --format json`: one per host.

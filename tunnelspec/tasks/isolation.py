@@ -20,6 +20,7 @@ import shlex
 
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts import nft
+from tunnelspec.reporting import events
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
 OPT_OUT = "rpc_local_isolation"
@@ -97,12 +98,14 @@ class LocalIsolationAvailable(Task):
 
     module = "local_isolation_available"
     read_only = True
-    args = {"enabled": Arg((str, bool), default=True), "what": Arg(str, default="the guarded ports")}
+    args = {"enabled": Arg((str, bool), default=True,
+                           help="The inventory's rpc_local_isolation: false skips the check and warns instead."),
+            "what": Arg(str, default="the guarded ports", help="What the warning says is exposed.")}
 
     async def check(self, ctx):
         if not opted_in(self.p["enabled"]):
             msg = warning(ctx.host, self.p["what"])
-            ctx.emit({"event": "message", "msg": msg})
+            ctx.emit(events.message(msg))
             return ok(msg)
         seen = await nft.observe(ctx.conn, [])
         if not seen.net_admin:
@@ -124,11 +127,17 @@ class LocalIsolation(Task):
     units that must not run without the rules; `label`: what status and verify print."""
 
     module = "local_isolation"
-    args = {"ports": Arg(list, default=[]), "users": Arg(list, default=[]), "guarded": Arg(list, default=[]),
-            "guarded_tunnels": Arg(list, default=[]),
-            "label": Arg(str, default="guarded ports"), "enabled": Arg((str, bool), default=True),
-            "state": Arg(str, default="present", choices=("present", "absent")),
-            "install": Arg(bool, default=True)}
+    args = {"ports": Arg(list, default=[], help="Loopback TCP ports to guard."),
+            "users": Arg(list, default=[], help="Users (names) that may connect besides root; uids resolved on the host."),
+            "guarded": Arg(list, default=[], help="Units ordered after, and requiring, the rules unit."),
+            "guarded_tunnels": Arg(list, default=[],
+                                   help="rpc node names: main's tunnelspec-tunnel-<node>.service units, guarded too."),
+            "label": Arg(str, default="guarded ports", help="What status and verify print when the rules are in place."),
+            "enabled": Arg((str, bool), default=True,
+                           help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns."),
+            "state": Arg(str, default="present", choices=("present", "absent"),
+                         help="absent: table, unit, links and file removed (teardown)."),
+            "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing.")}
 
     def _want_present(self) -> bool:
         return self.p["state"] == "present" and opted_in(self.p["enabled"])
@@ -206,7 +215,7 @@ class LocalIsolation(Task):
             present.append(f"{nft.UNIT} ({seen.active})")
         if self.p["state"] == "present":   # opted out: nothing of ours may stay, and say so
             msg = warning(ctx.host, self.p["label"].split(":")[0])
-            ctx.emit({"event": "message", "msg": msg})
+            ctx.emit(events.message(msg))
             if not present:
                 return ok(msg)
             return change(f"{msg}; remove " + ", ".join(present), table=seen.table.present)
@@ -289,7 +298,7 @@ class LocalIsolationVerify(Task):
     async def check(self, ctx):
         if not opted_in(self.p["enabled"]):
             msg = warning(ctx.host, self.p["label"].split(":")[0])
-            ctx.emit({"event": "message", "msg": msg})
+            ctx.emit(events.message(msg))
             return ok(msg)
         users = [str(u) for u in self.p["users"]]
         seen = await nft.observe(ctx.conn, users)
