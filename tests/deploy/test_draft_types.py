@@ -1,7 +1,7 @@
 """Issue 16 in the lab: every draft type a tiny model can exercise, deployed for real with its draft
 on the remote device (rpc-a, RPC0 through its tunnel), one completion with draft tokens accepted.
 
-The models come from tunnelspec/llama/gguf_drafts.py: a target that always predicts one token and
+The models come from tunnelspec/lab/gguf_drafts.py: a target that always predicts one token and
 EAGLE-3 / DFlash / DSpark drafts built to predict the same one, so acceptance is the proof that the
 type's own path (feature extraction from the target, the head on RPC0) ran. draft-mtp is not here:
 an MTP draft reads the target's `h_nextn` hidden state, which only MTP-capable target
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.llama import gguf_drafts
+from tunnelspec.lab import gguf_drafts
 
 from engine.helpers import tunnelspec
 

@@ -13,8 +13,9 @@ import pytest
 
 from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.llama import flags, gguf_drafts, http, props
-from tunnelspec.llama.localserver import free_port, spawn
+from tunnelspec.lab import gguf_drafts
+from tunnelspec.llama import flags, http, props
+from tunnelspec.lab.localserver import free_port, spawn
 from tunnelspec.llama.server_args import build_server_argv, draft_placement, list_devices_argv
 
 pytestmark = pytest.mark.llama

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from tunnelspec.connection import ConnectOptions, ConnectSession, connect
 from tunnelspec.engine import pending, testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
+from tunnelspec.engine.checkplan import CheckPlan
 from tunnelspec.engine.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
 from tunnelspec.engine.templating import TemplateError, evaluate, render_value
@@ -68,6 +69,7 @@ class Run:
         self.cluster = cluster
         self.memo: dict = {}           # HostContext.memo: one per run
         self.summary = Summary(check=options.check)
+        self.check_plan = CheckPlan()  # --check: what earlier tasks would change (engine/checkplan.py)
         self.hosts: dict[str, HostState] = {}
         self.secrets: list[str] = []
         self._conn_locks: dict[str, asyncio.Lock] = {}
@@ -202,6 +204,11 @@ class Run:
                 msg = GATES[play.gate["kind"]](play.gate, hv)
                 self.emit(events.gate(play.name, "ok", msg))
             except TaskFailed as e:
+                if self.options.check and self.check_plan.any():
+                    # --check: the values compared are what the planned changes would produce.
+                    self.emit(events.gate(play.name, "planned", "would be compared after the planned changes: "
+                                          + str(e).splitlines()[0]))
+                    return
                 self.emit(events.gate(play.name, "failed", str(e)))
                 for h in live:
                     self._fail(h, play.gate.get("name", f"gate {play.gate['kind']}"), str(e), play, quiet=True)
@@ -300,6 +307,8 @@ class Run:
             if spec.register:
                 ctx.register(spec.register, {"changed": status == "changed", "msg": ch.msg})
             self.emit(self._result(result, spec, status, ch, time.monotonic() - started))
+            if status == "changed" and self.options.check:
+                self.check_plan.record(host, spec.name)
             return True
         except HostUnreachable as e:
             st.unreachable = True
@@ -307,10 +316,14 @@ class Run:
             return False
         except (ArgumentError, TemplateError) as e:
             # A mistake in the playbook (an argument, a template): say where to fix it.
+            if isinstance(e, TemplateError) and self._planned(result, spec, host, e, started):
+                return True
             st.failed = True
             self.emit(result("failed", f"{e} ({spec.file}:{spec.line})"))
             return False
         except TunnelspecError as e:      # the task failed (TaskFailed) or refused its input (UsageError)
+            if isinstance(e, TaskFailed) and self._planned(result, spec, host, e, started):
+                return True
             st.failed = True
             self.emit(result("failed", str(e)))
             return False
@@ -319,6 +332,19 @@ class Run:
             tb = traceback.format_exc(limit=6) if self.options.verbose else ""
             self.emit(result("failed", f"internal error: {type(e).__name__}: {e}\n{tb}".rstrip()))
             return False
+
+    def _planned(self, result, spec: TaskSpec, host: str, e: Exception, started: float) -> bool:
+        """--check: a check that failed after earlier would-changes needs what they create; it is
+        reported as a planned change depending on them and the host goes on (engine/checkplan.py)."""
+        after = self.check_plan.earlier(host) if self.options.check else []
+        if not after:
+            return False
+        self.check_plan.record(host, spec.name)
+        self.emit(result("changed", CheckPlan.message(after, str(e)), duration=time.monotonic() - started,
+                         would_change=True, after=after))
+        if spec.register:
+            self.hosts[host].facts[spec.register] = {"changed": True, "msg": "planned"}
+        return True
 
     def _context(self, host: str, conn, variables: dict, spec: TaskSpec) -> HostContext:
         return HostContext(host=host, conn=conn, vars=variables, facts=self.hosts[host].facts, options=self.options,

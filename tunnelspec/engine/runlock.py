@@ -27,6 +27,7 @@ import time
 from datetime import datetime, timezone
 
 from tunnelspec.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.reporting import events
 
 LOCK_DIR = "/run/tunnelspec"
@@ -112,7 +113,7 @@ class RunLock:
     def _order(self, hosts: list[str]) -> list[str]:
         def key(h):
             hv = self.run.hosts[h].vars
-            return (str(hv.get("ansible_host") or h), str(hv.get("ansible_port") or 22), h)
+            return (ssh_host(h, hv), str(hv.get("ansible_port") or 22), h)
 
         return sorted(set(hosts), key=key)
 

@@ -21,7 +21,8 @@ def play_start(play: str, hosts: list[str]) -> dict:
 
 
 def task_result(host: str, task: str, play: str, status: str, msg: str, *, module: str | None = None,
-                no_log: bool = False, duration: float | None = None, diff=None, would_change: bool = False) -> dict:
+                no_log: bool = False, duration: float | None = None, diff=None, would_change: bool = False,
+                after: list[str] | None = None) -> dict:
     """`diff`: a tasks.base.Diff or None. Optional fields appear only when they say something."""
     ev = _event("task_result", host=host, task=task, play=play, status=status, msg=msg)
     if module is not None:
@@ -34,6 +35,8 @@ def task_result(host: str, task: str, play: str, status: str, msg: str, *, modul
         ev["diff"] = {"path": diff.path, "before": diff.before, "after": diff.after}
     if would_change:
         ev["would_change"] = True
+    if after:
+        ev["after"] = list(after)  # --check: the earlier would-change steps this one needs
     return ev
 
 

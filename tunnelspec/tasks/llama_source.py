@@ -35,14 +35,19 @@ def _tail(text: str, n: int = 12) -> str:
 
 @register_task
 class LlamaSource(Task):
+    """The pinned llama.cpp commit with its patch stack applied, on a tunnelspec branch; registers `llama_src` (commit, tree hash, patches)."""
+
     module = "llama_source"
     args = {
-        "repo": Arg(str, required=True),
-        "commit": Arg(str, required=True),
-        "root": Arg(str, required=True),
-        "patches": Arg(list, default=[]),
-        "force_clean": Arg(bool, default=False),
-        "build_number": Arg(int),
+        "repo": Arg(str, required=True,
+                    help="Where to fetch llama.cpp from (URL, path, or `controller:PATH` to push a bundle)."),
+        "commit": Arg(str, required=True, help="The pinned commit: a full 40-hex SHA."),
+        "root": Arg(str, required=True,
+                    help="tunnelspec's directory on the host: the checkout is `<root>/src/llama.cpp`."),
+        "patches": Arg(list, default=[],
+                       help="The patch stack (`llama_patches`): PR heads, refs of other remotes, patch files from the controller."),
+        "force_clean": Arg(bool, default=False, help="Reset a modified checkout instead of failing."),
+        "build_number": Arg(int, help="Override the build number derived from the source (`llama_build_number`)."),
     }
 
     @property

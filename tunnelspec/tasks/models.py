@@ -47,8 +47,12 @@ class ModelFile(Task):
     the path on the host as fact `fact`."""
 
     module = "model_file"
-    args = {"src": Arg(str, required=True), "dest_dir": Arg(str, default=MODELS_DIR),
-            "fact": Arg(str, required=True)}
+    args = {
+        "src": Arg(str, required=True,
+                   help="A path on the host, a file on the controller (relative: from the inventory's directory), or `hf://owner/repo/file.gguf@<commit>`."),
+        "dest_dir": Arg(str, default=MODELS_DIR, help="Where uploads and downloads go on the host."),
+        "fact": Arg(str, required=True, help="The fact to register with the model's path on the host."),
+    }
 
     def _local(self, ctx) -> Path | None:
         p = Path(self.p["src"]).expanduser()
@@ -140,7 +144,10 @@ class ModelsPrune(Task):
     upload in progress. Files elsewhere on the host are never touched."""
 
     module = "models_prune"
-    args = {"keep": Arg(list, required=True), "dir": Arg(str, default=MODELS_DIR)}
+    args = {
+        "keep": Arg(list, required=True, help="Paths of the models in use (never removed)."),
+        "dir": Arg(str, default=MODELS_DIR, help="tunnelspec's upload directory (nothing elsewhere is touched)."),
+    }
 
     async def _stale(self, ctx) -> list[tuple[str, int]]:
         d = self.p["dir"].rstrip("/")

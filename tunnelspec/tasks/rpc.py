@@ -39,7 +39,10 @@ class RpcServerBinary(Task):
 
     module = "rpc_server_binary"
     read_only = True
-    args = {"root": Arg(str, required=True), "path": Arg(str)}
+    args = {
+        "root": Arg(str, required=True, help="tunnelspec's directory on the host (its `current/bin`)."),
+        "path": Arg(str, help="An explicit binary instead of the build's."),
+    }
 
     def _candidates(self, ctx) -> list[str]:
         if self.p["path"]:
@@ -68,7 +71,10 @@ class RpcListenCheck(Task):
 
     module = "rpc_listen_check"
     read_only = True
-    args = {"port": Arg(int, required=True), "timeout": Arg((int, float), default=30)}
+    args = {
+        "port": Arg(int, required=True, help="The RPC port."),
+        "timeout": Arg((int, float), default=30, help="Seconds to wait for the listener."),
+    }
 
     async def check(self, ctx):
         port = self.p["port"]
@@ -114,8 +120,11 @@ class RpcUnreachable(Task):
 
     module = "rpc_unreachable"
     read_only = True
-    args = {"port": Arg(int, required=True), "address": Arg(str, required=True),
-            "from_hosts": Arg(list, required=True)}
+    args = {
+        "port": Arg(int, required=True, help="The RPC port."),
+        "address": Arg(str, required=True, help="The node's network address."),
+        "from_hosts": Arg(list, required=True, help="Hosts to try connecting from (they must all fail)."),
+    }
 
     async def check(self, ctx):
         if self.p["address"].startswith("127."):
@@ -135,8 +144,11 @@ class RpcProbe(Task):
 
     module = "rpc_probe"
     read_only = True
-    args = {"port": Arg(int, required=True), "timeout": Arg((int, float), default=30),
-            "allow_busy": Arg(bool, default=True)}
+    args = {
+        "port": Arg(int, required=True, help="The RPC port on the node's loopback."),
+        "timeout": Arg((int, float), default=30, help="Seconds to keep trying while the server starts."),
+        "allow_busy": Arg(bool, default=True, help="A server serving a client (llama-server) counts as up."),
+    }
 
     async def check(self, ctx):
         if self.p["allow_busy"]:
@@ -164,7 +176,9 @@ class RpcUnit(Task):
     Notify a daemon-reload and a restart."""
 
     module = "rpc_unit"
-    args = {"binary": Arg(str, required=True)}
+    args = {
+        "binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
+    }
 
     def _unit(self, ctx):
         from tunnelspec.tasks.systemd import SystemdUnit

@@ -13,6 +13,7 @@ import os
 
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts import units
 from tunnelspec.llama import flags, preflight
 from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, systemd_exec, tunnel_unit
 from tunnelspec.llama.verify import verify_server
@@ -25,7 +26,10 @@ class ApiKeyFile(Task):
     0600 enforced, content never read into a diff."""
 
     module = "api_key_file"
-    args = {"path": Arg(str, required=True), "owner": Arg(str, required=True)}
+    args = {
+        "path": Arg(str, required=True, help="The key file on the host (written by you, one line)."),
+        "owner": Arg(str, required=True, help="The user that must own it and alone read it (llama-server's user)."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.run(["stat", "-c", "%a %U %s", "--", self.p["path"]])
@@ -74,9 +78,14 @@ class RpcDevices(Task):
     `service` task starts it again). Registers `rpc_devices` = {port: [names]}."""
 
     module = "rpc_devices"
-    args = {"binary": Arg(str, required=True), "cache": Arg(str, default=DEVICES_CACHE),
-            "timeout": Arg(int, default=60), "service": Arg(str, default=UNIT),
-            "discover": Arg(bool, default=True)}
+    args = {
+        "binary": Arg(str, required=True, help="The built llama-server on main."),
+        "cache": Arg(str, default=DEVICES_CACHE, help="The device map cached on main."),
+        "timeout": Arg(int, default=60, help="Seconds `--list-devices` may take."),
+        "service": Arg(str, default=UNIT, help="The llama-server unit stopped before discovery."),
+        "discover": Arg(bool, default=True,
+                        help="Allowed to (re)discover; false: fail when the cached map is not current."),
+    }
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()
@@ -128,9 +137,14 @@ class LlamaServerPlan(Task):
 
     module = "llama_server_plan"
     read_only = True
-    args = {"binary": Arg(str, required=True), "model": Arg(str, required=True),
-            "draft_model": Arg(str, required=True), "rpc_wait": Arg(str, required=True),
-            "rpc_wait_timeout": Arg(int, default=90)}
+    args = {
+        "binary": Arg(str, required=True, help="The built llama-server on main."),
+        "model": Arg(str, required=True, help="The target model's path on main."),
+        "draft_model": Arg(str, required=True, help="The draft model's path on main."),
+        "rpc_wait": Arg(str, required=True,
+                        help="The rpc-wait helper the unit runs before llama-server (waits for every tunnel)."),
+        "rpc_wait_timeout": Arg(int, default=90, help="Seconds the helper waits for the RPC endpoints."),
+    }
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()
@@ -164,7 +178,10 @@ class LlamaServerPlan(Task):
             "public_bind": cluster.main.public_bind,
         }
         ctx.register("llama_server", fact)
-        return ok(f"{label}: draft on {plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
+        from tunnelspec.llama.speculative import spec_support
+
+        return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
+                  f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
 
 
 @register_task
@@ -179,8 +196,7 @@ class LlamaServerResume(Task):
     args: dict = {}
 
     async def _state(self, ctx) -> tuple[str, list[str]]:
-        res = await ctx.conn.run(["systemctl", "show", "-p", "LoadState,UnitFileState,ActiveState,Wants", UNIT])
-        props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+        props = await units.show(ctx.conn, UNIT, ["LoadState", "UnitFileState", "ActiveState", "Wants"])
         if props.get("LoadState") != "loaded":
             return "absent", []
         if props.get("UnitFileState") != "enabled":
@@ -190,7 +206,7 @@ class LlamaServerResume(Task):
         tunnels = sorted(u for u in props.get("Wants", "").split() if u.startswith("tunnelspec-tunnel-"))
         if not tunnels:
             return "stopped", []
-        states = (await ctx.conn.run(["systemctl", "show", "-p", "ActiveState", "--value", *tunnels])).stdout.split()
+        states = await units.unit_values(ctx.conn, "ActiveState", tunnels)
         return "stopped", [u for u, st in zip(tunnels, states) if st != "active"]
 
     async def check(self, ctx):
@@ -219,11 +235,19 @@ class LlamaVerify(Task):
     read_only = True
     # host: llama_server_host — 127.0.0.1 by default; main's own address with the public-bind opt-out,
     # where nothing listens on loopback.
-    args = {"host": Arg(str, default=LOOPBACK), "port": Arg(int, required=True), "plan": Arg(dict, required=True),
-            "api_key_file": Arg(str),
-            "health_timeout": Arg(int, default=180), "n_predict": Arg(int, default=32),
-            "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time"),
-            "journal_timeout": Arg(int, default=30)}
+    args = {
+        "host": Arg(str, default=LOOPBACK,
+                    help="Address llama-server listens on, seen from main (127.0.0.1 unless the public-bind opt-out)."),
+        "port": Arg(int, required=True, help="llama-server's port."),
+        "plan": Arg(dict, required=True,
+                    help="The `llama_server` fact (its devices and argv) to check the journal against."),
+        "api_key_file": Arg(str, help="The API key file on main, when one is configured."),
+        "health_timeout": Arg(int, default=180, help="Seconds to wait for /health."),
+        "n_predict": Arg(int, default=32, help="Tokens the test completion generates."),
+        "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time",
+                      help="The test completion's prompt."),
+        "journal_timeout": Arg(int, default=30, help="Seconds to wait for the placement line in the journal."),
+    }
 
     async def check(self, ctx):
         result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], host=self.p["host"],

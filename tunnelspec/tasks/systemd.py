@@ -4,47 +4,11 @@ idempotent (daemon-reload, restart)."""
 from __future__ import annotations
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts.units import service_state, unit_values
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 from tunnelspec.tasks.files import Copy, Template
 
 UNIT_DIR = "/etc/systemd/system"
-
-
-# Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
-# newer than its last start: a run was killed between writing the unit and restarting it). Prints
-# `<unit> <NeedDaemonReload> <ActiveEnterTimestamp, unix s or empty> <file mtime, unix s>`.
-_STALE_SCRIPT = r"""
-for u; do
-  f=/etc/systemd/system/$u
-  r=$(systemctl show -P NeedDaemonReload -- "$u" 2>/dev/null)
-  t=$(systemctl show --timestamp=unix -P ActiveEnterTimestamp -- "$u" 2>/dev/null)
-  m=$(stat -c %Y -- "$f" 2>/dev/null)
-  echo "$u ${r:-no} ${t#@} ${m:-0}" | tr -s ' '
-done
-"""
-
-
-async def stale_units(conn, names: list[str]) -> dict[str, str]:
-    """Units running from an older file than the one installed: {unit: why}."""
-    if not names:
-        return {}
-    res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
-    return parse_stale(res.stdout)
-
-
-def parse_stale(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
-            unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
-            if reload == "yes":
-                out[unit] = "unit file changed, not reloaded"
-            elif started and mtime > started:
-                out[unit] = "unit file newer than the running service"
-        elif len(parts) >= 2 and parts[1] == "yes":
-            out[parts[0]] = "unit file changed, not reloaded"
-    return out
 
 
 def _unit_path(name: str) -> str:
@@ -58,8 +22,14 @@ class SystemdUnit(Task):
     """Install a unit file from a template (or content). Notify a `daemon_reload` handler."""
 
     module = "systemd_unit"
-    args = {"name": Arg(str, required=True), "src": Arg(str), "content": Arg(str), "vars": Arg(dict, default={}),
-            "verify": Arg(bool, default=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit's name (in /etc/systemd/system)."),
+        "src": Arg(str, help="A template (from the inventory's directory or tunnelspec's templates)."),
+        "content": Arg(str, help="The unit's text, when there is no template."),
+        "vars": Arg(dict, default={}, help="Extra template variables."),
+        "verify": Arg(bool, default=True,
+                      help="Check a candidate with `systemd-analyze verify` before installing it."),
+    }
 
     def _inner(self):
         p = {"dest": _unit_path(self.p["name"]), "mode": "644"}
@@ -91,8 +61,12 @@ class SystemdUnit(Task):
 
 @register_task
 class SystemdUnitAbsent(Task):
+    """A unit stopped, disabled and its file removed."""
+
     module = "systemd_unit_absent"
-    args = {"name": Arg(str, required=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit to stop, disable and delete."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.run(["sh", "-c", 'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
@@ -112,16 +86,17 @@ class SystemdUnitAbsent(Task):
 
 @register_task
 class Service(Task):
+    """A unit started or stopped, enabled or disabled."""
+
     module = "service"
-    args = {"name": Arg(str, required=True),
-            "state": Arg(str, default="started", choices=("started", "stopped")),
-            "enabled": Arg(bool)}
+    args = {
+        "name": Arg(str, required=True, help="The unit."),
+        "state": Arg(str, default="started", choices=("started", "stopped"), help="`started` or `stopped`."),
+        "enabled": Arg(bool, help="Enabled at boot (true/false); unset: left as is."),
+    }
 
     async def _observe(self, ctx) -> tuple[str, str]:
-        res = await ctx.conn.run(["sh", "-c", 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/dev/null || :',
-                                  "sh", self.p["name"]])
-        parts = res.stdout.split() + ["", ""]
-        return parts[0], parts[1]
+        return await service_state(ctx.conn, self.p["name"])
 
     async def check(self, ctx):
         active, enabled = await self._observe(ctx)
@@ -165,7 +140,10 @@ class DaemonReload(Task):
     a handler, reloading whenever notified."""
 
     module = "daemon_reload"
-    args = {"units": Arg(list, default=[])}
+    args = {
+        "units": Arg(list, default=[],
+                     help="Reload only when systemd reports one of these units' files changed on disk (a task); empty: reload whenever notified (a handler)."),
+    }
 
     @classmethod
     def is_handler_only(cls, params: dict) -> bool:
@@ -173,9 +151,7 @@ class DaemonReload(Task):
 
     async def _stale(self, ctx) -> list[str]:
         units = list(self.p["units"])
-        # One `systemctl show` for every unit: it prints one value per unit, in order.
-        res = await ctx.conn.run(["systemctl", "show", "-p", "NeedDaemonReload", "--value", *units])
-        values = res.stdout.split()
+        values = await unit_values(ctx.conn, "NeedDaemonReload", units)
         return [u for u, v in zip(units, values) if v == "yes"]
 
     async def check(self, ctx):
@@ -190,8 +166,12 @@ class DaemonReload(Task):
 
 @register_task
 class ServiceRestart(Task):
+    """Restart a unit (a handler: a restart cannot be idempotent)."""
+
     module = "service_restart"
-    args = {"name": Arg(str, required=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit to restart."),
+    }
     handler_only = True
 
     async def check(self, ctx):

@@ -23,7 +23,10 @@ class UnitsAbsent(Task):
     """Stop, disable and delete every unit matching `pattern` (file in /etc/systemd/system or loaded)."""
 
     module = "units_absent"
-    args = {"pattern": Arg(str, default="tunnelspec-*.service")}
+    args = {
+        "pattern": Arg(str, default="tunnelspec-*.service",
+                       help="Units matching this glob are stopped, disabled and deleted."),
+    }
 
     async def _found(self, ctx) -> tuple[list[str], list[str]]:
         """(units, leftover links): unit files and loaded units matching, and enablement symlinks
@@ -64,7 +67,10 @@ class PathsAbsent(Task):
     things tunnelspec did not write, e.g. an API key file the user put in /etc/tunnelspec)."""
 
     module = "paths_absent"
-    args = {"paths": Arg(list, default=[]), "prune": Arg(list, default=[])}
+    args = {
+        "paths": Arg(list, default=[], help="Paths removed recursively."),
+        "prune": Arg(list, default=[], help="Directories removed only when empty."),
+    }
 
     async def _present(self, ctx) -> tuple[list[str], list[str]]:
         for p in [*self.p["paths"], *self.p["prune"]]:
@@ -110,7 +116,9 @@ class PortsClosed(Task):
 
     module = "ports_closed"
     read_only = True
-    args = {"ports": Arg(list, required=True)}
+    args = {
+        "ports": Arg(list, required=True, help="TCP ports nothing may listen on."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.run(["ss", "-Hltn"], check=True)

@@ -10,11 +10,12 @@ import asyncio
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts.sockets import clients_of
+from tunnelspec.facts.units import stale_units
 from tunnelspec.keys import TUNNEL_FORCED_COMMAND, fingerprint
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
-from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload, stale_units
+from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload
 from tunnelspec.tunnel_ssh import (AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel,
                                    selected_nodes, ssh_argv, unit_name)
 
@@ -26,9 +27,16 @@ class TunnelUnits(Task):
     stop and disable them (state=stopped). A unit whose file changed is restarted."""
 
     module = "tunnel_units"
-    args = {"nodes": Arg((list, str), default="all"), "key": Arg(str, default=KEY_PATH),
-            "known_hosts": Arg(str, default=KNOWN_HOSTS), "session": Arg(bool, default=True),
-            "state": Arg(str, default="started", choices=("started", "stopped"))}
+    args = {
+        "nodes": Arg((list, str), default="all",
+                     help="Nodes (a list or comma string; empty or `all`: every rpc node)."),
+        "key": Arg(str, default=KEY_PATH, help="The tunnel key on main."),
+        "known_hosts": Arg(str, default=KNOWN_HOSTS, help="The pinned known_hosts on main."),
+        "session": Arg(bool, default=True,
+                       help="Carry a session (the key's forced command) rather than `ssh -N`: much lower latency for small messages."),
+        "state": Arg(str, default="started", choices=("started", "stopped"),
+                     help="`started` (installed, enabled, running) or `stopped` (stopped and disabled)."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [AES_NI_PROBE]
@@ -112,8 +120,14 @@ class TunnelProbe(Task):
 
     module = "tunnel_probe"
     read_only = True
-    args = {"nodes": Arg((list, str), default="all"), "source_dir": Arg(str, required=True),
-            "timeout": Arg((int, float), default=30), "allow_busy": Arg(bool, default=True)}
+    args = {
+        "nodes": Arg((list, str), default="all",
+                     help="Nodes to check (a list or comma string; empty or `all`: every rpc node)."),
+        "source_dir": Arg(str, required=True,
+                          help="The llama.cpp source on main (its RPC version is the expected one)."),
+        "timeout": Arg((int, float), default=30, help="Seconds to keep trying while tunnels come up."),
+        "allow_busy": Arg(bool, default=True, help="A tunnel serving llama-server counts as up."),
+    }
 
     async def check(self, ctx):
         expected = await main_rpc_version(ctx.conn, self.p["source_dir"])

@@ -20,8 +20,12 @@ class TunnelKeypair(Task):
     Registers `tunnel_pubkey`."""
 
     module = "tunnel_keypair"
-    args = {"path": Arg(str, default=KEY_PATH), "owner": Arg(str, required=True),
-            "rotation": Arg(str, default=""), "comment": Arg(str, default="tunnelspec-tunnel")}
+    args = {
+        "path": Arg(str, default=KEY_PATH, help="The private key on main."),
+        "owner": Arg(str, required=True, help="The user the key belongs to (the tunnel user on main)."),
+        "rotation": Arg(str, default="", help="A token: a new value replaces the key once (`keys rotate`)."),
+        "comment": Arg(str, default="tunnelspec-tunnel", help="The key's comment."),
+    }
 
     async def _current(self, ctx) -> tuple[str | None, str]:
         # The public half is derived on main (ssh-keygen -y), so the private key never travels back.
@@ -72,7 +76,11 @@ class KnownHostsPin(Task):
     """known_hosts on main with each rpc node's host key as the controller verified it."""
 
     module = "known_hosts_pin"
-    args = {"path": Arg(str, default=KNOWN_HOSTS), "nodes": Arg((list, str), default="all")}
+    args = {
+        "path": Arg(str, default=KNOWN_HOSTS, help="The known_hosts file on main the tunnels trust."),
+        "nodes": Arg((list, str), default="all",
+                     help="Kept for compatibility: every rpc node's key is always pinned (one file for all tunnels)."),
+    }
 
     async def _content(self, ctx) -> str:
         lines = []
@@ -124,8 +132,13 @@ class TunnelAuthorizedKey(Task):
     Root-owned and 0644 in a root-owned directory, so the tunnel user cannot widen it."""
 
     module = "tunnel_authorized_key"
-    args = {"user": Arg(str, required=True), "pubkey": Arg(str, required=True), "rpc_port": Arg(int, required=True),
-            "from_address": Arg(str), "home": Arg(str, default=NODE_HOME)}
+    args = {
+        "user": Arg(str, required=True, help="The tunnel user on the node."),
+        "pubkey": Arg(str, required=True, help="Main's tunnel public key (`tunnel_pubkey`)."),
+        "rpc_port": Arg(int, required=True, help="The only port the key may forward to (on the node's loopback)."),
+        "from_address": Arg(str, help="Where the key may be used from; default: main's address as the node sees it."),
+        "home": Arg(str, default=NODE_HOME, help="The tunnel user's root-owned home."),
+    }
 
     async def _line(self, ctx) -> str:
         frm = self.p["from_address"]

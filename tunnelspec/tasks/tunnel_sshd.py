@@ -52,9 +52,13 @@ class TunnelSshdPolicy(Task):
     (and `tunnel_sessions_renew`, so existing tunnel sessions pick the limits up)."""
 
     module = "tunnel_sshd_policy"
-    args = {"user": Arg(str, required=True), "path": Arg(str, default=SSHD_DROPIN),
-            "config": Arg(str, default=SSHD_CONFIG), "sshd": Arg(str, default="/usr/sbin/sshd"),
-            "state": Arg(str, default="present", choices=("present", "absent"))}
+    args = {
+        "user": Arg(str, required=True, help="The tunnel user the `Match User` block is for."),
+        "path": Arg(str, default=SSHD_DROPIN, help="The drop-in file."),
+        "config": Arg(str, default=SSHD_CONFIG, help="The main sshd_config (must include the drop-in directory)."),
+        "sshd": Arg(str, default="/usr/sbin/sshd", help="The sshd binary (for `-t` and `-T`)."),
+        "state": Arg(str, default="present", choices=("present", "absent"), help="`present` or `absent`."),
+    }
 
     def _render(self, ctx) -> bytes:
         user = self.p["user"]
@@ -116,7 +120,9 @@ class SshdReload(Task):
     """Reload sshd after its config changed, only if `sshd -t` accepts the whole config."""
 
     module = "sshd_reload"
-    args = {"sshd": Arg(str, default="/usr/sbin/sshd")}
+    args = {
+        "sshd": Arg(str, default="/usr/sbin/sshd", help="The sshd binary (for `sshd -t` before the reload)."),
+    }
     handler_only = True
 
     async def check(self, ctx):
@@ -142,7 +148,9 @@ class TunnelSessionsRenew(Task):
     keeps the config it started with. llama-server restarts with them (it aborts on RPC errors)."""
 
     module = "tunnel_sessions_renew"
-    args = {"user": Arg(str, required=True)}
+    args = {
+        "user": Arg(str, required=True, help="The tunnel user whose sessions end."),
+    }
     handler_only = True
 
     async def check(self, ctx):

@@ -6,7 +6,7 @@ CCACHE_COMPILERCHECK=content so that lab hosts building the same tree with the s
 `src`/`build` layout under another base path hit the same cache (ccache rewrites absolute paths
 below the base dir into relative ones before hashing).
 
-Run by hand (e.g. in the background before tests): `python3 -m tunnelspec.llama.devbuild`.
+Run by hand (e.g. in the background before tests): `python3 -m tunnelspec.lab.devbuild`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from tunnelspec.llama import gguf_tiny as t
+from tunnelspec.lab import gguf_tiny as t
 
 # The one token both models predict: printable ASCII ('a'), so any chat-output parser accepts it.
 TOKEN = 3 + ord("a")
