@@ -24,6 +24,9 @@ OWNED_SERVER_FLAGS = (
     "--api-key", "--api-key-file",
 )
 OWNED_SERVER_PREFIXES = ("--spec-", "--draft-")
+# Draft tuning tunnelspec does not set itself (the build's --help still decides if it exists).
+# `--spec-draft-p-min 0`: a build with a 0.75 default (b9093) drafts nothing from a flat draft.
+PASSTHROUGH_SERVER_FLAGS = ("--spec-draft-p-min", "--draft-p-min")
 # CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
 # a CVE), the build identity, and the backend (chosen with llama_backend).
 OWNED_CMAKE_VARS = (
@@ -105,7 +108,7 @@ class MainHost:
     api_key_file: str | None
     extra_args: tuple[str, ...]
     target_devices: str
-    spec_draft_n_max: int
+    spec_draft_n_max: int | None  # None: the build's own default
     spec_draft_ngl: str  # "all" or a layer count as text
     build: BuildSettings
     root: str
@@ -365,6 +368,8 @@ def _main_host(hv: HostVars) -> MainHost:
     extra = hv.words("llama_server_extra_args")
     for arg in extra:
         flag = arg.split("=", 1)[0]
+        if flag in PASSTHROUGH_SERVER_FLAGS:
+            continue
         if flag in OWNED_SERVER_FLAGS or flag.startswith(OWNED_SERVER_PREFIXES):
             raise hv.fail(
                 "llama_server_extra_args",
@@ -384,7 +389,7 @@ def _main_host(hv: HostVars) -> MainHost:
         api_key_file=key_file,
         extra_args=extra,
         target_devices=",".join(hv.csv("llama_target_devices")) or "none",
-        spec_draft_n_max=hv.integer("spec_draft_n_max", 4, minimum=1),
+        spec_draft_n_max=hv.integer("spec_draft_n_max", None, minimum=1),
         spec_draft_ngl=str(ngl),
         build=_build(hv),
         root=_root(hv),

@@ -76,12 +76,15 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
     argv += [help_.require("-m", "--model"), model]
     f = draft_flags(help_)
     if f.spec_type:
-        # Mandatory where it exists: the default type is `none`, and the draft is then loaded and
-        # silently freed.
-        argv += [f.spec_type, DRAFT_SIMPLE]
+        # Mandatory where the build needs it: the default type is `none`, and the draft is then
+        # loaded and silently freed. Builds where the draft model alone speculates reject it.
+        argv += [f.spec_type, f.spec_value]
     ngl = f.ngl_all if main.spec_draft_ngl == "all" else main.spec_draft_ngl
-    argv += [f.model, draft_model, f.device, ",".join(draft_devices), f.ngl, ngl,
-             f.n_max, str(main.spec_draft_n_max)]
+    argv += [f.model, draft_model, f.device, ",".join(draft_devices), f.ngl, ngl]
+    if main.spec_draft_n_max is not None:
+        # Unset: the build's own default (16 on b9093, 3 later), which some builds need to stay
+        # within the draft context's outputs (llama.cpp issue 25719).
+        argv += [f.n_max, str(main.spec_draft_n_max)]
     argv += [help_.require("--host"), main.server_host, help_.require("--port"), str(main.server_port)]
     if main.api_key_file:
         argv += [help_.require("--api-key-file"), main.api_key_file]
