@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tunnelspec.constants import LOOPBACK, STATE_DIR
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import flags, http
+from tunnelspec.llama import flags, http, server_death
 from tunnelspec.llama.server_args import (UNIT, build_server_argv, draft_placement, list_devices_argv,
                                           systemd_exec, tunnel_unit)
 from tunnelspec.secrets import Secret
@@ -293,8 +293,17 @@ class LlamaServerPlan(Task):
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
                                  self.p["model"], self.p["draft_model"])
         wait_argv = ["/usr/bin/python3", self.p["rpc_wait"], "--timeout", str(self.p["rpc_wait_timeout"])]
+        # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
+        # minor and silently computes wrong results on another patch (ops renumbered), so the unit
+        # never starts it against a node of another build (e.g. mid-upgrade).
+        from tunnelspec.llama.versions import format_version
+        from tunnelspec.tasks.tunnel import main_rpc_version
+
+        proto = format_version(await main_rpc_version(conn, f"{cluster.main.root}/src/llama.cpp"))
+        wait_argv += ["--expect", proto]
         fact = plan.as_fact()
         fact["build"] = label
+        fact["rpc_proto"] = proto
         fact["unit"] = {
             "exec_start": fact["exec_start"], "rpc_wait_exec": systemd_exec(wait_argv + plan.endpoints),
             "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
@@ -427,16 +436,16 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     try:
         await http.wait_health(opener, health_timeout)
     except http.HttpError as e:
-        active = (await conn.run(["systemctl", "is-active", UNIT])).stdout.strip()
-        tail = (await conn.run(["journalctl", "--no-pager", "-o", "cat", "-n", "15", "-u", UNIT])).stdout.strip()
-        raise TaskFailed(f"llama-server on {host}:{port} not healthy ({e}); unit {active}:\n{tail}") from None
+        raise TaskFailed(await server_death.describe(conn, f"llama-server on {host}:{port} not healthy ({e})")) from None
     key = await read_api_key(conn, api_key_file)
     if key and add_secret:
         add_secret(key.reveal())
     try:
         body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
     except http.HttpError as e:
-        raise TaskFailed(f"completion failed: {e}") from None
+        # A connection cut mid-request is usually llama-server dying (an abort in the decode path):
+        # say so from its journal and unit state rather than "not an HTTP response".
+        raise TaskFailed(await server_death.describe(conn, f"completion failed: {e}")) from None
     timings = body.get("timings") or {}
     draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not draft_n:

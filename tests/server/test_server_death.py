@@ -1,0 +1,49 @@
+"""Reading a dead llama-server's journal and unit state (pure parsers; the lab test kills a real one)."""
+
+from __future__ import annotations
+
+from tunnelspec.llama import server_death as sd
+from tunnelspec.tasks import llama_upgrade
+
+# The shape of a real abort on a dead RPC socket: ggml's assert, then systemd's report.
+JOURNAL = """\
+srv  update_slots: all slots are idle
+/opt/tunnelspec/src/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:612: GGML_ASSERT(status) failed
+[New LWP 4242]
+tunnelspec-llama-server.service: Main process exited, code=dumped, status=6/ABRT
+tunnelspec-llama-server.service: Failed with result 'core-dump'.
+tunnelspec-llama-server.service: Scheduled restart job, restart counter is at 1.
+"""
+PROPS = {"ActiveState": "activating", "SubState": "auto-restart", "Result": "core-dump", "ExecMainCode": "3",
+         "ExecMainStatus": "6", "NRestarts": "1"}
+
+
+def test_abort_line_prefers_the_cause_over_the_signal():
+    assert sd.abort_line(JOURNAL).endswith("GGML_ASSERT(status) failed")
+    assert sd.abort_line("tunnelspec-llama-server.service: Main process exited, code=killed, status=9/KILL\n") \
+        == "tunnelspec-llama-server.service: Main process exited, code=killed, status=9/KILL"
+    assert sd.abort_line("srv  update_slots: all slots are idle\n") is None
+
+
+def test_describe_names_cause_state_and_exit():
+    text = sd.describe_from("completion failed: not an HTTP response", PROPS, JOURNAL)
+    assert text.startswith("completion failed: not an HTTP response: llama-server died: ")
+    assert "GGML_ASSERT(status) failed" in text
+    assert "unit tunnelspec-llama-server.service activating/auto-restart, result core-dump" in text
+    assert "dumped core (status 6), restarted 1 time(s)" in text
+    assert "code=dumped, status=6/ABRT" in text
+
+
+def test_describe_without_abort_shows_the_journal_tail():
+    props = {"ActiveState": "active", "SubState": "running", "Result": "success", "ExecMainCode": "0",
+             "ExecMainStatus": "0", "NRestarts": "0"}
+    text = sd.describe_from("not healthy", props, "line a\nline b\n")
+    assert "died" not in text and text.endswith("line a\nline b") and "restarted" not in text
+
+
+def test_quiesce_state_parser():
+    assert llama_upgrade.parse_state("pid 0\ncurrent /opt/t/build/k2/bin/llama-server\n") == (
+        None, "/opt/t/build/k2/bin/llama-server")
+    run, cur = llama_upgrade.parse_state("pid 7\nrunning /opt/t/build/k1/bin/llama-server (deleted)\n"
+                                         "current /opt/t/build/k2/bin/llama-server\n")
+    assert (run, cur) == ("/opt/t/build/k1/bin/llama-server", "/opt/t/build/k2/bin/llama-server")
