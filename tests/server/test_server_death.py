@@ -47,3 +47,16 @@ def test_quiesce_state_parser():
     run, cur = llama_upgrade.parse_state("pid 7\nrunning /opt/t/build/k1/bin/llama-server (deleted)\n"
                                          "current /opt/t/build/k2/bin/llama-server\n")
     assert (run, cur) == ("/opt/t/build/k1/bin/llama-server", "/opt/t/build/k2/bin/llama-server")
+
+
+def test_issue_25719_warning_only_when_n_max_is_imposed_beyond_the_slots():
+    from tunnelspec.llama import known_bugs as kb
+
+    assert kb.draft_n_max_warnings(None, 1, "b11434") == []  # unset: the build's own default
+    assert kb.draft_n_max_warnings(3, 4, "b11434") == []
+    (w,) = kb.draft_n_max_warnings(16, 4, "b11434 (build 11434)")
+    assert "llama.cpp issue 25719" in w and "spec_draft_n_max=16" in w and "4 parallel slot(s)" in w
+    assert kb.draft_n_max_warnings(4, None, "b")[0].count("auto") == 1
+    assert kb.n_parallel(["-c", "256", "-np", "2"], -1) == 2
+    assert kb.n_parallel(["--parallel=3"], None) == 3
+    assert kb.n_parallel([], -1) is None and kb.n_parallel([], 4) == 4

@@ -312,7 +312,17 @@ class LlamaServerPlan(Task):
             "public_bind": cluster.main.public_bind,
         }
         ctx.register("llama_server", fact)
-        return ok(f"{label}: draft on {plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
+        from tunnelspec.llama import known_bugs
+
+        np_opt = help_.pick("-np", "--parallel")
+        np_default = None
+        if np_opt and (m := re.search(r"\(default:\s*(-?\d+)", help_.option(np_opt).help)):
+            np_default = float(m.group(1))
+        warnings = known_bugs.draft_n_max_warnings(
+            cluster.main.spec_draft_n_max, known_bugs.n_parallel(list(cluster.main.extra_args), np_default), label)
+        note = "".join(f"; WARNING {w}" for w in warnings)
+        return ok(f"{label}: draft on {plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
+                  f"{note}")
 
 
 @register_task
