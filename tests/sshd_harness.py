@@ -101,11 +101,16 @@ class SshdCluster:
                   all_vars: dict | None = None) -> Path:
         lines = [f"[{group}]"]
         for h in self.hosts:
+            # tunnelspec_pending_dir: each "host" its own, not this machine's /var/lib/tunnelspec.
             hv = {"ansible_host": "127.0.0.1", "ansible_port": h.port, "ansible_user": "root",
                   "ansible_ssh_private_key_file": str(self.key), "root": str(h.root),
+                  "tunnelspec_pending_dir": str(h.dir / "pending"),
                   **((extra_host_vars or {}).get(h.name, {}))}
             lines.append(h.name + " " + " ".join(f"{k}={v}" for k, v in hv.items()))
-        lines += ["", "[all:vars]", f"tunnelspec_known_hosts={self.known_hosts}"]
+        # The run lock (engine/runlock.py) of these "hosts" is this machine's: one per cluster here,
+        # so tests running at the same time in other clusters never wait for each other.
+        lines += ["", "[all:vars]", f"tunnelspec_known_hosts={self.known_hosts}",
+                  f"tunnelspec_lock_dir={self.base / 'run-lock'}"]
         lines += [f"{k}={v}" for k, v in (all_vars or {}).items()]
         p = self.base / name
         p.write_text("\n".join(lines) + "\n")

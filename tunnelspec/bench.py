@@ -23,11 +23,13 @@ from tunnelspec.tasks.server import read_api_key
 
 BENCH_UNIT = "tunnelspec-llama-bench.service"
 # Flags (every spelling across builds) that carry the draft or the RPC placement, each with a value.
-_PLACEMENT_FLAGS = {"--rpc", "-dev", "--device"}
+# -sm/-ts describe the deployed devices: kept with them (same placement), dropped with them.
+_PLACEMENT_FLAGS = {"--rpc", "-dev", "--device", "-sm", "--split-mode", "-ts", "--tensor-split"}
 _DRAFT_RPC_FLAGS = _PLACEMENT_FLAGS | {
     "--spec-type", "--spec-draft-model", "-md", "--model-draft",
     "--spec-draft-device", "-devd", "--device-draft", "--spec-draft-ngl", "-ngld", "--gpu-layers-draft",
     "--n-gpu-layers-draft", "--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", "--port",
+    "--spec-draft-p-min", "--draft-p-min",
 }
 DEFAULT_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 

@@ -62,8 +62,17 @@ def _split(values) -> list[str]:
     return [t for v in values for t in v.split(",") if t]
 
 
+def lock_options(f):
+    """The run lock (engine/runlock.py): commands that change hosts wait for another run on them."""
+    f = click.option("--no-wait", "no_wait", is_flag=True,
+                     help="Another run holds a host of this one: exit 5 at once instead of waiting.")(f)
+    return click.option("--lock-timeout", default=1800, show_default=True, type=click.IntRange(1, 86400),
+                        help="Seconds to wait for another run's lock on the hosts, then exit 5.")(f)
+
+
 def run_options(f):
     """Options shared by every command that runs a playbook (Ansible's spelling)."""
+    f = lock_options(f)
     opts = [
         click.option("--check", "-C", is_flag=True, help="Change nothing; exit 3 when something would change."),
         click.option("--diff", "-D", is_flag=True, help="Show before/after of changed files (secrets masked)."),
@@ -84,13 +93,16 @@ def run_options(f):
     return f
 
 
-def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False, **kw):
+def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
+          preflight=False, lock="", lock_timeout=1800, no_wait=False, **kw):
     from tunnelspec.runner import connect_options_from_env, run_playbook_file
 
-    options = _run_options(**kw)
+    # --check changes nothing: it never takes (or waits for) the run lock.
+    options = _run_options(lock="" if kw.get("check") else lock, lock_timeout=lock_timeout,
+                           lock_wait=not no_wait, **kw)
     code = run_playbook_file(inventory_file, playbook, options, fmt,
                              connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster,
-                             require_models=require_models)
+                             require_models=require_models, preflight=preflight)
     sys.exit(code)
 
 
@@ -100,7 +112,9 @@ def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=F
 @run_options
 def play_cmd(inventory_file, playbook, **kw):
     """Run any playbook against INVENTORY (like ansible-playbook)."""
-    _play(inventory_file, playbook, **kw)
+    from pathlib import Path
+
+    _play(inventory_file, playbook, lock=f"play {Path(playbook).name}", **kw)
 
 
 def _builtin(name: str) -> str:
@@ -116,8 +130,8 @@ def _builtin(name: str) -> str:
 @run_options
 def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
-    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True,
-          allow_vulnerable_llama=allow_vulnerable_llama, **kw)
+    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
+          allow_vulnerable_llama=allow_vulnerable_llama, lock="deploy", **kw)
 
 
 @main.command("teardown")
@@ -127,7 +141,7 @@ def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
 def teardown_cmd(inventory_file, purge, **kw):
     """Remove everything tunnelspec installed; prove nothing it started still listens."""
     kw["extra_vars"] = tuple(kw.get("extra_vars") or ()) + (f"tunnelspec_purge={'true' if purge else 'false'}",)
-    _play(inventory_file, _builtin("teardown.yml"), require_cluster=True, **kw)
+    _play(inventory_file, _builtin("teardown.yml"), require_cluster=True, lock="teardown", **kw)
 
 
 @main.command("verify")
@@ -163,6 +177,23 @@ def status_cmd(inventory_file, fmt):
     sys.exit(status.status_exit_code(report))
 
 
+@main.command("logs")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--output", "-o", "output", default=None, type=click.Path(),
+              help="Directory, or a .tar.gz file, to write (default ./tunnelspec-logs-<UTC time>).")
+@click.option("--since", default=None,
+              help="Journal lines since this time (journalctl --since syntax, e.g. '1 hour ago'); "
+                   "default: the current boot.")
+def logs_cmd(inventory_file, output, since):
+    """Read-only bug-report bundle: every host's tunnelspec journals, unit files, llama-server version
+    and devices, load/placement lines, status; secrets masked. Unreachable hosts are listed."""
+    from tunnelspec import logs
+
+    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    where, hosts = logs.run(inv, cluster, opts, output, since)
+    click.echo(logs.summary(hosts, where), nl=False)
+
+
 @main.command("bench")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096))
@@ -188,7 +219,7 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, fmt):
 # ---- inventory -------------------------------------------------------------------------------
 @main.group()
 def inventory() -> None:
-    """Inspect an Ansible-style INI inventory."""
+    """Inspect an Ansible inventory (INI or YAML)."""
 
 
 @inventory.command("list")
@@ -320,28 +351,33 @@ _tunnel_limit = click.option("--limit", "-l", "nodes", default="", help="Only th
 _tunnel_fmt = click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 
 
-def _tunnel_play(inventory_file, name, fmt, extra):
+def _tunnel_play(inventory_file, name, fmt, extra, lock, lock_timeout, no_wait):
     _play(inventory_file, _builtin(name), fmt, False, require_cluster=True, check=False, diff=False, limit=None,
-          tags=(), skip_tags=(), forks=20, verbose=0, extra_vars=tuple(extra))
+          tags=(), skip_tags=(), forks=20, verbose=0, extra_vars=tuple(extra), lock=lock,
+          lock_timeout=lock_timeout, no_wait=no_wait)
 
 
 @tunnel.command("open")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_limit
 @_tunnel_fmt
-def tunnel_open(inventory_file, nodes, fmt):
+@lock_options
+def tunnel_open(inventory_file, nodes, fmt, lock_timeout, no_wait):
     """Install, start and check the tunnels (HELLO through each one); start llama-server again if
     closing the tunnels stopped it (deployed, enabled, and all of its tunnels open)."""
-    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [])
+    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [],
+                 "tunnel open", lock_timeout, no_wait)
 
 
 @tunnel.command("close")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_limit
 @_tunnel_fmt
-def tunnel_close(inventory_file, nodes, fmt):
+@lock_options
+def tunnel_close(inventory_file, nodes, fmt, lock_timeout, no_wait):
     """Stop and disable the tunnel units (keys and files stay)."""
-    _tunnel_play(inventory_file, "tunnel-close.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [])
+    _tunnel_play(inventory_file, "tunnel-close.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [],
+                 "tunnel close", lock_timeout, no_wait)
 
 
 @tunnel.command("status")
@@ -369,11 +405,13 @@ def keys() -> None:
 @keys.command("rotate")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_fmt
-def keys_rotate(inventory_file, fmt):
+@lock_options
+def keys_rotate(inventory_file, fmt, lock_timeout, no_wait):
     """Replace the tunnel key on main and its authorized_keys line on every node; restart tunnels."""
     from tunnelspec.keys import new_rotation_token
 
-    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"])
+    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"],
+                 "keys rotate", lock_timeout, no_wait)
 
 
 # ---- end of command groups -------------------------------------------------------------------

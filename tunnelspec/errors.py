@@ -1,7 +1,8 @@
 """Exception tree. Each error carries the exit code the CLI returns for it.
 
 Exit codes: 0 converged, 1 a task failed, 2 usage or inventory error,
-3 --check found drift, 4 a host unreachable.
+3 --check found drift, 4 a host unreachable, 5 another run holds the cluster's run lock
+(--no-wait, or --lock-timeout passed; engine/runlock.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_DRIFT = 3
 EXIT_UNREACHABLE = 4
+EXIT_LOCKED = 5
 
 
 class TunnelspecError(Exception):

@@ -44,7 +44,7 @@ def load_cluster(inv):
 
 def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
                       connect_options: ConnectOptions | None = None, require_cluster: bool = False,
-                      stream=None, require_models: bool = False) -> int:
+                      stream=None, require_models: bool = False, preflight: bool = False) -> int:
     from tunnelspec.inventory import load_inventory
 
     inv = load_inventory(inventory_path)
@@ -59,7 +59,15 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     playbook = load_playbook(playbook_path)
     if options.limit and not inv.match(options.limit):
         raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")
-    run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout),
-              connect_options or connect_options_from_env(), cluster)
+    connect_options = connect_options or connect_options_from_env()
+    if preflight and cluster is not None:
+        # spec_type, split mode and extra args against the pinned build's --help: a setting the build
+        # lacks stops here (exit 2), before any play changes a host.
+        from tunnelspec.llama.preflight import preflight as check_build
+
+        note = asyncio.run(check_build(cluster, connect_options))
+        if fmt == "human":
+            print(note.line(), file=sys.stderr)
+    run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout), connect_options, cluster)
     summary = asyncio.run(run.run_playbook(playbook))
     return summary.exit_code()

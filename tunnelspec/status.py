@@ -10,7 +10,7 @@ import re
 
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.constants import LOOPBACK
-from tunnelspec.llama import http, rpc
+from tunnelspec.llama import http, props, rpc
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
 from tunnelspec.tasks.server import DEVICES_CACHE
 
@@ -64,10 +64,15 @@ async def _main_status(conn, cluster) -> dict:
                        "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
     server = {"unit": await _unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
     try:
-        r = await http.request(http.ssh_opener(conn, main.server_port, main.server_host), "GET", "/health", timeout=5)
+        opener = http.ssh_opener(conn, main.server_port, main.server_host)
+        r = await http.request(opener, "GET", "/health", timeout=5)
         server["health"] = "ok" if r.status == 200 else f"HTTP {r.status}"
     except http.HttpError as e:
         server["health"] = f"down ({e})"
+    server["spec_type"] = None
+    if server["health"] == "ok" and not main.api_key_file:
+        # With an API key /props needs it; status does not read secrets, so the type stays unknown.
+        server["spec_type"] = (await props.read_spec_types(opener, timeout=5))["active"]
     journal = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
     server["draft_acceptance"] = last_acceptance(journal)
     out["llama_server"] = server
@@ -134,7 +139,8 @@ def render(report: dict) -> str:
             acc = s["draft_acceptance"]
             acc_txt = (f"{acc['accepted']}/{acc['generated']} draft tokens accepted ({acc['rate']:.2f})"
                        if acc else "no draft statistics yet")
-            lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, {acc_txt}")
+            lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
+                         f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
     return "\n".join(lines)
 
 

@@ -44,7 +44,7 @@ def write_inventory(lab, path: Path, fixtures, tree: str) -> Path:
     text = re.sub(r"^llama_commit=.*$", f"llama_commit={t.commit}", text, flags=re.M)
     text = re.sub(r"^llama_build_number=.*\n", "", text, flags=re.M)
     # b9093's --spec-draft-p-min defaults to 0.75: a flat (random) draft would propose nothing.
-    extra = ['llama_server_extra_args="--spec-draft-p-min 0"', f"llama_build_number={t.build_number}"]
+    extra = ["spec_draft_p_min=0", f"llama_build_number={t.build_number}"]
     text = text.replace("[all:vars]\n", "[all:vars]\n" + "".join(f"{v}\n" for v in extra))
     path.write_text(text)
     return path

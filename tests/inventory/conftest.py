@@ -24,8 +24,9 @@ def _run_tunnelspec(*args: str, cwd: Path | None = None) -> subprocess.Completed
     )
 
 
-def _ansible_inventory_list(path: Path) -> dict:
-    """`ansible-inventory --list` from ansible-core, forced to the INI plugin, parse errors fatal."""
+def _ansible_inventory_list(path: Path, plugin: str = "ini") -> dict:
+    """`ansible-inventory --list` from ansible-core, forced to one plugin (ini or yaml), parse
+    errors fatal."""
     # The oracle is a test dependency: it must be there (next to this Python, e.g. in .venv/bin),
     # never silently skipped.
     beside = Path(sys.executable).parent / "ansible-inventory"
@@ -33,7 +34,7 @@ def _ansible_inventory_list(path: Path) -> dict:
     assert exe, "ansible-core is a test dependency: pip install -e '.[test]'"
     env = dict(
         os.environ,
-        ANSIBLE_INVENTORY_ENABLED="ini",
+        ANSIBLE_INVENTORY_ENABLED=plugin,
         ANSIBLE_INVENTORY_UNPARSED_FAILED="1",
         ANSIBLE_NOCOLOR="1",
     )

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 MALFORMED = sorted((Path(__file__).parent / "malformed").glob("*.ini"))
+MALFORMED_YAML = sorted((Path(__file__).parent / "malformed_yaml").glob("*.yml"))
 
 
 def _expected_line(path: Path) -> int:
@@ -19,9 +20,10 @@ def _expected_line(path: Path) -> int:
 
 def test_enough_malformed_files():
     assert len(MALFORMED) >= 15
+    assert len(MALFORMED_YAML) >= 15
 
 
-@pytest.mark.parametrize("path", MALFORMED, ids=[p.name for p in MALFORMED])
+@pytest.mark.parametrize("path", MALFORMED + MALFORMED_YAML, ids=[p.name for p in MALFORMED + MALFORMED_YAML])
 def test_cli_reports_file_and_line(path: Path, run_tunnelspec):
     res = run_tunnelspec("inventory", "list", str(path))
     assert res.returncode == 2, (res.stdout, res.stderr)

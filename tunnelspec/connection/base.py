@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tunnelspec.engine import testhooks
 from tunnelspec.errors import TaskFailed
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.secrets import Secret, display_argv
@@ -79,6 +80,11 @@ class Connection(abc.ABC):
     def _wrap_become(self, argv: list[str]) -> list[str]:
         return argv
 
+    async def spawn(self, argv) -> "Spawned":
+        """A long-lived command whose stdin stays open until `Spawned.close()` or until this
+        connection dies (the run lock: engine/runlock.py). stderr is merged into stdout."""
+        raise NotImplementedError(f"{type(self).__name__} cannot hold a process open")
+
     # ---- read-only probes, batched (see connection/probes.py) -------------------------------
     _probes: ProbeCache | None = None
     _changes_started = 0       # commands that may change the host: started, and still running
@@ -132,6 +138,7 @@ class Connection(abc.ABC):
             return await self._run_stream(argv, on_line, timeout, check, become)
         finally:
             self._changes_running -= 1
+            testhooks.command_done()
 
     async def _run_stream(self, argv, on_line, timeout, check, become) -> Result:
         real = reveal_argv(argv)
@@ -155,6 +162,7 @@ class Connection(abc.ABC):
             return await self._run(argv, input, timeout, check, become)
         finally:
             self._changes_running -= 1
+            testhooks.command_done()
 
     async def _run(self, argv, input, timeout, check, become) -> Result:
         real = reveal_argv(argv)
@@ -184,6 +192,18 @@ class Connection(abc.ABC):
         if res.rc != 0:
             raise TaskFailed(f"cannot read {path}: {_tail(res.stderr)}")
         return res.stdout_bytes
+
+
+class Spawned(abc.ABC):
+    """A process started by `Connection.spawn`: its output line by line, and a way to end it."""
+
+    @abc.abstractmethod
+    async def readline(self) -> str:
+        """The next line of output without its newline; "" at the end of output."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """End its stdin (it exits on EOF) and wait briefly; kill it if it lingers."""
 
 
 def read_argv(path: str) -> list[str]:

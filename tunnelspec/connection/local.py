@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from tunnelspec.connection.base import Connection
+from tunnelspec.connection.base import Connection, Spawned, reveal_argv
 
 
 class LocalConnection(Connection):
@@ -48,8 +48,33 @@ class LocalConnection(Connection):
             raise
         return rc, "\n".join(tail)
 
+    async def spawn(self, argv):
+        # Its own session, so a signal to the controller's group does not reach it; it still ends
+        # with the controller: its stdin is a pipe from this process, EOF when the controller dies.
+        proc = await asyncio.create_subprocess_exec(*self._wrap_become(reveal_argv(argv)),
+                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        return _LocalSpawned(proc)
+
     async def open_connection(self, host, port):
         return await asyncio.open_connection(host, port)
 
     async def close(self):
         return None
+
+
+class _LocalSpawned(Spawned):
+    def __init__(self, proc):
+        self._proc = proc
+
+    async def readline(self) -> str:
+        return (await self._proc.stdout.readline()).decode(errors="replace").rstrip("\n")
+
+    async def close(self) -> None:
+        if self._proc.stdin is not None and not self._proc.stdin.is_closing():
+            self._proc.stdin.close()
+        try:
+            await asyncio.wait_for(self._proc.wait(), 5)
+        except asyncio.TimeoutError:
+            self._proc.kill()
+            await self._proc.wait()

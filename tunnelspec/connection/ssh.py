@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncssh
 
 from tunnelspec.connection import credentials
-from tunnelspec.connection.base import Connection, ConnectOptions, quote
+from tunnelspec.connection.base import Connection, ConnectOptions, Spawned, quote, reveal_argv
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
 from tunnelspec.errors import HostKeyError, HostUnreachable
@@ -114,9 +114,39 @@ class SSHConnection(Connection):
     async def open_connection(self, host, port):
         return await self._conn.open_connection(host, port)
 
+    async def spawn(self, argv):
+        real = self._wrap_become(reveal_argv(argv))
+        try:
+            proc = await self._conn.create_process(quote(real), stderr=asyncssh.STDOUT,
+                                                   encoding="utf-8", errors="replace")
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
+            raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
+        return _SshSpawned(proc)
+
     async def close(self):
         self._conn.close()
         try:
             await self._conn.wait_closed()
         except Exception:  # noqa: BLE001 - closing a dead connection is not an error
             pass
+
+
+class _SshSpawned(Spawned):
+    def __init__(self, proc):
+        self._proc = proc
+
+    async def readline(self) -> str:
+        try:
+            return (await self._proc.stdout.readline()).rstrip("\n")
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError):
+            return ""
+
+    async def close(self) -> None:
+        import asyncio
+
+        try:
+            self._proc.stdin.write_eof()
+            await asyncio.wait_for(self._proc.wait_closed(), 5)
+        except Exception:  # noqa: BLE001 - a lost connection ended the process already
+            pass
+        self._proc.close()

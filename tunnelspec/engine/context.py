@@ -17,6 +17,9 @@ class RunOptions:
     verbose: int = 0
     extra_vars: dict = field(default_factory=dict)
     allow_vulnerable_llama: bool = False
+    lock: str = ""                 # the command taking the run lock ("" = none: read-only, --check)
+    lock_timeout: float = 1800     # seconds to wait for another run's lock
+    lock_wait: bool = True         # False: --no-wait, exit 5 at once when locked
 
 
 @dataclass

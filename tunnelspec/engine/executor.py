@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tunnelspec.connection import ConnectOptions, connect
+from tunnelspec.engine import pending, testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
 from tunnelspec.engine.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
@@ -81,6 +82,8 @@ class Run:
         event = mask_value(event, sorted(set(self.secrets), key=len, reverse=True))
         self.summary.record(event)
         self.emit_raw(event)
+        if event.get("event") == "progress":
+            testhooks.reached(event.get("task", ""), "progress")
 
     # ---- hosts ----------------------------------------------------------------------------
     def select(self, pattern: str) -> list[str]:
@@ -150,10 +153,18 @@ class Run:
     async def run_playbook(self, playbook: Playbook) -> Summary:
         self.emit({"event": "run_start", "playbook": playbook.path, "check": self.options.check})
         self._preconnect(playbook)
+        lock = None
         try:
+            if self.options.lock and not self.options.check:
+                from tunnelspec.engine.runlock import RunLock
+
+                lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
+                await lock.acquire([h for play in playbook.plays for h in self.select(play.hosts)])
             for play in playbook.plays:
                 await self.run_play(play)
         finally:
+            if lock is not None:
+                await lock.release()
             await self.close()
         self.emit({"event": "recap", "hosts": self.summary.per_host(), "exit_code": self.summary.exit_code()})
         return self.summary
@@ -208,8 +219,14 @@ class Run:
             self.emit({"event": "task_result", "host": host, "task": "connect", "play": play.name,
                        "status": "failed", "msg": str(e)})
             return
+        try:
+            # Handlers a killed run of this play notified and never ran (engine/pending.py).
+            notified: list[str] = await pending.load(conn, st.vars, play.name) if play.handlers else []
+        except HostUnreachable as e:
+            st.unreachable = True
+            self.emit({"event": "unreachable", "host": host, "play": play.name, "msg": str(e)})
+            return
         await self._prefetch(play, host, conn)
-        notified: list[str] = []
         for spec in play.tasks:
             if not await self._run_task(play, spec, host, conn, notified, is_handler=False):
                 return
@@ -217,6 +234,11 @@ class Run:
             if spec.name in notified or any(x in notified for x in spec.listen):
                 if not await self._run_task(play, spec, host, conn, notified, is_handler=True):
                     return
+        if notified and not self.options.check:
+            try:
+                await pending.clear(conn, st.vars, play.name)
+            except TunnelspecError:
+                pass                     # kept: the handlers run once more next time, no harm
 
     async def _prefetch(self, play: Play, host: str, conn) -> None:
         """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
@@ -275,7 +297,11 @@ class Run:
             if ch.changed:
                 status = "changed"
                 if not self.options.check:
+                    if spec.notify:
+                        await pending.mark(conn, st.vars, play.name, spec.notify)
+                    testhooks.reached(spec.name, "start")
                     await task.apply(ctx, ch)
+                    testhooks.reached(spec.name, "apply")
                     if not task.handler_only:
                         again = await task.check(ctx)
                         if again.changed:

@@ -13,20 +13,25 @@ from typing import Any
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.inventory.fields import HostVars, cluster_error, is_full_sha
 from tunnelspec.inventory.model import Inventory
+from tunnelspec.inventory.placement import TargetPlacement, node_share, parse_placement
+from tunnelspec.llama import controller_repo
+from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
+from tunnelspec.models import hub
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 ROLES = ("draft", "target")
-# Flags tunnelspec sets itself in the llama-server unit; letting extra args repeat them would
-# silently move the model, the draft or the listening address.
-OWNED_SERVER_FLAGS = (
-    "--rpc", "--host", "--port", "-m", "--model", "-md", "--model-draft", "-dev", "--device",
-    "-devd", "--device-draft", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft",
-    "--api-key", "--api-key-file",
+# Flags tunnelspec sets itself in the llama-server unit (llama/speculative.py OWNED_FLAGS, with the
+# variable to use instead); letting extra args repeat them would silently move the model, the draft
+# or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
+# --spec-draft-type-k, ...) are allowed and checked against the built --help at plan time.
+OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
+# llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
+# hf:// form of llama_model / llama_draft_model replaces them.
+DOWNLOAD_SERVER_FLAGS = (
+    "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-hff", "--hf-file", "-hfv", "-hfrv",
+    "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu", "--model-url", "-dr", "--docker-repo",
+    "--spec-draft-hf", "--spec-draft-hf-repo", "--spec-draft-hf-file",
 )
-OWNED_SERVER_PREFIXES = ("--spec-", "--draft-")
-# Draft tuning tunnelspec does not set itself (the build's --help still decides if it exists).
-# `--spec-draft-p-min 0`: a build with a 0.75 default (b9093) drafts nothing from a flat draft.
-PASSTHROUGH_SERVER_FLAGS = ("--spec-draft-p-min", "--draft-p-min")
 # CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
 # a CVE), the build identity, and the backend (chosen with llama_backend).
 OWNED_CMAKE_VARS = (
@@ -83,6 +88,7 @@ class RpcNode:
     rpc_port: int
     tunnel_port: int
     role: str  # "draft" | "target"
+    target_share: float | None  # rpc_target_share: proportion of the target's layers (None: not given)
     devices: tuple[str, ...]  # () = the rpc-server's default devices
     threads: int | None
     bind: str  # always LOOPBACK
@@ -110,6 +116,8 @@ class MainHost:
     target_devices: str
     spec_draft_n_max: int | None  # None: the build's own default
     spec_draft_ngl: str  # "all" or a layer count as text
+    spec_type: str | None  # None: draft-simple where the build has it (see llama/speculative.py)
+    spec_draft_p_min: float | None
     build: BuildSettings
     root: str
     users: Users
@@ -121,6 +129,7 @@ class Cluster:
     main: MainHost
     rpc: tuple[RpcNode, ...]
     source: SourcePin
+    placement: TargetPlacement = TargetPlacement(None, None, None)
 
     @property
     def hosts(self) -> list[str]:
@@ -135,11 +144,26 @@ class Cluster:
         """`--rpc` value items for llama-server, in node order."""
         return [n.endpoint for n in self.rpc]
 
+    @property
+    def target_nodes(self) -> list[RpcNode]:
+        """Nodes carrying target layers, in --rpc order: rpc_role=target, and a draft node given a
+        positive proportion."""
+        p = self.placement
+        return [n for n in self.rpc
+                if n.role == "target" or (p.weights is not None and (p.weight_of(n.name) or 0) > 0)]
+
     def node(self, name: str) -> RpcNode:
         return next(n for n in self.rpc if n.name == name)
 
     def require_models(self) -> None:
         """The llama-server part needs both model paths on the main host."""
+        if self.main.spec_type == "draft-mtp" and not self.main.draft_model:
+            raise cluster_error(
+                self.inventory, self.main.name, "spec_type",
+                "draft-mtp needs llama_draft_model, a separate MTP GGUF: without one llama.cpp builds the MTP "
+                "draft on the target model itself (its heads, its KV cache) and ignores the draft device, so "
+                "the draft could not run on the remote node",
+            )
         for var, value in (("llama_model", self.main.model), ("llama_draft_model", self.main.draft_model)):
             if not value:
                 raise cluster_error(
@@ -167,7 +191,10 @@ class Cluster:
         nodes = tuple(_rpc_node(HostVars(inv, name), i) for i, name in enumerate(rpc_names))
         _check_roles(inv, nodes)
         _check_ports(inv, main, nodes)
-        return cls(inventory=inv, main=main, rpc=nodes, source=source)
+        local = () if main.target_devices == "none" else tuple(main.target_devices.split(","))
+        placement = parse_placement(HostVars(inv, main_name),
+                                    [(HostVars(inv, n.name), n.role, n.target_share) for n in nodes], local)
+        return cls(inventory=inv, main=main, rpc=nodes, source=source, placement=placement)
 
 
 # ---- topology ------------------------------------------------------------------------------------
@@ -195,7 +222,8 @@ def _topology(inv: Inventory) -> tuple[str, list[str]]:
 
 # Variables that only mean something on an rpc node. Set on another host's own line they are a
 # misplaced node (e.g. "draft node not in [rpc]"): ignoring them would deploy without that node.
-RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache")
+RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache",
+                 "rpc_target_share")
 
 
 def _check_rpc_vars_outside_rpc(inv: Inventory, rpcs: list[str]) -> None:
@@ -259,10 +287,17 @@ def _source(hv: HostVars) -> SourcePin:
             f"{commit!r} is not a full 40-hex commit SHA; tags, branches and short SHAs can move or "
             "collide: pin the full SHA (git rev-parse '<tag>^{{commit}}'), quoted: llama_commit=\"<sha>\"",
         )
+    patches = _patches(hv)
+    if controller_repo.is_controller_repo(repo):
+        try:
+            controller_repo.check(controller_repo.path_of(repo, hv.inv.path.parent), commit,
+                                  [p.commit for p in patches if p.kind != "file"])
+        except controller_repo.ControllerRepoError as err:
+            raise hv.fail("llama_repo", str(err)) from None
     return SourcePin(
         repo=repo,
         commit=commit,
-        patches=_patches(hv),
+        patches=patches,
         build_number=hv.integer("llama_build_number", None, minimum=0),
     )
 
@@ -333,6 +368,7 @@ def _rpc_node(hv: HostVars, index: int) -> RpcNode:
         rpc_port=hv.port("rpc_port", DEFAULT_RPC_PORT),
         tunnel_port=hv.port("tunnel_port", DEFAULT_TUNNEL_PORT + index),
         role=hv.choice("rpc_role", ROLES, "draft"),
+        target_share=node_share(hv),
         devices=devices,
         threads=hv.integer("rpc_threads", None, minimum=1),
         bind=bind,
@@ -366,23 +402,37 @@ def _main_host(hv: HostVars) -> MainHost:
                       f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
                       "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key")
     extra = hv.words("llama_server_extra_args")
+    p_min = _p_min(hv)
     for arg in extra:
         flag = arg.split("=", 1)[0]
-        if flag in PASSTHROUGH_SERVER_FLAGS:
-            continue
-        if flag in OWNED_SERVER_FLAGS or flag.startswith(OWNED_SERVER_PREFIXES):
+        if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):
             raise hv.fail(
                 "llama_server_extra_args",
-                f"{flag} is set by tunnelspec (from llama_model, llama_draft_model, tunnels, "
-                "llama_server_host/port, spec_draft_*, llama_server_api_key_file); remove it",
+                f"{flag} makes llama-server download a model at every start, unpinned and unverified; "
+                f"name the model as llama_model / llama_draft_model = {hub.FORM} instead (downloaded and "
+                "checked on the controller, uploaded once)",
             )
+        var = owned_variable(None, flag)
+        if var is not None:
+            raise hv.fail("llama_server_extra_args", f"{flag} is set by tunnelspec; use {var} instead (remove it here)")
+        if p_min is not None and flag in ("--spec-draft-p-min", "--draft-p-min"):
+            raise hv.fail("llama_server_extra_args", f"{flag} is also set by spec_draft_p_min; keep one of the two")
+    spec_type = hv.string("spec_type", None)
+    if spec_type is not None and spec_type not in DRAFT_TYPES:
+        raise hv.fail("spec_type", f"must be one of {', '.join(DRAFT_TYPES)} (a draft model on the remote device); "
+                      f"got {spec_type!r}")
+    model, draft_model = _model(hv, "llama_model"), _model(hv, "llama_draft_model")
+    if spec_type == "draft-mtp" and draft_model is not None and draft_model == model:
+        raise hv.fail("spec_type", "draft-mtp with llama_draft_model = llama_model is MTP without a separate file: "
+                      "llama.cpp then runs the MTP heads on the target's devices and ignores the draft device; "
+                      "give the separate MTP GGUF (e.g. mtp-<model>.gguf) as llama_draft_model")
     ngl = hv.raw("spec_draft_ngl", "all")
     if not (ngl == "all" or (isinstance(ngl, int) and not isinstance(ngl, bool) and ngl >= 0)):
         raise hv.fail("spec_draft_ngl", f"must be 'all' or a number of layers (0 or more), got {ngl!r}")
     return MainHost(
         name=hv.host,
-        model=hv.string("llama_model", None),
-        draft_model=hv.string("llama_draft_model", None),
+        model=model,
+        draft_model=draft_model,
         server_host=host,
         server_port=hv.port("llama_server_port", DEFAULT_HTTP_PORT),
         public_bind=public,
@@ -391,10 +441,35 @@ def _main_host(hv: HostVars) -> MainHost:
         target_devices=",".join(hv.csv("llama_target_devices")) or "none",
         spec_draft_n_max=hv.integer("spec_draft_n_max", None, minimum=1),
         spec_draft_ngl=str(ngl),
+        spec_type=spec_type,
+        spec_draft_p_min=p_min,
         build=_build(hv),
         root=_root(hv),
         users=_users(hv),
     )
+
+
+def _p_min(hv: HostVars) -> float | None:
+    value = hv.raw("spec_draft_p_min", None)
+    if value is None:
+        return None
+    try:
+        out = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        out = None
+    if out is None or not 0.0 <= out <= 1.0:
+        raise hv.fail("spec_draft_p_min", f"must be a probability between 0 and 1, got {value!r}")
+    return out
+
+
+def _model(hv: HostVars, var: str) -> str | None:
+    value = hv.string(var, None)
+    if value is not None and (hub.is_hub_ref(value) or value.lower().startswith(("hf:", "huggingface:"))):
+        try:
+            return str(hub.parse_ref(value))
+        except hub.HubRefError as err:
+            raise hv.fail(var, str(err)) from None
+    return value
 
 
 # ---- cross-host checks ----------------------------------------------------------------------------

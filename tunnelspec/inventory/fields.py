@@ -19,9 +19,12 @@ KNOWN_VARS = frozenset(
         "llama_backend", "llama_cmake_args", "llama_build_jobs", "tunnelspec_root",
         "llama_model", "llama_draft_model", "llama_server_host", "llama_server_port",
         "llama_server_public_bind", "llama_server_api_key_file", "llama_server_extra_args",
-        "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl",
+        "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl", "spec_draft_p_min", "spec_type",
+        "llama_split_mode", "llama_tensor_split", "rpc_target_share",
         "rpc_user", "tunnel_user", "llama_user",
         "tunnelspec_known_hosts",  # read by the connection layer (the lab writes it)
+        "tunnelspec_lock_dir",     # read by the run lock (engine/runlock.py)
+        "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
     }
 )
 
@@ -68,7 +71,7 @@ class HostVars:
         if var in self.values:
             return self.values[var]
         if default is _MISSING:
-            raise self.fail(var, "is required; set it in the inventory (see inventory.example.ini)")
+            raise self.fail(var, "is required; set it in the inventory (see inventory.example.ini or .yml)")
         return default
 
     def string(self, var: str, default: Any = _MISSING) -> str | None:

@@ -1,4 +1,4 @@
-"""Host entries in an INI inventory: `name`, `name:port`, `[v6::addr]:port`, and ranges
+"""Host entries in an INI or YAML inventory: `name`, `name:port`, `[v6::addr]:port`, and ranges
 (`node[01:03]`, `node[1:10:2]`, `node[a:c]`), with the same rules as Ansible's parser."""
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from tunnelspec.errors import InventoryError
 from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
-from tunnelspec.inventory.model import Group, Host, Inventory
+from tunnelspec.inventory.builder import InventoryBuilder
+from tunnelspec.inventory.model import Inventory
 from tunnelspec.inventory.values import parse_value
 
 _SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:#.*)?$")
@@ -32,65 +33,10 @@ class _Pending:
     parents: list[str]
 
 
-class _Parser:
+class _Parser(InventoryBuilder):
     def __init__(self, path: pathlib.Path):
-        self.path = path
-        self.file = str(path)
-        self.inv = Inventory(path=path)
-        self.line = 0
+        super().__init__(path)
         self.pending: dict[str, _Pending] = {}
-        self._add_group("all")
-        self._add_group("ungrouped")
-        self._add_child("all", "ungrouped")
-
-    def error(self, message: str, line: int | None = None) -> InventoryError:
-        return InventoryError(message, self.file, line if line is not None else self.line)
-
-    # ---- graph -----------------------------------------------------------------------------
-    def _add_group(self, name: str) -> None:
-        if name not in self.inv.groups:
-            self.inv.groups[name] = Group(name, line=self.line or None)
-
-    def _add_child(self, parent: str, child: str) -> None:
-        if child == "all":
-            raise self.error(f"'all' cannot be a child of '{parent}': every group is already under 'all'")
-        if parent == child:
-            raise self.error(f"group '{child}' is listed as a child of itself; remove that line")
-        p, c = self.inv.groups[parent], self.inv.groups[child]
-        if child in p.children:
-            return
-        if child in self.inv.ancestors(parent):
-            raise self.error(
-                f"adding '{child}' as a child of '{parent}' creates a cycle "
-                f"('{parent}' is already a descendant of '{child}'); remove one of the two links"
-            )
-        p.children.append(child)
-        if parent not in c.parents:
-            c.parents.append(parent)
-
-    def _add_host(self, name: str, group: str, port: int | None) -> None:
-        host = self.inv.hosts.get(name)
-        if host is None:
-            host = self.inv.hosts[name] = Host(name, line=self.line)
-            # Ansible applies `host:port` only when the host is first seen.
-            if port:
-                self._set_var(host, "ansible_port", port)
-        if group not in host.groups:
-            host.groups.append(group)
-            self.inv.groups[group].hosts.append(name)
-
-    def _set_var(self, target: Host | Group, key: str, value) -> None:
-        if isinstance(target, Group) and key == "ansible_group_priority":
-            try:
-                target.priority = int(value)
-            except (TypeError, ValueError):
-                raise self.error(
-                    f"ansible_group_priority must be an integer (e.g. ansible_group_priority=10), "
-                    f"got {value!r}"
-                ) from None
-            return
-        target.vars[key] = value
-        target.origins[key] = (self.file, self.line)
 
     # ---- lines -----------------------------------------------------------------------------
     def parse(self, lines: list[str]) -> Inventory:
@@ -179,7 +125,8 @@ class _Parser:
         if not names:
             raise self.error(f"host range '{name}' expands to no host; check begin, end and step")
         if "---" in (n.strip() for n in names):
-            raise self.error("'---' is not a host: this looks like a YAML file, not an INI inventory")
+            raise self.error("'---' is not a host: this looks like a YAML inventory in a file named .ini; "
+                             "rename it to .yml (tunnelspec reads both formats)")
         variables = []
         for token in tokens[1:]:
             if "=" not in token:
@@ -223,29 +170,13 @@ class _Parser:
         else:
             self.pending[child] = _Pending("children", self.line, [group])
 
-    # ---- after the last line: Ansible's reconcile_inventory --------------------------------
-    def _reconcile(self) -> None:
-        for name, group in self.inv.groups.items():
-            if name != "all" and not group.parents:
-                self._add_child("all", name)
-        ungrouped = self.inv.groups["ungrouped"]
-        for name, host in self.inv.hosts.items():
-            if "ungrouped" in host.groups:
-                if set(host.groups) - {"all", "ungrouped"}:
-                    host.groups.remove("ungrouped")
-                    ungrouped.hosts.remove(name)
-            elif set(host.groups) <= {"all"}:
-                host.groups.append("ungrouped")
-                ungrouped.hosts.append(name)
-
-
-def _read_lines(path: pathlib.Path) -> list[str]:
+def read_lines(path: pathlib.Path) -> list[str]:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         raise InventoryError("inventory file not found; check the path", str(path)) from None
     except IsADirectoryError:
-        raise InventoryError("is a directory; give the path of an INI inventory file", str(path)) from None
+        raise InventoryError("is a directory; give the path of an inventory file (INI or YAML)", str(path)) from None
     except OSError as err:
         raise InventoryError(f"cannot read: {err.strerror}", str(path)) from None
     try:
@@ -264,7 +195,7 @@ def _read_lines(path: pathlib.Path) -> list[str]:
     return lines
 
 
-def load_inventory(path: str | pathlib.Path) -> Inventory:
+def load_ini(path: str | pathlib.Path, lines: list[str] | None = None) -> Inventory:
     """Parse an Ansible INI inventory. Raises InventoryError(message, file, line)."""
     path = pathlib.Path(path)
-    return _Parser(path).parse(_read_lines(path))
+    return _Parser(path).parse(read_lines(path) if lines is None else lines)

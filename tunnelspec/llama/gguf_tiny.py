@@ -73,12 +73,38 @@ def _tensors():
 
 def write_tiny_llama(path: str | os.PathLike) -> str:
     """Write the model to `path` (atomically) and return its sha256."""
-    import gguf
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    _write(str(tmp))
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    os.replace(tmp, path)
+    return digest
+
+
+def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int = 2) -> list[Path]:
+    """The same model as a split GGUF (`STEM-00001-of-0000N.gguf`, …, the format llama.cpp's
+    gguf-split writes: every part a GGUF with split.* keys, tensors spread over the parts)."""
+    import math
+    import tempfile
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    per_part = math.ceil(len(_tensors()) / parts)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".split-") as tmp:
+        _write(str(Path(tmp) / f"{stem}.gguf"), split_max_tensors=per_part)
+        names = sorted(Path(tmp).glob(f"{stem}-*-of-*.gguf"))
+        out = []
+        for f in names:
+            os.replace(f, directory / f.name)
+            out.append(directory / f.name)
+    return out
+
+
+def _write(path: str, split_max_tensors: int = 0) -> None:
+    import gguf
+
+    w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     w.add_name("tunnelspec-tiny-llama-ascii")
     w.add_context_length(CONTEXT)
     w.add_embedding_length(EMBED)
@@ -103,6 +129,3 @@ def write_tiny_llama(path: str | os.PathLike) -> str:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    os.replace(tmp, path)
-    return digest

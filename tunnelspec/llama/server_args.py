@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama.flags import ServerHelp, draft_flags, DRAFT_SIMPLE
+from tunnelspec.llama.flags import ServerHelp, DRAFT_SIMPLE
+from tunnelspec.llama.preflight import check_settings
+from tunnelspec.llama.speculative import SpecError, spec_type_argv
 
 # llama-server's unit name, shared by the tasks, the verify step, status and teardown.
 UNIT = "tunnelspec-llama-server.service"
@@ -30,11 +32,15 @@ class ServerPlan:
     draft_port: int  # tunnel port of the draft node on main
     target_devices: str  # the -dev value
     endpoints: list[str]  # --rpc items, in node order
+    spec_type: str = DRAFT_SIMPLE  # what the inventory asked for (draft-simple by default)
+    tensor_split: list[tuple[str, float]] | None = None  # (-dev device, weight) in -dev order
 
     def as_fact(self) -> dict:
         return {"argv": self.argv, "exec_start": systemd_exec(self.argv), "draft_node": self.draft_node,
                 "draft_devices": self.draft_devices, "draft_port": self.draft_port,
-                "target_devices": self.target_devices, "endpoints": self.endpoints}
+                "target_devices": self.target_devices, "endpoints": self.endpoints,
+                "spec_type": self.spec_type,
+                "tensor_split": [list(p) for p in self.tensor_split] if self.tensor_split else None}
 
 
 def devices_by_node(cluster, by_port: dict[int, list[str]]) -> dict[str, list[str]]:
@@ -58,6 +64,24 @@ def target_device_list(local: str, rpc_targets: list[str]) -> str:
     return ",".join(devs) if devs else "none"
 
 
+def tensor_split(cluster, nodes: dict[str, list[str]]) -> list[tuple[str, float]] | None:
+    """(device, weight) for every -dev device, in -dev order: the main host's own devices, then each
+    target node's RPC devices in --rpc order, a node's weight shared equally by its devices."""
+    p = cluster.placement
+    if p.weights is None:
+        return None
+    local = [] if cluster.main.target_devices in ("", "none") else cluster.main.target_devices.split(",")
+    out = [(d, p.weight_of(d) or 0.0) for d in local]
+    for n in cluster.target_nodes:
+        devs = nodes[n.name]
+        out += [(d, (p.weight_of(n.name) or 0.0) / len(devs)) for d in devs]
+    return out
+
+
+def _weight(w: float) -> str:
+    return f"{w:g}"
+
+
 def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]], binary: str,
                       model: str, draft_model: str) -> ServerPlan:
     main = cluster.main
@@ -67,24 +91,43 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
                          "set rpc_role=draft on one rpc node")
     nodes = devices_by_node(cluster, by_port)
     endpoints = cluster.rpc_endpoints
-    rpc_targets = [d for n in cluster.rpc if n.role == "target" for d in nodes[n.name]]
+    rpc_targets = [d for n in cluster.target_nodes for d in nodes[n.name]]
     dev = target_device_list(main.target_devices, rpc_targets)
     draft_devices = nodes[draft.name]
+    try:
+        check_settings(cluster, help_)
+        # Where the build has --spec-type it is mandatory (the default `none` loads the draft and
+        # silently frees it); where the draft model alone speculates it is [] (and draft-simple is
+        # then rejected by the build).
+        spec = spec_type_argv(help_, main.spec_type)
+    except SpecError as e:
+        raise TaskFailed(str(e)) from None
 
     argv = [binary, help_.require("--rpc"), ",".join(endpoints)]
     argv += [help_.require("-dev", "--device"), dev]
     argv += [help_.require("-m", "--model"), model]
-    f = draft_flags(help_)
-    if f.spec_type:
-        # Mandatory where the build needs it: the default type is `none`, and the draft is then
-        # loaded and silently freed. Builds where the draft model alone speculates reject it.
-        argv += [f.spec_type, f.spec_value]
-    ngl = f.ngl_all if main.spec_draft_ngl == "all" else main.spec_draft_ngl
-    argv += [f.model, draft_model, f.device, ",".join(draft_devices), f.ngl, ngl]
+    placement = cluster.placement
+    if placement.split_mode is not None:
+        argv += [help_.require("-sm", "--split-mode"), placement.split_mode]
+    split = tensor_split(cluster, nodes)
+    if split is not None:
+        if dev == "none":
+            raise TaskFailed(f"{placement.source} gives proportions but the target has no offload device")
+        argv += [help_.require("-ts", "--tensor-split"), ",".join(_weight(w) for _, w in split)]
+    argv += spec
+    ngl_flag = help_.require("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
+    ngl_opt = help_.option(ngl_flag)
+    ngl_all = "all" if ngl_opt and "'all'" in ngl_opt.help else "999"
+    ngl = ngl_all if main.spec_draft_ngl == "all" else main.spec_draft_ngl
+    argv += [help_.require("--spec-draft-model", "-md", "--model-draft"), draft_model,
+             help_.require("--spec-draft-device", "-devd", "--device-draft"), ",".join(draft_devices),
+             ngl_flag, ngl]
     if main.spec_draft_n_max is not None:
         # Unset: the build's own default (16 on b9093, 3 later), which some builds need to stay
         # within the draft context's outputs (llama.cpp issue 25719).
-        argv += [f.n_max, str(main.spec_draft_n_max)]
+        argv += [help_.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"), str(main.spec_draft_n_max)]
+    if main.spec_draft_p_min is not None:
+        argv += [help_.require("--spec-draft-p-min", "--draft-p-min"), f"{main.spec_draft_p_min:g}"]
     argv += [help_.require("--host"), main.server_host, help_.require("--port"), str(main.server_port)]
     if main.api_key_file:
         argv += [help_.require("--api-key-file"), main.api_key_file]
@@ -93,12 +136,9 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
         argv.append("--metrics")
     extra = list(main.extra_args)
     argv += _log_level(help_, extra)
-    try:
-        help_.check_argv(["llama-server", *extra])
-    except TaskFailed as e:
-        raise TaskFailed(f"llama_server_extra_args: {e}") from None
     argv += extra
-    return ServerPlan(argv, draft.name, draft_devices, draft.tunnel_port, dev, endpoints)
+    return ServerPlan(argv, draft.name, draft_devices, draft.tunnel_port, dev, endpoints,
+                      spec_type=main.spec_type or DRAFT_SIMPLE, tensor_split=split)
 
 
 # Recent builds print the `load_tensors: RPC0[…] model buffer size` lines (the proof of where the

@@ -17,6 +17,10 @@ from pathlib import Path
 from tunnelspec.errors import TaskFailed
 
 STACK_FILE = ".git/tunnelspec-stack"
+# Present from the first change of an apply until its stack record is written: a run killed in
+# between left a half-done checkout (a clone without its files, a partial checkout or patch stack)
+# that the next run must redo, not refuse as the user's local modifications.
+APPLYING_FILE = ".git/tunnelspec-applying"
 PATCH_DIR = ".git/tunnelspec-patches"
 # Bump when the way a stack is applied changes (identity, dates, commands): old stacks re-apply.
 STACK_RECIPE = 1
@@ -120,6 +124,7 @@ echo "head $(git rev-parse -q --verify HEAD 2>/dev/null || echo none)"
 echo "tree $(git rev-parse -q --verify 'HEAD^{tree}' 2>/dev/null || echo none)"
 echo "origin $(git config --get remote.origin.url 2>/dev/null || echo none)"
 echo "shallow $(git rev-parse --is-shallow-repository 2>/dev/null || echo unknown)"
+[ -e .git/tunnelspec-applying ] && echo "op tunnelspec checkout"
 [ -e .git/CHERRY_PICK_HEAD ] && echo "op cherry-pick"
 [ -d .git/rebase-apply ] || [ -d .git/rebase-merge ] && echo "op rebase"
 git status --porcelain=v1 2>/dev/null | head -n 20 | sed 's/^/dirty /'

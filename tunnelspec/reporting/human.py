@@ -46,6 +46,8 @@ class HumanReporter:
             self._w(self._c("unreachable", f"unreachable: [{ev['host']}]") + f" — {ev.get('msg', '')}")
         elif kind == "progress":
             self._w(f"  .. [{ev['host']}] {ev['task']}: {ev['msg']}")
+        elif kind == "run_lock":
+            self._w(f"  .. [{ev['host']}] run lock: {ev['msg']}")
         elif kind == "gate":
             self._w(self._c("ok" if ev["status"] == "ok" else "failed", f"gate {ev['status']}: {ev['play']}")
                     + f" — {ev['msg']}")

@@ -50,7 +50,13 @@ EVENTS = {
     "message": _event("message", {"msg": _STR}),
     # An error that stopped the command before or outside a run (exit 2: bad options, inventory or
     # playbook); the same text is on stderr as `ERROR: …`.
-    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4]}}),
+    # exit 5: another run holds the cluster's run lock (--no-wait, or --lock-timeout passed).
+    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4, 5]}}),
+    # A mutating run waiting for another run's lock on a host (engine/runlock.py); holder: who.
+    "run_lock": _event("run_lock", {"host": _HOST, "status": {"enum": ["waiting"]}, "msg": _STR},
+                       {"holder": {"type": "object", "additionalProperties": False,
+                                   "properties": {"command": _STR, "pid": {"type": "integer"},
+                                                  "controller": _STR, "since": _STR}}}),
     "recap": _event("recap", {"hosts": {"type": "object", "additionalProperties": COUNTERS},
                               "exit_code": {"enum": [0, 1, 2, 3, 4]}}),
     # `tunnelspec hostkeys scan --format json`: one per host.

@@ -17,6 +17,7 @@ import posixpath
 
 import tunnelspec.llama.source_gate  # noqa: F401 - registers the tree_hash gate with the playbooks
 from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import controller_repo as cr
 from tunnelspec.llama import source_stack as ss
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
@@ -48,12 +49,27 @@ class LlamaSource(Task):
     def dir(self) -> str:
         return posixpath.join(self.p["root"], "src", "llama.cpp")
 
-    def _patches(self, ctx) -> list[ss.PatchSpec]:
-        inv = getattr(ctx.controller, "inventory", None)
-        base = inv.path.parent if inv is not None else None
+    def _base_dir(self, ctx):
         from pathlib import Path
 
-        return ss.parse_patches(self.p["patches"], base or Path.cwd())
+        if getattr(ctx, "inventory_dir", None) is not None:
+            return Path(ctx.inventory_dir)
+        inv = getattr(ctx.controller, "inventory", None)
+        return inv.path.parent if inv is not None else Path.cwd()
+
+    def _patches(self, ctx) -> list[ss.PatchSpec]:
+        return ss.parse_patches(self.p["patches"], self._base_dir(ctx))
+
+    @property
+    def pushed(self) -> bool:
+        """llama_repo=controller:PATH: hosts get the commits as a bundle and never fetch."""
+        return cr.is_controller_repo(self.p["repo"])
+
+    def _origin(self, ctx) -> str:
+        return cr.canonical(self.p["repo"], self._base_dir(ctx)) if self.pushed else self.p["repo"]
+
+    def _needed(self, patches) -> list[str]:
+        return [self.p["commit"], *(p.commit for p in patches if p.kind != "file")]
 
     async def _refuse_non_sha(self, ctx) -> None:
         # The Cluster model refuses this at validation; kept here for playbooks run without one.
@@ -68,6 +84,9 @@ class LlamaSource(Task):
     async def check(self, ctx):
         commit = str(self.p["commit"]).strip().lower()
         if not ss.FULL_SHA.match(commit):
+            if self.pushed:
+                raise TaskFailed(f"llama_commit {commit!r} is not a full 40-hex commit SHA; pin one "
+                                 "(git rev-parse '<ref>^{commit}' in the controller repository)")
             await self._refuse_non_sha(ctx)
         self.p["commit"] = commit
         patches = self._patches(ctx)
@@ -76,8 +95,15 @@ class LlamaSource(Task):
         st = ss.parse_state(res.stdout)
         wanted = f"{commit[:12]} + {len(patches)} patch(es)"
         self._register(ctx, commit, patches, st, pending=True)
+        origin = self._origin(ctx)
+        if self.pushed:
+            missing = self._needed(patches) if st.absent else await cr.missing_on_host(ctx.conn, self.dir,
+                                                                                       self._needed(patches))
+            if missing:
+                wanted += f", sending a git bundle from the controller ({len(missing)} commit(s) missing)"
         if st.absent:
-            return change(f"clone {self.p['repo']} and check out {wanted}", Diff("", wanted, self.dir))
+            how = "create" if self.pushed else "clone"
+            return change(f"{how} {origin} and check out {wanted}", Diff("", wanted, self.dir))
         if st.operation:
             return change(f"abort the interrupted {st.operation} and check out {wanted}", Diff(st.operation, wanted),
                           abort=True)
@@ -90,9 +116,9 @@ class LlamaSource(Task):
                           Diff("\n".join(st.dirty), wanted), discard=True)
         rec = st.stack or {}
         before = f"{(st.head or 'none')[:12]}"
-        if st.origin != self.p["repo"]:
-            return change(f"set origin to {self.p['repo']} (was {st.origin}) and check out {wanted}",
-                          Diff(str(st.origin), self.p["repo"]))
+        if st.origin != origin:
+            return change(f"set origin to {origin} (was {st.origin}) and check out {wanted}",
+                          Diff(str(st.origin), origin))
         if rec.get("fingerprint") != fp or rec.get("head") != st.head or rec.get("tree") != st.tree:
             return change(f"check out {wanted} (was {before})", Diff(before, wanted))
         self._register(ctx, commit, patches, st, pending=False)
@@ -117,17 +143,35 @@ class LlamaSource(Task):
         patches = self._patches(ctx)
         if ch.data.get("abort") or ch.data.get("discard"):
             await run(["sh", "-c", "cd -- \"$1\" && { git cherry-pick --abort || true; git rebase --abort || true; "
-                       "git am --abort || true; } 2>/dev/null; git reset -q --hard && git clean -fdq",
+                       "git am --abort || true; } 2>/dev/null; "
+                       # No HEAD yet: a repo made by a killed run before its first commit arrived.
+                       "{ ! git rev-parse -q --verify HEAD >/dev/null || git reset -q --hard; } && git clean -fdq",
                        "sh", d], check=True)
         st = ss.parse_state((await run(["sh", "-c", ss.STATE_SCRIPT, "sh", d, commit], check=True)).stdout)
+        origin = self._origin(ctx)
+        applying = posixpath.join(d, ss.APPLYING_FILE)
         if st.absent:
             await run(["mkdir", "-p", posixpath.dirname(d)], check=True)
-            await run(["git", "clone", "--quiet", "--no-checkout", "--", self.p["repo"], d], check=True, timeout=3600)
-        elif st.origin != self.p["repo"]:
-            await run(_git(d, "remote", "set-url", "origin", self.p["repo"]), check=True)
+            if self.pushed:
+                # The origin URL only records where the source came from: the host never fetches it.
+                make, arg = 'git init --quiet -- "$2" && git -C "$2" remote add origin "$1"', origin
+            else:
+                make, arg = 'git clone --quiet --no-checkout -- "$1" "$2"', self.p["repo"]
+            # Made beside and renamed into place with its "applying" mark: a killed clone leaves only
+            # the scratch dir (removed next time), never a checkout without its files.
+            await run(["sh", "-c", f'rm -rf -- "$2" && {make} && touch -- "$2/.git/tunnelspec-applying" && '
+                       '{ rmdir -- "$3" 2>/dev/null; mv -T -- "$2" "$3"; }',
+                       "sh", arg, d + ".tunnelspec-clone", d], check=True, timeout=3600)
+        else:
+            await run(["touch", "--", applying], check=True)
+            if st.origin != origin:
+                await run(_git(d, "remote", "set-url", "origin", origin), check=True)
         # A half-applied stack must never look finished: drop the record first.
         await run(["rm", "-f", "--", posixpath.join(d, ss.STACK_FILE)], check=True)
-        await self._ensure_commit(ctx, commit)
+        if self.pushed:
+            await self._push_commits(ctx, patches)
+        else:
+            await self._ensure_commit(ctx, commit)
         await run(_git(d, "checkout", "--quiet", "--detach", "--force", commit), check=True)
         steps = []
         for patch in patches:
@@ -139,6 +183,20 @@ class LlamaSource(Task):
         await run(_git(d, "update-ref", "refs/tunnelspec/stack", head), check=True)
         record = ss.stack_record(ss.fingerprint(commit, patches), commit, head, tree, steps)
         await ctx.conn.put(record, posixpath.join(d, ss.STACK_FILE), mode=0o644)
+        await run(["rm", "-f", "--", applying], check=True)
+
+    async def _push_commits(self, ctx, patches) -> None:
+        needed = self._needed(patches)
+        if not await cr.missing_on_host(ctx.conn, self.dir, needed):
+            return
+        path = cr.path_of(self.p["repo"], self._base_dir(ctx))
+        try:
+            cr.check(path, self.p["commit"], needed[1:])
+            size = await cr.send_bundle(ctx.conn, self.dir, path, self.p["commit"], needed[1:],
+                                        progress=lambda msg, pct: ctx.progress(msg, percent=pct))
+        except (cr.ControllerRepoError, RuntimeError) as err:
+            raise TaskFailed(f"llama_repo {self.p['repo']}: {err}") from None
+        ctx.progress(f"git bundle sent ({size / 2**20:.1f} MiB)")
 
     async def _head_tree(self, ctx) -> tuple[str, str]:
         res = await ctx.conn.run(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)
@@ -177,6 +235,12 @@ class LlamaSource(Task):
                 raise TaskFailed(f"patch {patch.id} changes nothing on {ctx.host} (already in the tree?); "
                                  f"remove it from llama_patches\n{_tail(res.stdout + res.stderr)}")
             return
+        if self.pushed:
+            # The commit came in the bundle (checked on the controller); nothing to fetch.
+            res = await run(_git(d, "rev-parse", "--verify", "-q", f"{patch.commit}^{{commit}}"))
+            if res.rc != 0:
+                raise TaskFailed(f"patch {patch.id}: commit {patch.commit} did not arrive in the bundle")
+            return await self._cherry_pick(ctx, patch, res.stdout.strip())
         if patch.kind == "pr":
             source, ref = "origin", f"refs/pull/{patch.pr}/head"
         else:
@@ -191,6 +255,10 @@ class LlamaSource(Task):
         # The pinned commit must belong to the ref it is said to come from.
         if (await run(_git(d, "merge-base", "--is-ancestor", full, "FETCH_HEAD"))).rc != 0:
             raise TaskFailed(f"patch {patch.id}: commit {full[:12]} is not on {ref} of {source}")
+        await self._cherry_pick(ctx, patch, full)
+
+    async def _cherry_pick(self, ctx, patch: ss.PatchSpec, full: str) -> None:
+        d, run = self.dir, ctx.conn.run
         res = await run(_git(d, "cherry-pick", "--allow-empty-message", full, env=True))
         if res.rc != 0:
             await run(["sh", "-c", "cd -- \"$1\" && { git cherry-pick --abort 2>/dev/null; git reset -q --hard; }",

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from tunnelspec.constants import LOOPBACK, STATE_DIR
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import flags, http, server_death
+from tunnelspec.llama import flags, http, preflight, props, server_death
+from tunnelspec.connection.upload import upload_file
+from tunnelspec.models import hub
 from tunnelspec.llama.server_args import (UNIT, build_server_argv, draft_placement, list_devices_argv,
                                           systemd_exec, tunnel_unit)
 from tunnelspec.secrets import Secret
@@ -70,6 +72,8 @@ class ModelFile(Task):
 
     async def check(self, ctx):
         src = self.p["src"]
+        if hub.is_hub_ref(src):
+            return await self._check_hub(ctx)
         if src.startswith("/") and (await ctx.conn.run(["test", "-f", src])).rc == 0:
             # Already on the host (a shared mount, a pre-staged file, or the controller is the host).
             ctx.register(self.p["fact"], src)
@@ -92,29 +96,51 @@ class ModelFile(Task):
         size = local.stat().st_size
         return change(f"upload {local} → {dest} ({size / 2**20:.1f} MiB)", local=str(local), sha256=want)
 
+    async def _check_hub(self, ctx):
+        """hf://…@SHA: compared with what the Hub reports (no download when the host has it)."""
+        var = self.p["fact"].removesuffix("_path")
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"):
+            if os.environ.get(name):
+                ctx.add_secret(os.environ[name])  # masked in every message of the run, whatever prints it
+        try:
+            ref = hub.parse_ref(self.p["src"])
+        except hub.HubRefError as err:
+            raise TaskFailed(f"{var}: {err}") from None
+        files = await asyncio.to_thread(hub.resolve, ref, var)
+        dir_ = self.p["dest_dir"].rstrip("/")
+        claims = _CLAIMED.setdefault(ctx.controller, {})
+        todo = []
+        for f in files:
+            dest = f"{dir_}/{f.name}"
+            claimed = claims.setdefault((ctx.host, dest), f"{ref.repo_id}/{f.path}@{ref.revision}")
+            if claimed != f"{ref.repo_id}/{f.path}@{ref.revision}":
+                raise TaskFailed(f"{var}: {ref} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
+                                 "give the models different file names")
+            if await _remote_sha256(ctx.conn, dest) != f.sha256:
+                todo.append((f, dest))
+        ctx.register(self.p["fact"], f"{dir_}/{files[0].name}")
+        if not todo:
+            return ok(f"{dir_}/{files[0].name} up to date ({len(files)} file(s), sha256 as the Hub reports "
+                      f"at {ref.revision[:12]})")
+        size = sum(f.size for f, _ in todo) / 2**20
+        return change(f"download {ref} ({len(todo)} file(s), {size:.1f} MiB), verify, upload → {dir_}",
+                      hub=[(f.path, f.size, f.sha256, dest) for f, dest in todo])
+
     async def apply(self, ctx, ch):
+        if "hub" in ch.data:
+            var = self.p["fact"].removesuffix("_path")
+            ref = hub.parse_ref(self.p["src"])
+            files = [hub.HubFile(path=p, size=size, sha256=sha) for p, size, sha, _ in ch.data["hub"]]
+            # Every part downloaded and verified before the first byte goes to the host.
+            locals_ = await hub.download(ref, files, var, lambda msg, pct: ctx.progress(msg, percent=pct))
+            await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
+            for local, f, (_, _, _, dest) in zip(locals_, files, ch.data["hub"]):
+                await upload_file(ctx.conn, local, dest, f.sha256,
+                                  progress=lambda msg, pct: ctx.progress(msg, percent=pct))
+            return
         local, want, dest = Path(ch.data["local"]), ch.data["sha256"], self._dest()
         await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
-        tmp = f"{dest}.tunnelspec-upload"
-        await ctx.conn.run(["sh", "-c", 'umask 022; : > "$1"', "sh", tmp], check=True)
-        size = max(1, local.stat().st_size)
-        sent = 0
-        try:
-            with local.open("rb") as f:
-                for _ in range(size // UPLOAD_CHUNK + 2):
-                    block = f.read(UPLOAD_CHUNK)
-                    if not block:
-                        break
-                    await ctx.conn.run(["sh", "-c", 'cat >> "$1"', "sh", tmp], input=block, check=True)
-                    sent += len(block)
-                    if size > 4 * UPLOAD_CHUNK:
-                        ctx.progress(f"upload {local.name} {100 * sent // size}%", percent=100 * sent // size)
-            got = await _remote_sha256(ctx.conn, tmp)
-            if got != want:
-                raise TaskFailed(f"upload of {local} to {dest}: sha256 {got} != {want}")
-            await ctx.conn.run(["sh", "-c", 'chmod 644 "$1" && mv -f -- "$1" "$2"', "sh", tmp, dest], check=True)
-        finally:
-            await ctx.conn.run(["rm", "-f", "--", tmp])
+        await upload_file(ctx.conn, local, dest, want, progress=lambda msg, pct: ctx.progress(msg, percent=pct))
 
 
 @register_task
@@ -132,6 +158,8 @@ class ModelsPrune(Task):
         res = await ctx.conn.run(["sh", "-c", '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"',
                                   "sh", d], check=True)
         keep = {str(k) for k in self.p["keep"] if k}
+        # The other parts of a kept split GGUF are kept too (llama.cpp opens them by name).
+        keep |= {f"{k.rsplit('/', 1)[0]}/{p}" for k in list(keep) for p in hub.split_parts(k.rsplit("/", 1)[-1])}
         out = []
         for rec in res.stdout.split("\0"):
             if not rec:
@@ -287,6 +315,9 @@ class LlamaServerPlan(Task):
         if helped.rc != 0 or "--rpc" not in helped.stdout:
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
+        # The controller keeps this build's --help: the next deploy of the same source checks the
+        # inventory's llama-server settings against it before touching any host (llama/preflight.py).
+        preflight.save_record(cluster, label, helped.stdout)
         by_port = ctx.vars.get("rpc_devices")
         if not by_port:
             raise TaskFailed("no RPC device map: the rpc_devices task must run first")
@@ -477,12 +508,22 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
                 raise
             await asyncio.sleep(0.5)
     tps = timings.get("predicted_per_second")
-    summary = (f"health ok; draft model buffer on {placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
+    # The type llama-server runs, in its own words (after the completion a slot carries it).
+    types = await props.read_spec_types(opener, key.reveal() if key else None)
+    want, running = plan.get("spec_type"), types["slots"]
+    # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
+    # model alone speculates report "none" there although they draft.
+    implicit = "--spec-type" not in plan.get("argv", [])
+    if want and running and not implicit and want not in running.split(","):
+        raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
+                         f"not the {want} the inventory asks for")
+    summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
+               f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
                f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
                f"draft_n={draft_n} draft_n_accepted={accepted}")
     return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
             "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
-            "summary": summary}
+            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary}
 
 
 _SS_LOCAL = re.compile(r"^\S+\s+\d+\s+\d+\s+(\S+):(\d+)\s")

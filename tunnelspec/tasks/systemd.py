@@ -12,6 +12,39 @@ UNIT_DIR = "/etc/systemd/system"
 STARTED_FACT = "services_started"
 
 
+# Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
+# newer than its last start: a run was killed between writing the unit and restarting it). Prints
+# `<unit> <NeedDaemonReload> <ActiveEnterTimestamp, unix s or empty> <file mtime, unix s>`.
+_STALE_SCRIPT = r"""
+for u; do
+  f=/etc/systemd/system/$u
+  r=$(systemctl show -P NeedDaemonReload -- "$u" 2>/dev/null)
+  t=$(systemctl show --timestamp=unix -P ActiveEnterTimestamp -- "$u" 2>/dev/null)
+  m=$(stat -c %Y -- "$f" 2>/dev/null)
+  echo "$u ${r:-no} ${t#@} ${m:-0}" | tr -s ' '
+done
+"""
+
+
+async def stale_units(conn, names: list[str]) -> dict[str, str]:
+    """Units running from an older file than the one installed: {unit: why}."""
+    if not names:
+        return {}
+    res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
+    out = {}
+    for line in res.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
+            if reload == "yes":
+                out[unit] = "unit file changed, not reloaded"
+            elif started and mtime > started:
+                out[unit] = "unit file newer than the running service"
+        elif len(parts) >= 2 and parts[1] == "yes":
+            out[parts[0]] = "unit file changed, not reloaded"
+    return out
+
+
 def _unit_path(name: str) -> str:
     if "/" in name or not name.endswith((".service", ".socket", ".timer", ".target", ".path")):
         raise TaskFailed(f"bad unit name {name!r}")

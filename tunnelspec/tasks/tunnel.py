@@ -440,12 +440,20 @@ class TunnelUnits(Task):
         return name, unit, svc
 
     async def check(self, ctx):
+        from tunnelspec.tasks.systemd import stale_units
+
         todo, plan = [], []
         aes_ni = await self._aes_ni(ctx)
-        for node in selected_nodes(ctx.controller.cluster, self.p["nodes"]):
+        nodes = selected_nodes(ctx.controller.cluster, self.p["nodes"])
+        # A run killed between writing a unit and restarting it left the old ssh running.
+        stale = await stale_units(ctx.conn, [unit_name(n.name) for n in nodes]) \
+            if self.p["state"] == "started" else {}
+        for node in nodes:
             name, unit, svc = self._parts(ctx, node, aes_ni)
             u = await unit.check(ctx) if self.p["state"] == "started" else ok("unit kept")
             s = await svc.check(ctx)
+            if not u.changed and not s.changed and name in stale:
+                u = change(f"restart ({stale[name]})")
             if u.changed or s.changed:
                 todo.append(f"{name}: {', '.join(c.msg for c in (u, s) if c.changed)}")
                 plan.append((node.name, u.changed, s.changed))

@@ -1,0 +1,136 @@
+"""The run lock (engine/runlock.py) against real sshd hosts: a second mutating run waits for the
+first or, with --no-wait, exits 5 naming the holder; --check never waits; a SIGKILLed holder leaves
+no lock behind. Run A holds its lock while its one task waits for a file the test creates."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from engine.helpers import tunnelspec
+
+PLAYBOOK = """
+- name: slow
+  hosts: all
+  tasks:
+    - name: wait for the go file
+      command:
+        argv: [sh, -c, 'i=0; while [ ! -e "$1" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; touch "$2"',
+               sh, "{{ go }}", "{{ root }}/done"]
+        creates: "{{ root }}/done"
+"""
+
+
+def _start(inv: Path, pb: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+    return subprocess.Popen([sys.executable, "-m", "tunnelspec", "play", str(inv), str(pb), "--format", "json", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            stdin=subprocess.DEVNULL)
+
+
+def _wait_for(cond, what: str, deadline_s: float = 60):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _holder(lock_dir: Path) -> dict | None:
+    try:
+        return json.loads((lock_dir / "run.holder").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _setup(sshd_cluster, tmp_path, n=2):
+    cluster = sshd_cluster(n)
+    go = tmp_path / "go"
+    inv = cluster.inventory(all_vars={"go": str(go)})
+    pb = tmp_path / "slow.yml"
+    pb.write_text(PLAYBOOK)
+    return cluster, inv, pb, go, cluster.base / "run-lock"
+
+
+def test_second_run_no_wait_exits_5_naming_the_holder_then_waits(sshd_cluster, tmp_path):
+    cluster, inv, pb, go, lock_dir = _setup(sshd_cluster, tmp_path)
+    a = _start(inv, pb)
+    try:
+        holder = _wait_for(lambda: _holder(lock_dir), "run A's holder record")
+        assert holder["pid"] == a.pid and holder["command"] == "play slow.yml", holder
+        b = tunnelspec("play", str(inv), str(pb), "--no-wait", timeout=60)
+        assert b.rc == 5, (b.stdout, b.stderr)
+        assert f"pid {a.pid}" in b.stderr and "tunnelspec play slow.yml" in b.stderr and "--no-wait" in b.stderr
+        bj = tunnelspec("play", str(inv), str(pb), "--no-wait", "--format", "json", timeout=60)
+        err = [e for e in bj.events if e["event"] == "error"]
+        assert bj.rc == 5 and err and err[0]["exit_code"] == 5, bj.stdout
+        # Nothing of run B ran: its task would have created `done` on the hosts.
+        assert not any((h.root / "done").exists() for h in cluster.hosts)
+        # --check never takes nor waits for the lock: it reports the drift and ends while A holds.
+        chk = tunnelspec("play", str(inv), str(pb), "--check", "--format", "json", timeout=60)
+        assert chk.rc == 3, (chk.stdout, chk.stderr)
+        # A waiting run says who it waits for, then runs when A ends.
+        c = _start(inv, pb, "--lock-timeout", "120")
+        first = _wait_for(lambda: c.stdout.readline(), "run C's first event")
+        lines = [first]
+        while '"run_lock"' not in lines[-1]:
+            lines.append(_wait_for(lambda: c.stdout.readline(), "run C's run_lock event"))
+        ev = json.loads(lines[-1])
+        assert ev["status"] == "waiting" and ev["holder"]["pid"] == a.pid, ev
+        assert c.poll() is None
+        go.touch()
+        assert a.wait(60) == 0, a.stderr.read()
+        out, err_c = c.communicate(timeout=60)
+        assert c.returncode == 0, (out, err_c)
+        # C took the lock after A: its recap shows the task already done (A created the files).
+        recap = [json.loads(l) for l in out.splitlines() if '"recap"' in l][0]
+        assert all(h["changed"] == 0 and h["failed"] == 0 for h in recap["hosts"].values()), recap
+    finally:
+        go.touch()
+        for p in (a,):
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+    # Released: the holder record goes with the lock.
+    _wait_for(lambda: not (lock_dir / "run.holder").exists(), "the holder record to go")
+
+
+def test_lock_timeout_exits_5(sshd_cluster, tmp_path):
+    cluster, inv, pb, go, lock_dir = _setup(sshd_cluster, tmp_path, n=1)
+    a = _start(inv, pb)
+    try:
+        _wait_for(lambda: _holder(lock_dir), "run A's holder record")
+        b = tunnelspec("play", str(inv), str(pb), "--lock-timeout", "2", timeout=60)
+        assert b.rc == 5 and "--lock-timeout" in b.stderr and f"pid {a.pid}" in b.stderr, (b.stdout, b.stderr)
+    finally:
+        go.touch()
+        a.wait(60)
+
+
+def test_sigkilled_holder_leaves_no_lock(sshd_cluster, tmp_path):
+    cluster, inv, pb, go, lock_dir = _setup(sshd_cluster, tmp_path)
+    a = _start(inv, pb)
+    _wait_for(lambda: _holder(lock_dir), "run A's holder record")
+    os.kill(a.pid, signal.SIGKILL)
+    a.wait(10)
+    # The lock process ends with A's SSH session; no manual step. The next run takes the lock.
+    go.touch()
+    b = tunnelspec("play", str(inv), str(pb), "--lock-timeout", "60", "--format", "json", timeout=120)
+    assert b.rc == 0, (b.stdout, b.stderr)
+    assert all((h.root / "done").exists() for h in cluster.hosts)
+
+
+def test_two_names_for_one_lock_are_locked_once(sshd_cluster, tmp_path):
+    # Both harness hosts share one lock dir (one machine): the second is recognised as this run's.
+    cluster, inv, pb, go, lock_dir = _setup(sshd_cluster, tmp_path, n=3)
+    go.touch()
+    r = tunnelspec("play", str(inv), str(pb), "--no-wait", "--format", "json", timeout=120)
+    assert r.rc == 0, (r.stdout, r.stderr)
+    assert all(h["changed"] == 1 for h in r.recap.values()), r.recap

@@ -1,0 +1,84 @@
+"""The example inventories in examples/: each parses (the real CLI), passes the cluster checks, and
+composes the llama-server command line it promises against the fixture build's real --help. The
+CPU one (seed 003) also runs `deploy --check` in the lab, its hosts swapped for the lab's."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunnelspec.inventory import load_inventory
+from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.llama import flags
+from tunnelspec.llama.server_args import build_server_argv
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+HELP = ROOT / "tests/server/data/llama-server-help.txt"
+
+# What each example must turn into (flag → value), with one RPC device per node in [rpc] order.
+EXPECT = {
+    "seed000-mtp-laptop-gpu.ini": {"-dev": "MTL0", "--spec-type": "draft-mtp", "--spec-draft-device": "RPC0",
+                                   "--spec-draft-n-max": "3",
+                                   "--spec-draft-model": "/srv/models/mtp-Qwen3.6-27B-Q4_0.gguf"},
+    "seed004-tensor-parallel-dflash.ini": {"-dev": "CUDA0,CUDA1", "-sm": "tensor", "--spec-type": "draft-dflash",
+                                           "--spec-draft-device": "RPC0"},
+    "seed003-layers-on-two-nodes.ini": {"-dev": "RPC0,RPC1", "-ts": "1,3", "-sm": "layer",
+                                        "--spec-type": "draft-simple", "--spec-draft-device": "RPC0"},
+}
+
+
+def test_every_example_is_tested_and_referenced_from_the_readme():
+    assert sorted(p.name for p in EXAMPLES.glob("*.ini")) == sorted(EXPECT)
+    readme = (ROOT / "README.md").read_text()
+    for name in EXPECT:
+        assert f"examples/{name}" in readme
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_example_parses_validates_and_composes(name):
+    path = EXAMPLES / name
+    assert path.read_text().startswith("# Seed"), "each example opens with a comment saying what it deploys"
+    res = subprocess.run([sys.executable, "-m", "tunnelspec", "inventory", "list", str(path)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "main" in json.loads(res.stdout)
+    c = Cluster.from_inventory(load_inventory(path))
+    c.require_models()
+    by_port = {n.tunnel_port: [f"RPC{i}"] for i, n in enumerate(c.rpc)}
+    argv = build_server_argv(c, flags.parse_help(HELP.read_text(), "fixture"), by_port, "llama-server",
+                             c.main.model, c.main.draft_model).argv
+    got = {flag: argv[argv.index(flag) + 1] for flag in EXPECT[name] if flag in argv}
+    assert got == EXPECT[name]
+
+
+def lab_variant(example: Path, lab) -> Path:
+    """The example with the lab's hosts, keys, source and model: its own placement and speculative
+    settings kept as written."""
+    lab_text = Path(lab.inventory).read_text()
+    lab_all = lab_text[lab_text.index("[all:vars]"):]
+    ips = dict(re.findall(r"^(\S+) ansible_host=(\S+)", lab_text, re.M))
+    text = example.read_text()
+    text = text[:text.index("[all:vars]")] + lab_all
+    for host, ip in ips.items():
+        text = re.sub(rf"^{re.escape(host)} ansible_host=\S+", f"{host} ansible_host={ip}", text, flags=re.M)
+    out = Path(lab.dir) / f"example-{example.stem}.ini"
+    out.write_text(text)
+    return out
+
+
+@pytest.mark.lab
+def test_seed003_example_deploy_check_in_the_lab(lab):
+    from engine.helpers import tunnelspec
+
+    inv = lab_variant(EXAMPLES / "seed003-layers-on-two-nodes.ini", lab)
+    r = tunnelspec("deploy", str(inv), "--check", "--format", "json", timeout=1800)
+    assert r.rc in (0, 3), r.stdout[-4000:] + r.stderr[-2000:]
+    assert not r.results("failed"), r.results("failed")
+    plan = next(e for e in r.results() if e.get("module") == "llama_server_plan")
+    assert plan["status"] == "ok", plan

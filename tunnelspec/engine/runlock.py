@@ -1,0 +1,166 @@
+"""One run at a time per cluster: a lock on every host of a run, taken before its first task.
+
+Why on the hosts: two CI pipelines deploying one cluster may run on different controllers, so
+nothing on a controller can see the other run. Each host gets, over the run's own SSH connection, a
+small process that takes `flock` on `<dir>/run.lock` (default /run/tunnelspec, a root-owned
+directory on a tmpfs: no lock can outlive a reboot), writes who holds it to `<dir>/run.holder`,
+then sits reading its stdin. It ends — and the kernel drops the lock — when its stdin closes: at
+the end of the run, or when the controller dies (SIGKILL included: the SSH session closes with its
+TCP connection). So a killed run never leaves a lock to clean by hand.
+
+Hosts are locked one at a time in one order (address, port, name): two runs over overlapping
+hosts cannot each hold a part and wait for the other's. Two inventory names for one machine (one
+lock file) are recognised by the run's own token in the holder file and locked once.
+
+Only mutating commands lock (deploy, teardown, tunnel open|close, keys rotate, play without
+--check); the CLI decides (RunOptions.lock names the command). Read-only ones never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import socket
+import time
+from datetime import datetime, timezone
+
+from tunnelspec.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
+
+LOCK_DIR = "/run/tunnelspec"
+LOCK_DIR_VAR = "tunnelspec_lock_dir"     # inventory override (tests on one machine, non-root hosts)
+BUSY_EVERY_S = 30                        # how often a waiting run repeats who holds the lock
+_STEP_S = 5                              # the remote script re-reads the holder this often
+_EXIT_BUSY = 75                          # EX_TEMPFAIL: locked and not waiting, or waited out
+
+# $1 lock dir, $2 holder line (JSON), $3 this run's token, $4 seconds to wait (0: do not), $5 step.
+# Prints BUSY <holder> while waiting, then LOCKED (or SHARED: this run holds it already), then holds
+# the lock until its stdin ends. The holder file goes before the lock does (fd 9 is still open).
+_SCRIPT = r"""
+set -u
+dir=$1 me=$2 token=$3 wait=$4 step=$5
+umask 022
+mkdir -p -m 0755 -- "$dir" || exit 70
+info="$dir/run.holder"
+exec 9>>"$dir/run.lock" || exit 70
+holder() { head -c 2000 -- "$info" 2>/dev/null | tr -d '\n'; }
+if ! flock -n 9; then
+  h=$(holder)
+  case $h in *"\"token\": \"$token\""*) echo SHARED; exit 0;; esac
+  echo "BUSY $h"
+  [ "$wait" -gt 0 ] || exit 75
+  end=$(( $(date +%s) + wait ))
+  until flock -w "$step" 9; do
+    [ "$(date +%s)" -lt "$end" ] || { echo "TIMEOUT $(holder)"; exit 75; }
+    echo "BUSY $(holder)"
+  done
+fi
+printf '%s\n' "$me" > "$info.tmp" && mv -f -- "$info.tmp" "$info"
+echo LOCKED
+cat > /dev/null
+rm -f -- "$info"
+"""
+
+
+class RunLocked(TunnelspecError):
+    """Another run holds the lock of a host of this run (--no-wait, or --lock-timeout passed)."""
+
+    exit_code = EXIT_LOCKED
+
+
+def describe(holder: dict) -> str:
+    """`tunnelspec deploy (pid 4242 on ci-3) since 2026-12-01T09:30:00Z` from a holder record."""
+    if not holder:
+        return "another run (holder not recorded yet)"
+    return (f"tunnelspec {holder.get('command', '?')} (pid {holder.get('pid', '?')} on "
+            f"{holder.get('controller', '?')}) since {holder.get('since', '?')}")
+
+
+def _parse_holder(text: str) -> dict:
+    try:
+        got = json.loads(text)
+    except ValueError:
+        return {}
+    return {k: got[k] for k in ("command", "pid", "controller", "since") if k in got} if isinstance(got, dict) else {}
+
+
+def holder_record(command: str, token: str) -> str:
+    since = datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return json.dumps({"command": command, "pid": os.getpid(), "controller": socket.gethostname(),
+                       "since": since, "token": token})
+
+
+class RunLock:
+    """The locks of one run. `acquire()` before the first task, `release()` at the end."""
+
+    def __init__(self, run, command: str, timeout: float, wait: bool):
+        self.run = run
+        self.command = command
+        self.timeout = max(0, int(timeout))
+        self.wait = wait
+        self.token = secrets.token_hex(8)
+        self._held: list = []
+
+    def _order(self, hosts: list[str]) -> list[str]:
+        def key(h):
+            hv = self.run.hosts[h].vars
+            return (str(hv.get("ansible_host") or h), str(hv.get("ansible_port") or 22), h)
+
+        return sorted(set(hosts), key=key)
+
+    async def acquire(self, hosts: list[str]) -> None:
+        order = self._order(hosts)
+        # Connect in parallel (the run reuses these connections); lock one by one, in order.
+        conns = await asyncio.gather(*(self.run.connection(h) for h in order), return_exceptions=True)
+        started = time.monotonic()
+        for host, conn in zip(order, conns):
+            if isinstance(conn, BaseException):
+                if isinstance(conn, TunnelspecError):
+                    continue       # unreachable or refused: the run reports it for that host
+                raise conn
+            left = self.timeout - (time.monotonic() - started) if self.wait else 0
+            await self._lock_one(host, conn, max(1, int(left)) if self.wait else 0)
+
+    async def _lock_one(self, host: str, conn, wait_s: int) -> None:
+        me = holder_record(self.command, self.token)
+        argv = ["sh", "-c", _SCRIPT, "sh", str(self.run.hosts[host].vars.get(LOCK_DIR_VAR) or LOCK_DIR), me,
+                self.token, str(wait_s), str(min(_STEP_S, max(1, wait_s)))]
+        try:
+            proc = await conn.spawn(argv)
+        except HostUnreachable:
+            return
+        last_said, last_holder = 0.0, None
+        while True:
+            line = await proc.readline()
+            word, _, rest = line.partition(" ")
+            if word == "LOCKED":
+                self._held.append(proc)
+                return
+            if word == "SHARED":
+                await proc.close()
+                return
+            holder = _parse_holder(rest)
+            if word == "BUSY":
+                if not self.wait:
+                    await proc.close()
+                    raise RunLocked(f"{host} is locked by {describe(holder)}: another run is changing this "
+                                    "cluster; not waiting (--no-wait)")
+                now = time.monotonic()
+                if holder != last_holder or now - last_said >= BUSY_EVERY_S:
+                    last_said, last_holder = now, holder
+                    self.run.emit({"event": "run_lock", "host": host, "status": "waiting", "holder": holder,
+                                   "msg": f"waiting for {describe(holder)} to finish (up to {wait_s}s, "
+                                          "--lock-timeout)"})
+                continue
+            await proc.close()
+            if word == "TIMEOUT":
+                raise RunLocked(f"{host} is still locked by {describe(holder)} after {wait_s}s (--lock-timeout); "
+                                "nothing was changed by this run")
+            # No LOCKED line and the process ended: no flock, no /run, no root.
+            raise TaskFailed(f"cannot take the run lock on {host}: {line or 'the lock process ended'} "
+                             f"(needs flock(1) and a writable {LOCK_DIR_VAR}, default {LOCK_DIR})")
+
+    async def release(self) -> None:
+        held, self._held = self._held, []
+        await asyncio.gather(*(p.close() for p in held), return_exceptions=True)

@@ -1,0 +1,204 @@
+"""Ansible YAML inventory parser (`all:` / `hosts:` / `children:` / `vars:`).
+
+It walks the YAML node tree (not the loaded dict) so every group, host and variable keeps the
+line it was written on: the cluster checks then cite `file:line` exactly as for INI. Groups,
+hosts and values come out in the order and with the types of Ansible's `yaml` plugin, into the
+same Inventory model, so precedence is the INI one.
+
+Where Ansible only warns and skips (an unknown key in a group, a group that is not a mapping),
+we stop with `file:line`: a silently skipped key in a deployment inventory is a node or a
+setting that would quietly not be deployed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Hashable
+from typing import Any
+
+import yaml
+
+from tunnelspec.errors import InventoryError
+from tunnelspec.inventory.builder import InventoryBuilder
+from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
+from tunnelspec.inventory.model import Inventory
+
+_SECTIONS = ("vars", "children", "hosts")
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+class _YamlParser(InventoryBuilder):
+    def __init__(self, path: pathlib.Path, text: str):
+        super().__init__(path)
+        # SafeLoader: the same YAML 1.1 types as Ansible's loader (yes/no are booleans, 010 octal)
+        # and no Python object tags.
+        self.loader = yaml.SafeLoader(text)
+        self._seen: dict[int, dict] = {}
+
+    def close(self) -> None:
+        self.loader.dispose()
+
+    # ---- nodes -----------------------------------------------------------------------------
+    def _value(self, node: yaml.Node) -> Any:
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except yaml.MarkedYAMLError as err:
+            raise self._yaml_error(err) from None
+
+    def _pairs(self, node: yaml.MappingNode) -> dict[Any, tuple[yaml.Node, yaml.Node]]:
+        """key -> (key node, value node), merge keys (`<<: *x`) applied.
+
+        A key written twice in one mapping is an error here (Ansible warns and keeps the last one,
+        dropping e.g. every host of the first `web:`). Keys that come from a merge (`<<`) may be
+        overridden: that is what a merge is for."""
+        if id(node) in self._seen:  # an alias of a mapping already read (flattened once only)
+            return self._seen[id(node)]
+        own = {id(k) for k, _ in node.value if k.tag != "tag:yaml.org,2002:merge"}
+        self.loader.flatten_mapping(node)
+        pairs: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            key = self._value(key_node)
+            self.line = _line(key_node)
+            if not isinstance(key, Hashable):
+                raise self.error("a mapping key must be a plain value (a name), not a list or mapping")
+            if key in pairs and id(key_node) in own and id(pairs[key][0]) in own:
+                raise self.error(f"'{key}' is written twice in the same mapping (first on line "
+                                 f"{_line(pairs[key][0])}); merge the two entries into one")
+            pairs[key] = (key_node, value_node)
+        self._seen[id(node)] = pairs
+        return pairs
+
+    @staticmethod
+    def _is_null(node: yaml.Node) -> bool:
+        return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+    def _yaml_error(self, err: yaml.MarkedYAMLError) -> InventoryError:
+        mark = err.problem_mark or err.context_mark
+        what = " ".join(p for p in (err.context, err.problem) if p)
+        if err.context_mark is not None and err.problem and "end of stream" in err.problem:
+            # The end of the file is no place to fix: point at what was left open.
+            mark = err.context_mark
+        elif err.context_mark is not None and err.problem_mark is not None and \
+                err.context_mark.line != err.problem_mark.line:
+            what += f" (the {err.context.split()[-1] if err.context else 'construct'} opened on line " \
+                    f"{err.context_mark.line + 1})"
+        if err.problem and "'\\t'" in err.problem:
+            what += "; indent with spaces, YAML does not allow tabs there"
+        line = mark.line + 1 if mark else None
+        return InventoryError(f"invalid YAML: {what}", self.file, line)
+
+    # ---- document --------------------------------------------------------------------------
+    def parse(self) -> Inventory:
+        try:
+            root = self.loader.get_single_node()
+        except yaml.MarkedYAMLError as err:
+            raise self._yaml_error(err) from None
+        except yaml.YAMLError as err:  # e.g. a reader error (control characters)
+            raise InventoryError(f"invalid YAML: {err}", self.file) from None
+        if root is None or self._is_null(root):
+            raise InventoryError(
+                "the YAML inventory is empty; start with 'all:' and put groups under 'children:'", self.file
+            )
+        self.line = _line(root)
+        if not isinstance(root, yaml.MappingNode):
+            raise self.error("a YAML inventory is a mapping of group names ('all:', then 'hosts:', "
+                             "'children:', 'vars:'), not a list or a single value")
+        pairs = self._pairs(root)
+        if "plugin" in pairs:
+            self.line = _line(pairs["plugin"][0])
+            raise self.error("this is an inventory plugin configuration ('plugin:'), not a YAML inventory; "
+                             "tunnelspec reads static inventories only")
+        for name, (key_node, value_node) in pairs.items():
+            self._group(name, key_node, value_node)
+        self._reconcile()
+        return self.inv
+
+    def _group(self, name: Any, key_node: yaml.Node, node: yaml.Node) -> str:
+        self.line = _line(key_node)
+        if not isinstance(name, str) or not name:
+            raise self.error(f"group name {name!r} must be a non-empty string; quote it if it is a number")
+        if not (isinstance(node, yaml.MappingNode) or self._is_null(node)):
+            raise self.error(f"group '{name}' must be a mapping (with hosts:, children: or vars:) or empty, "
+                             f"not {self._kind(node)}")
+        self._add_group(name)
+        if self._is_null(node):
+            return name
+        sections = self._pairs(node)
+        for key, (skey, snode) in sections.items():
+            self.line = _line(skey)
+            if key not in _SECTIONS:
+                raise self.error(f"unexpected key '{key}' in group '{name}': a group holds only 'hosts:', "
+                                 "'children:' and 'vars:' (a host's variables go under its name in 'hosts:')")
+            if isinstance(snode, yaml.ScalarNode) and not self._is_null(snode):
+                # Ansible accepts `hosts: web1` (one name) for `hosts: {web1: }`.
+                self._section(name, key, {self._value(snode): (snode, None)})
+                continue
+            if self._is_null(snode):
+                continue
+            if not isinstance(snode, yaml.MappingNode):
+                raise self.error(f"'{key}' of group '{name}' must be a mapping of names, not {self._kind(snode)}; "
+                                 f"write each entry as 'name:' on its own line under '{key}:'")
+            self._section(name, key, self._pairs(snode))
+        return name
+
+    def _section(self, group: str, key: str, pairs: dict) -> None:
+        if key == "vars":
+            for var, (vkey, vnode) in pairs.items():
+                value = None if vnode is None else self._value(vnode)
+                self.line = _line(vkey)
+                self._set_var(self.inv.groups[group], var, value)
+        elif key == "children":
+            for child, (ckey, cnode) in pairs.items():
+                child = self._group(child, ckey, cnode if cnode is not None else yaml.ScalarNode(
+                    "tag:yaml.org,2002:null", "", ckey.start_mark, ckey.end_mark))
+                self.line = _line(ckey)
+                self._add_child(group, child)
+        else:
+            for pattern, (hkey, hnode) in pairs.items():
+                self._hosts(group, pattern, hkey, hnode)
+
+    def _hosts(self, group: str, pattern: Any, key_node: yaml.Node, node: yaml.Node | None) -> None:
+        self.line = _line(key_node)
+        if not isinstance(pattern, str):
+            raise self.error(f"host {pattern!r} must be a string: quote numbers (\"'{pattern}':\")")
+        name, port = split_port(pattern)
+        try:
+            names = expand_range(name)
+        except RangeError as err:
+            raise self.error(str(err)) from None
+        if not names:
+            raise self.error(f"host range '{name}' expands to no host; check begin, end and step")
+        variables: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
+        if node is not None and not self._is_null(node):
+            if not isinstance(node, yaml.MappingNode):
+                raise self.error(f"the variables of host '{pattern}' must be a mapping (name: value), "
+                                 f"not {self._kind(node)}")
+            variables = self._pairs(node)
+        values = [(var, vkey, self._value(vnode)) for var, (vkey, vnode) in variables.items()]
+        for host_name in names:
+            self.line = _line(key_node)
+            self._add_host(host_name, group, port)
+            host = self.inv.hosts[host_name]
+            for var, vkey, value in values:
+                self.line = _line(vkey)
+                self._set_var(host, var, value)
+
+    @staticmethod
+    def _kind(node: yaml.Node) -> str:
+        if isinstance(node, yaml.SequenceNode):
+            return "a list"
+        if isinstance(node, yaml.MappingNode):
+            return "a mapping"
+        return f"the value {node.value!r}"
+
+
+def load_yaml(path: pathlib.Path, text: str) -> Inventory:
+    """Parse an Ansible YAML inventory. Raises InventoryError(message, file, line)."""
+    parser = _YamlParser(path, text)
+    try:
+        return parser.parse()
+    finally:
+        parser.close()

@@ -1,0 +1,166 @@
+"""Check the inventory's llama-server settings (spec_type, llama_split_mode, the proportions'
+flag, llama_server_extra_args) against the pinned build's own `--help` *before any host is
+changed* (see docs/speculative.md for the decision).
+
+Where the controller gets that `--help`, in order:
+1. the controller-side record of the last deploy of this exact source pin (repo, commit, patches)
+   and main's build settings: `$XDG_CACHE_HOME/tunnelspec/builds/<key>.json` (default
+   `~/.cache/...`), written by the `llama_server_plan` task each time it reads a built `--help`;
+2. otherwise, read-only on the main host: `{root}/current/bin/llama-server --help`, used only
+   when `current`'s build stamp names the pinned commit and no patches are pinned (a patched tree's
+   options cannot be told from its base commit);
+3. otherwise (this source was never built here): nothing is known yet; the same checks run at the
+   `llama_server_plan` task, on the freshly built binary, before the llama-server unit is written.
+   The deploy says so in its first line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import posixpath
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunnelspec.errors import ClusterError
+from tunnelspec.llama import flags
+from tunnelspec.llama.speculative import SpecError, check_extra_args, spec_support, spec_type_argv, split_modes
+
+RECORD_VERSION = 1
+STAMP = ".tunnelspec-stamp"
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tunnelspec" / "builds"
+
+
+def source_key(cluster) -> str:
+    s, b = cluster.source, cluster.main.build
+    patches = [[p.kind, p.commit, p.pr, p.remote, p.ref, str(p.file) if p.file else None] for p in s.patches]
+    doc = [RECORD_VERSION, s.repo, s.commit, patches, b.backend, list(b.cmake_args)]
+    return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24]
+
+
+def record_path(cluster) -> Path:
+    return _cache_dir() / f"{source_key(cluster)}.json"
+
+
+def save_record(cluster, label: str, help_text: str) -> None:
+    """Best effort: a controller that cannot write its cache only loses the early check."""
+    path = record_path(cluster)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"build": label, "commit": cluster.source.commit, "help": help_text}))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def load_record(cluster) -> flags.ServerHelp | None:
+    try:
+        doc = json.loads(record_path(cluster).read_text())
+        return flags.parse_help(doc["help"], build=doc["build"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_settings(cluster, h: flags.ServerHelp) -> None:
+    """Everything about the inventory's llama-server settings a `--help` can decide; SpecError."""
+    main = cluster.main
+    spec_type_argv(h, main.spec_type)
+    mode = cluster.placement.split_mode
+    if mode is not None and mode not in split_modes(h):
+        raise SpecError(f"llama_split_mode {mode} is not offered by this llama-server build ({h.build}); "
+                        f"it has: {', '.join(split_modes(h)) or 'no --split-mode'}")
+    if cluster.placement.weights is not None and not h.pick("-ts", "--tensor-split"):
+        raise SpecError(f"{cluster.placement.source}: this llama-server build ({h.build}) has no --tensor-split")
+    if main.spec_draft_p_min is not None and not h.pick("--spec-draft-p-min", "--draft-p-min"):
+        raise SpecError(f"spec_draft_p_min: this llama-server build ({h.build}) has no --spec-draft-p-min")
+    try:
+        check_extra_args(h, list(main.extra_args))
+    except SpecError as e:
+        raise SpecError(f"llama_server_extra_args: {e}") from None
+
+
+@dataclass(frozen=True)
+class PreflightResult:
+    source: str  # "record", "main host", "none"
+    build: str | None
+    types: str | None
+
+    def line(self) -> str:
+        if self.build is None:
+            return ("llama-server settings: this source was never built here; spec_type, split mode and extra "
+                    "args are checked against the new build's --help before its unit is written")
+        return f"llama-server settings checked against {self.build} (from the {self.source}): types {self.types}"
+
+
+def _fail(cluster, e: SpecError) -> ClusterError:
+    from tunnelspec.inventory.fields import cluster_error
+
+    text = str(e)
+    var = next((v for v in ("llama_server_extra_args", "llama_split_mode", "spec_draft_p_min", "spec_type")
+                if text.startswith(v)), None)
+    var = var or (cluster.placement.source if cluster.placement.source and text.startswith(cluster.placement.source)
+                  else "spec_type")
+    return cluster_error(cluster.inventory, cluster.main.name, var, text + " (no host was changed)")
+
+
+def check_known(cluster, h: flags.ServerHelp, source: str) -> PreflightResult:
+    try:
+        check_settings(cluster, h)
+    except SpecError as e:
+        raise _fail(cluster, e) from None
+    return PreflightResult(source, h.build, spec_support(h).describe())
+
+
+async def preflight(cluster, connect_options) -> PreflightResult:
+    """Raises ClusterError (exit 2) before any play runs; read-only everywhere."""
+    recorded = load_record(cluster)
+    if recorded is not None:
+        return check_known(cluster, recorded, "controller's record of the last deploy")
+    if cluster.source.patches:
+        return PreflightResult("none", None, None)
+    h = await _read_main_build(cluster, connect_options)
+    if h is None:
+        return PreflightResult("none", None, None)
+    return check_known(cluster, h, f"main host's current build")
+
+
+async def _read_main_build(cluster, connect_options) -> flags.ServerHelp | None:
+    from tunnelspec.connection import connect
+
+    inv, name = cluster.inventory, cluster.main.name
+    current = posixpath.join(cluster.main.root, "current")
+    binary = posixpath.join(current, "bin", "llama-server")
+    # Never pins a new host key here: the run itself accepts (and reports) it when asked to.
+    opts = dataclasses.replace(connect_options, accept_new_host_keys=False, new_host_keys=[], preconnect=None,
+                               connect_timeout=min(connect_options.connect_timeout, 5.0))
+    try:
+        conn = await connect(name, inv.host_vars(name), opts, inv.path.parent)
+    except Exception:  # unreachable now: the run reports it properly (exit 4) in its first play
+        return None
+    try:
+        stamp = await conn.get(posixpath.join(current, STAMP))
+        try:
+            commit = json.loads(stamp).get("commit") if stamp else None
+        except ValueError:
+            commit = None
+        if commit != cluster.source.commit:
+            return None
+        ver = await conn.run([binary, "--version"], timeout=60)
+        helped = await conn.run([binary, "--help"], timeout=60)
+        if helped.rc != 0 or "--rpc" not in helped.stdout:
+            return None
+        try:
+            label = flags.parse_version(ver.stdout + ver.stderr).label
+        except Exception:
+            label = f"{binary} (version unknown)"
+        save_record(cluster, label, helped.stdout)
+        return flags.parse_help(helped.stdout, build=label)
+    finally:
+        await conn.close()

@@ -1,0 +1,120 @@
+"""Which speculative-decoding type a build offers, the argv that selects it, and which
+llama-server flags tunnelspec owns (so `llama_server_extra_args` may not repeat them). Pure: it
+reads a parsed `--help` (`flags.ServerHelp`) and nothing else.
+
+Builds differ (see docs/speculative.md):
+- recent builds list `--spec-type none,draft-simple,draft-eagle3,draft-mtp,draft-dflash,…`, and a
+  draft model without `--spec-type draft-simple` is loaded and then silently freed;
+- older builds (≈b9093) have a `--spec-type` for the ngram kinds only, reject `draft-simple`, and the
+  draft model alone turns speculation on: there "draft-simple" is implicit and no flag is passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunnelspec.llama.flags import ServerHelp
+
+# The draft-model kinds tunnelspec deploys (a draft on the remote device). The ngram kinds need no
+# draft model and are not tunnelspec's job.
+DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+DEFAULT_TYPE = "draft-simple"
+SPEC_TYPE_FLAGS = ("--spec-type",)
+
+# Every spelling (in any known build) of a flag tunnelspec sets itself → the inventory variable to
+# use instead. At plan time the build's own alias groups extend this: a new alias of an owned flag
+# is owned too.
+OWNED_FLAGS: dict[str, str] = {}
+for _var, _names in (
+    ("the [rpc] group (tunnels)", ("--rpc",)),
+    ("llama_server_host", ("--host",)),
+    ("llama_server_port", ("--port",)),
+    ("llama_model", ("-m", "--model")),
+    ("llama_target_devices", ("-dev", "--device")),
+    ("llama_draft_model", ("-md", "--model-draft", "--spec-draft-model")),
+    ("rpc_role=draft on the draft node", ("-devd", "--device-draft", "--spec-draft-device")),
+    ("spec_draft_ngl", ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft", "--spec-draft-ngl")),
+    ("spec_draft_n_max", ("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n")),
+    ("spec_type", ("--spec-type",)),
+    ("llama_split_mode", ("-sm", "--split-mode")),
+    ("llama_tensor_split or rpc_target_share", ("-ts", "--tensor-split")),
+    ("llama_server_api_key_file", ("--api-key", "--api-key-file")),
+):
+    for _n in _names:
+        OWNED_FLAGS[_n] = _var
+
+
+class SpecError(Exception):
+    """A request the build cannot serve; the caller turns it into the right error kind."""
+
+
+@dataclass(frozen=True)
+class SpecSupport:
+    build: str
+    flag: str | None  # the --spec-type spelling to pass, None when the draft model alone speculates
+    types: tuple[str, ...]  # the draft types this build offers
+    implicit: bool  # True: draft-simple is what `-md` alone does (no flag passed)
+
+    def describe(self) -> str:
+        if self.implicit:
+            return "draft-simple only (the draft model alone turns speculation on; no --spec-type draft value)"
+        return ", ".join(self.types)
+
+
+def spec_support(h: ServerHelp) -> SpecSupport:
+    flag = h.pick(*SPEC_TYPE_FLAGS)
+    values = h.values(flag) if flag else []
+    offered = tuple(t for t in DRAFT_TYPES if t in values)
+    if DEFAULT_TYPE in offered:
+        return SpecSupport(h.build, flag, offered, implicit=False)
+    # No --spec-type, or one for ngram kinds only: -md alone enables (simple) speculation.
+    return SpecSupport(h.build, None, (DEFAULT_TYPE,), implicit=True)
+
+
+def spec_type_argv(h: ServerHelp, spec_type: str | None) -> list[str]:
+    """`["--spec-type", T]`, or [] where the draft model alone speculates; SpecError naming the
+    build and the types it has when it lacks `spec_type`."""
+    want = spec_type or DEFAULT_TYPE
+    s = spec_support(h)
+    if want not in s.types:
+        raise SpecError(f"spec_type {want} is not offered by this llama-server build ({s.build}); "
+                        f"it has: {s.describe()}")
+    return [] if s.implicit else [s.flag, want]
+
+
+def owned_variable(h: ServerHelp | None, flag: str) -> str | None:
+    """The inventory variable that sets `flag` (any alias the build lists for it), or None."""
+    names = [flag]
+    if h is not None:
+        opt = h._by_name().get(flag)
+        if opt is not None:
+            names += list(opt.names)
+    return next((OWNED_FLAGS[n] for n in names if n in OWNED_FLAGS), None)
+
+
+def check_extra_args(h: ServerHelp, extra: list[str]) -> None:
+    """Every flag of `llama_server_extra_args` exists in this build and is not one tunnelspec sets."""
+    for arg in extra:
+        if not arg.startswith("-") or _is_number(arg):
+            continue
+        flag = arg.split("=", 1)[0]
+        var = owned_variable(h, flag)
+        if var is not None:
+            raise SpecError(f"{flag} is set by tunnelspec; use {var} instead")
+        if not h.supports(flag):
+            opt = h._by_name().get(flag)
+            why = "removed in" if opt is not None else "not supported by"
+            raise SpecError(f"{flag} is {why} this llama-server build ({h.build})")
+
+
+def split_modes(h: ServerHelp) -> list[str]:
+    flag = h.pick("-sm", "--split-mode")
+    return h.values(flag) if flag else []
+
+
+def _is_number(arg: str) -> bool:
+    try:
+        float(arg)
+        return True
+    except ValueError:
+        return False

@@ -1,0 +1,1 @@
+"""Where model files come from: the controller disk, the host itself, or a pinned Hugging Face revision."""
