@@ -23,6 +23,9 @@ def test_abort_line_prefers_the_cause_over_the_signal():
     assert sd.abort_line("tunnelspec-llama-server.service: Main process exited, code=killed, status=9/KILL\n") \
         == "tunnelspec-llama-server.service: Main process exited, code=killed, status=9/KILL"
     assert sd.abort_line("srv  update_slots: all slots are idle\n") is None
+    # GGML_ABORT("…") prints file:line: message (b9093's RPC_STATUS_ASSERT on a dead RPC socket).
+    line = "/opt/t/src/llama.cpp/ggml/src/ggml-rpc/ggml-rpc.cpp:576: Remote RPC server crashed or returned malformed response"
+    assert sd.abort_line(f"x\n{line}\nsystemd: Main process exited, code=dumped, status=6/ABRT\n") == line
 
 
 def test_describe_names_cause_state_and_exit():

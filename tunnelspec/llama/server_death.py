@@ -16,7 +16,8 @@ from tunnelspec.llama.server_args import UNIT
 # Most specific first: the line that names the cause beats the generic signal report.
 _CAUSES = (
     re.compile(r"GGML_ASSERT\(.*\) failed"),
-    re.compile(r"GGML_ABORT|\bggml_abort\b"),
+    # ggml_abort's own format, for GGML_ABORT("…") too: "…/ggml-rpc.cpp:30: Remote RPC server crashed …".
+    re.compile(r"\S+\.(?:c|cc|cpp|h|hpp|cu|m):\d+: \S"),
     re.compile(r"terminate called after throwing|what\(\):"),
     re.compile(r"\bfailed to (?:connect|read|send|receive)\b.*RPC|\bRPC\b.*(?:mismatch|failed)", re.I),
     re.compile(r"Main process exited, code=(?:dumped|killed)"),
