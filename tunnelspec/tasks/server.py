@@ -330,8 +330,14 @@ class LlamaServerPlan(Task):
         from tunnelspec.llama.versions import format_version
         from tunnelspec.tasks.tunnel import main_rpc_version
 
-        proto = format_version(await main_rpc_version(conn, f"{cluster.main.root}/src/llama.cpp"))
-        wait_argv += ["--expect", proto]
+        try:
+            proto = format_version(await main_rpc_version(conn, f"{cluster.main.root}/src/llama.cpp"))
+        except TaskFailed:
+            if not ctx.check_mode:
+                raise
+            proto = None  # --check before the first source checkout: nothing to compare yet
+        if proto:
+            wait_argv += ["--expect", proto]
         fact = plan.as_fact()
         fact["build"] = label
         fact["rpc_proto"] = proto
