@@ -51,7 +51,9 @@ def write_inventory(lab, path: Path, fixtures, tree: str) -> Path:
 
 
 def deploy(inv: Path, *extra: str):
-    return tunnelspec("deploy", str(inv), "--format", "json", *extra, timeout=DEPLOY_TIMEOUT)
+    # --forks 1: the lab's hosts share 2 cores; main builds first and the nodes' RPC server builds
+    # then hit the ccache entries of the ggml objects it compiled.
+    return tunnelspec("deploy", str(inv), "--format", "json", "--forks", "1", *extra, timeout=DEPLOY_TIMEOUT)
 
 
 def by_module(res, module: str) -> dict[str, dict]:
