@@ -48,8 +48,8 @@ from tunnelspec.bench import parse_exec_start  # noqa: E402
 from tunnelspec.inventory import load_inventory  # noqa: E402
 from tunnelspec.inventory.cluster import Cluster  # noqa: E402
 from tunnelspec.lab import Lab  # noqa: E402
-from tunnelspec.llama import gguf_tiny  # noqa: E402
-from tunnelspec.llama.rtt_probe import SCRIPT as RTT_SCRIPT  # noqa: E402
+from tunnelspec.lab import gguf_tiny  # noqa: E402
+from tunnelspec.lab.rtt_probe import SCRIPT as RTT_SCRIPT  # noqa: E402
 
 NODE = "rpc-a"
 KEY = "/etc/tunnelspec/tunnel/id_ed25519"

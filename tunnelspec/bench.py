@@ -17,9 +17,10 @@ import shlex
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts import sockets
 from tunnelspec.llama import http
 from tunnelspec.llama.server_args import UNIT
-from tunnelspec.tasks.server import read_api_key
+from tunnelspec.llama.verify import read_api_key
 
 BENCH_UNIT = "tunnelspec-llama-bench.service"
 # Flags (every spelling across builds) that carry the draft or the RPC placement, each with a value.
@@ -62,8 +63,7 @@ def baseline_argv(argv: list[str], local_devices: str, port: int, same_placement
 
 
 async def _free_port(conn, start: int) -> int:
-    listening = (await conn.run(["ss", "-Hltn"])).stdout
-    used = {int(p) for p in re.findall(r":(\d+)\s", listening + " ")}
+    used = {s.port for s in await sockets.listening_sockets(conn)}
     for port in range(start, start + 100):
         if port not in used:
             return port

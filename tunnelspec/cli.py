@@ -20,10 +20,9 @@ def _fail(err: TunnelspecError, as_json: bool = False) -> None:
         # With --format json, stdout stays machine-readable: the error is one event (docs/output.md).
         import json
 
-        from tunnelspec.reporting.schema import SCHEMA_VERSION
+        from tunnelspec.reporting import events
 
-        click.echo(json.dumps({"event": "error", "exit_code": err.exit_code, "msg": str(err),
-                               "schema": SCHEMA_VERSION}, sort_keys=True))
+        click.echo(json.dumps(events.error(str(err), err.exit_code), sort_keys=True))
     sys.exit(err.exit_code)
 
 
@@ -390,7 +389,7 @@ def tunnel_status_cmd(inventory_file, nodes, fmt):
     import json
 
     from tunnelspec.runner import connect_options_from_env
-    from tunnelspec.tasks.tunnel import format_status, tunnel_status
+    from tunnelspec.tunnel_status import format_status, tunnel_status
 
     rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env()))
     click.echo(json.dumps(rows) if fmt == "json" else format_status(rows))

@@ -8,3 +8,5 @@ DEFAULT_FORKS = 20
 STATE_DIR = "/var/lib/tunnelspec"
 OPT_DIR = "/opt/tunnelspec"
 ETC_DIR = "/etc/tunnelspec"
+# On main: the RPC device map the rpc_devices task discovered (read by `tunnelspec status` too).
+DEVICES_CACHE = f"{STATE_DIR}/rpc-devices.json"

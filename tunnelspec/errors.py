@@ -56,6 +56,13 @@ class TaskFailed(TunnelspecError):
     exit_code = EXIT_FAILED
 
 
+class ArgumentError(TunnelspecError):
+    """A task's arguments are wrong (missing, unknown, wrong type or choice): the playbook's mistake,
+    reported with the task's file:line. Distinct from a bug inside a task (an internal error)."""
+
+    exit_code = EXIT_FAILED
+
+
 class HostUnreachable(TunnelspecError):
     exit_code = EXIT_UNREACHABLE
 

@@ -47,7 +47,8 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
                       stream=None, require_models: bool = False, preflight: bool = False) -> int:
     from tunnelspec.inventory import load_inventory
 
-    inv = load_inventory(inventory_path)
+    # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
+    inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
     cluster = load_cluster(inv) if not require_cluster else None
     if require_cluster:
         from tunnelspec.inventory.cluster import Cluster

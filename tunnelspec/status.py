@@ -9,10 +9,10 @@ import json
 import re
 
 from tunnelspec.connection import ConnectOptions, connect
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
+from tunnelspec.facts import sockets
 from tunnelspec.llama import http, props, rpc
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
-from tunnelspec.tasks.server import DEVICES_CACHE
 
 RPC_UNIT = "tunnelspec-rpc.service"
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
@@ -52,8 +52,7 @@ async def _unit_state(conn, unit: str) -> str:
 async def _main_status(conn, cluster) -> dict:
     main = cluster.main
     out = {"role": "main", **await _source_build(conn, main.root)}
-    listening = await _sh(conn, ["ss", "-Hltn"])
-    ports = {int(m.group(1)) for m in re.finditer(r"127\.0\.0\.1:(\d+)\s", listening + " ")}
+    ports = {s.port for s in sockets.parse(await _sh(conn, sockets.COMMAND)) if s.loopback_only}
     raw = await _sh(conn, ["cat", DEVICES_CACHE])
     try:
         devices = {int(k): v for k, v in json.loads(raw)["devices"].items()} if raw else {}

@@ -59,3 +59,34 @@ def test_every_event_kind_is_documented():
     assert re.search(rf"schema version.*\b{SCHEMA_VERSION}\b", text, re.I | re.S)
     for kind in EVENTS:
         assert f"`{kind}`" in text, f"event {kind} missing from docs/output.md"
+
+
+def test_every_event_is_built_by_the_events_module_and_validates():
+    # reporting/events.py builds every kind the schema knows (and only those); each constructor's
+    # output, with the schema version it stamps, validates against that kind's schema.
+    from tunnelspec.reporting import events
+    from tunnelspec.tasks.base import Diff
+
+    assert set(events.CONSTRUCTORS) == set(EVENTS)
+    samples = {
+        "run_start": events.run_start("p.yml", True),
+        "play_start": events.play_start("play", ["h1"]),
+        "task_result": events.task_result("h1", "t", "play", "changed", "m", module="copy", no_log=True,
+                                          duration=0.1234, diff=Diff("a", "b", "/x"), would_change=True),
+        "unreachable": events.unreachable("h1", "play", "m", task="t"),
+        "progress": events.progress("h1", "t", "42%", percent=42, draft_n=3),
+        "gate": events.gate("play", "failed", "m"),
+        "host_key_pinned": events.host_key_pinned("h1", "h1 ssh-ed25519 AAAA"),
+        "message": events.message("m"),
+        "error": events.error("m", 2),
+        "run_lock": events.run_lock_waiting("h1", {"command": "deploy", "pid": 1}, "waiting"),
+        "recap": events.recap({"h1": dict.fromkeys(("ok", "changed", "failed", "skipped", "unreachable"), 0)}, 0),
+        "host_keys": events.host_keys("h1", "10.0.0.1", 22, []),
+    }
+    assert set(samples) == set(EVENTS)
+    for kind, ev in samples.items():
+        assert ev["schema"] == SCHEMA_VERSION and ev["event"] == kind
+        jsonschema.validate(ev, EVENTS[kind])
+    assert events.task_result("h", "t", "p", "ok", "m") == {
+        "schema": SCHEMA_VERSION, "event": "task_result", "host": "h", "task": "t", "play": "p", "status": "ok",
+        "msg": "m"}

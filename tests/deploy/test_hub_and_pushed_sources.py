@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hub_standin import HubStandIn  # noqa: E402
 
 from tunnelspec.lab.fixtures import HOST_MOUNT, REPO_NAME  # noqa: E402
-from tunnelspec.llama.gguf_tiny import write_tiny_llama_split  # noqa: E402
+from tunnelspec.lab.gguf_tiny import write_tiny_llama_split  # noqa: E402
 
 pytestmark = pytest.mark.lab
 

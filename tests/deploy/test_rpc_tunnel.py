@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tunnelspec.llama.rtt_probe import SCRIPT as RTT_SCRIPT
+from tunnelspec.lab.rtt_probe import SCRIPT as RTT_SCRIPT
 
 from engine.helpers import tunnelspec
 
@@ -27,7 +27,7 @@ KNOWN = "/etc/tunnelspec/tunnel/known_hosts"
 TUNNEL_USER = "tunnelspec-tunnel"
 NODES = {"rpc-a": 15052, "rpc-b": 15053}  # lab inventory: tunnel_port defaults 15052 + index
 
-# Measured from inside a host, on its own loopback (see tunnelspec/llama/rtt_probe.py).
+# Measured from inside a host, on its own loopback (see tunnelspec/lab/rtt_probe.py).
 PROBE = RTT_SCRIPT
 
 

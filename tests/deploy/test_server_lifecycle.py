@@ -94,6 +94,19 @@ def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, firs
     assert main_pid(lab) == pid
 
 
+@pytest.mark.parametrize("extra, unit_task, after", [("rpc_threads=3", "rpc unit", " -t 3"),
+                                                      ("llama_server_port=8081", "llama-server unit", "--port 8081")])
+def test_check_with_extra_var_reports_drift(lab, inventory, first_deploy, extra, unit_task, after):
+    """-e reaches the typed cluster model (tests/inventory/test_extra_vars.py covers every variable):
+    on the converged lab, `--check -e VAR=other` reports the unit that would change, and exits 3."""
+    assert first_deploy.rc == 0
+    r = tunnelspec("deploy", inventory, "--check", "-e", extra, "--format", "json", timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 3, (r.stdout[-4000:], r.stderr[-2000:])
+    changed = [e for e in r.results("changed") if e["task"] == unit_task]
+    assert changed and all(e.get("would_change") for e in changed), [e["task"] for e in r.results("changed")]
+    assert all(after in e["diff"]["after"] and after not in e["diff"]["before"] for e in changed), changed
+
+
 def test_changed_unit_restarts_the_server(lab, inventory, first_deploy):
     assert first_deploy.rc == 0
     pid = main_pid(lab)

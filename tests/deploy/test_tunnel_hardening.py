@@ -408,20 +408,3 @@ def test_root_login_keeps_working_after_the_dropin(lab, tmp_path):
     assert r.rc == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert set(r.recap) == {"main", *NODES}
     assert all(h["unreachable"] == 0 and h["failed"] == 0 and h["ok"] >= 1 for h in r.recap.values()), r.recap
-
-
-# ---- pure parts (no lab needed) ---------------------------------------------------------------------------
-def test_sshd_includes_only_unconditional_ones():
-    from tunnelspec.tasks.tunnel import sshd_includes
-
-    text = ("# Include /etc/ssh/commented/*.conf\n  include sshd_config.d/*.conf other.conf # trailing\n"
-            "Port 22\nMatch User x\nInclude /etc/ssh/conditional/*.conf\n")
-    assert sshd_includes(text) == ["/etc/ssh/sshd_config.d/*.conf", "/etc/ssh/other.conf"]
-    assert sshd_includes("PermitRootLogin no\n") == []
-
-
-def test_parse_sshd_T_keeps_the_first_value():
-    from tunnelspec.tasks.tunnel import parse_sshd_T
-
-    got = parse_sshd_T("clientaliveinterval 5\npermitlisten none\nsubsystem sftp /usr/lib/sftp\nclientaliveinterval 9\n")
-    assert got == {"clientaliveinterval": "5", "permitlisten": "none", "subsystem": "sftp /usr/lib/sftp"}

@@ -12,7 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
+
 from engine.helpers import tunnelspec
+from tunnelspec.reporting.schema import EVENT_SCHEMA
 
 PLAYBOOK = """
 - name: slow
@@ -71,6 +74,8 @@ def test_second_run_no_wait_exits_5_naming_the_holder_then_waits(sshd_cluster, t
         bj = tunnelspec("play", str(inv), str(pb), "--no-wait", "--format", "json", timeout=60)
         err = [e for e in bj.events if e["event"] == "error"]
         assert bj.rc == 5 and err and err[0]["exit_code"] == 5, bj.stdout
+        for e in bj.events:
+            jsonschema.validate(e, EVENT_SCHEMA)
         # Nothing of run B ran: its task would have created `done` on the hosts.
         assert not any((h.root / "done").exists() for h in cluster.hosts)
         # --check never takes nor waits for the lock: it reports the drift and ends while A holds.
@@ -83,6 +88,7 @@ def test_second_run_no_wait_exits_5_naming_the_holder_then_waits(sshd_cluster, t
         while '"run_lock"' not in lines[-1]:
             lines.append(_wait_for(lambda: c.stdout.readline(), "run C's run_lock event"))
         ev = json.loads(lines[-1])
+        jsonschema.validate(ev, EVENT_SCHEMA)
         assert ev["status"] == "waiting" and ev["holder"]["pid"] == a.pid, ev
         assert c.poll() is None
         go.touch()

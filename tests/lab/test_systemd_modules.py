@@ -38,7 +38,7 @@ PLAY = """
       service: {{name: {unit}, state: started, enabled: true}}
   handlers:
     - name: reload
-      systemd_reload: {{}}
+      daemon_reload: {{}}
     - name: restart
       service_restart: {{name: {unit}}}
 """

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tunnelspec.lab import fixtures
-from tunnelspec.llama import gguf_tiny
+from tunnelspec.lab import gguf_tiny
 
 
 def git(cwd, *args) -> str:

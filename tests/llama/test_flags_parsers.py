@@ -1,5 +1,5 @@
 """Pure parsers on captured output: the real output of the fixture build (tests/llama/data/) and the
-older forms quoted in LLAMA_FACTS.md."""
+older forms quoted in docs/llama-facts.md."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from tunnelspec.errors import TaskFailed
 from tunnelspec.llama import flags
 
 DATA = Path(__file__).parent / "data"
+# The captured --help of the fixture build: one copy, next to the other builds' help texts.
+HELP_FIXTURE = Path(__file__).resolve().parents[1] / "server" / "data" / "llama-server-help.txt"
 
 # An older build's help, in llama.cpp's column layout: no --spec-type, -md enables speculation,
 # --draft-max is still a live option and -ngld takes an int.
@@ -96,7 +98,7 @@ def test_list_devices_old_bracket_names():
 
 @pytest.fixture(scope="module")
 def real_help():
-    return flags.parse_help((DATA / "llama-server-help.txt").read_text(), build="0.5.0-dev (8c22f3ff0)")
+    return flags.parse_help((HELP_FIXTURE).read_text(), build="0.5.0-dev (8c22f3ff0)")
 
 
 def test_real_help_chooses_new_spellings(real_help):

@@ -13,10 +13,12 @@ import pytest
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.llama import flags
-from tunnelspec.llama.localserver import free_port, spawn, wait_health
+from tunnelspec.lab.localserver import free_port, spawn, wait_health
 
 pytestmark = pytest.mark.llama
 DATA = Path(__file__).parent / "data"
+# The captured --help of the fixture build: one copy, next to the other builds' help texts.
+HELP_FIXTURE = Path(__file__).resolve().parents[1] / "server" / "data" / "llama-server-help.txt"
 
 
 def run(argv, timeout=120) -> subprocess.CompletedProcess:
@@ -34,7 +36,7 @@ def test_version_names_the_fixture_commit(llama_bin, llama_fixtures):
 def test_live_help_matches_captured_help(llama_bin):
     out = run([llama_bin.llama_server, "--help"])
     live = flags.parse_help(out.stdout)
-    captured = flags.parse_help((DATA / "llama-server-help.txt").read_text())
+    captured = flags.parse_help((HELP_FIXTURE).read_text())
     assert [o.names for o in live.options] == [o.names for o in captured.options]
 
 

@@ -89,6 +89,19 @@ def test_bundle_once_same_tree_then_nothing(setup):
     assert res["status"] == "changed" and "bundle" not in res["msg"], res
     assert (checkout / "local.txt").read_text() == "local\n"
     assert [r["status"] for r in tunnelspec("play", str(inv), str(pb), "--format", "json").results()] == ["ok"]
+    # A newer pinned commit: only what the host lacks travels (the bundle builds on its HEAD).
+    git(repo, "checkout", "-q", pinned)
+    (repo / "new.txt").write_text("bump\n")
+    git(repo, "add", "new.txt")
+    git(repo, "commit", "-qm", "bump")
+    bumped = git(repo, "rev-parse", "HEAD")
+    inv, pb = play(c, f"controller:{repo}", bumped, "[]")
+    fourth = tunnelspec("play", str(inv), str(pb), "--format", "json")
+    assert fourth.rc == 0, fourth.stdout + fourth.stderr
+    assert "sending a git bundle" in fourth.results()[0]["msg"]
+    sent = [e["msg"] for e in fourth.events if e.get("event") == "progress" and "bundle sent" in e["msg"]]
+    assert len(sent) == 1 and "on top of" in sent[0], sent
+    assert git(checkout, "rev-parse", "HEAD") == bumped and (checkout / "new.txt").exists()
 
 
 def test_commit_missing_from_the_controller_repo_fails_cleanly(setup):

@@ -12,7 +12,7 @@ import pytest
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.llama import rpc
-from tunnelspec.llama.localserver import free_port
+from tunnelspec.lab.localserver import free_port
 
 pytestmark = pytest.mark.llama
 

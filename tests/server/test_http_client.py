@@ -90,7 +90,7 @@ def test_chunked_body(server):
 
 
 def test_refused_and_deadline():
-    from tunnelspec.llama.localserver import free_port
+    from tunnelspec.lab.localserver import free_port
 
     port = free_port()  # nothing listens there
     with pytest.raises(http.HttpError, match="cannot connect"):

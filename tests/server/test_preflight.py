@@ -85,7 +85,7 @@ def test_extra_flag_the_build_lacks_is_exit_2(tmp_path, cache):
 
 def test_active_type_from_slots_wins_over_props():
     props = {"default_generation_settings": {"params": {"speculative.types": "none"}}}
-    slots = [{"id": 0, "params": {"speculative.types": "draft-mtp"}}]
+    slots = [{"id": 0}, {"id": 1, "params": {"speculative.types": "none,draft-mtp"}}]
     assert spec_types(props, slots) == {"props": "none", "slots": "draft-mtp", "active": "draft-mtp"}
     assert spec_types(props, [])["active"] == "none"
     assert spec_types(None, None)["active"] is None

@@ -15,7 +15,7 @@ from tunnelspec.inventory.cluster import Cluster
 from tunnelspec.llama import flags
 from tunnelspec.llama.server_args import (build_server_argv, draft_placement, last_acceptance, systemd_exec,
                                           systemd_quote, target_device_list)
-from tunnelspec.tasks.server import listening_ports
+from tunnelspec.tasks.teardown import listening_ports
 
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 # The new layout (llama.cpp after spring 2026): long spellings first, --spec-type mandatory.

@@ -13,7 +13,7 @@ from tunnelspec.constants import LOOPBACK
 from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.cluster import Cluster
 from tunnelspec.llama import flags, http
-from tunnelspec.llama.localserver import free_port, spawn
+from tunnelspec.lab.localserver import free_port, spawn
 from tunnelspec.llama.server_args import build_server_argv, draft_placement, list_devices_argv
 
 pytestmark = pytest.mark.llama

@@ -13,7 +13,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.cluster import Cluster
 from tunnelspec.llama import flags
 from tunnelspec.llama.server_args import build_server_argv
-from tunnelspec.llama.speculative import DRAFT_TYPES, spec_support
+from tunnelspec.llama.speculative import DRAFT_TYPES, spec_support, split_modes
 
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 DATA = Path(__file__).resolve().parents[1]
@@ -79,15 +79,27 @@ def test_default_type_is_draft_simple_where_the_build_has_it(tmp_path, build):
     assert value(a, dev_flag) == "RPC0"
 
 
+@pytest.mark.parametrize("build", sorted(HELPS))
 @pytest.mark.parametrize("spec_type", DRAFT_TYPES)
-def test_every_type_the_fixture_lists(tmp_path, spec_type):
-    a = argv_of(make_cluster(tmp_path, f"spec_type={spec_type}"))
-    assert value(a, "--spec-type") == spec_type
-    assert a.count("--spec-type") == 1
+def test_every_type_on_every_build(tmp_path, build, spec_type):
+    c = make_cluster(tmp_path, f"spec_type={spec_type}")
+    s = spec_support(real_help(build))
+    if spec_type not in s.types:
+        # Refused naming the build and what it has (the preflight turns this into exit 2).
+        with pytest.raises(TaskFailed) as e:
+            argv_of(c, build)
+        assert HELPS[build][1] in str(e.value) and s.describe() in str(e.value)
+        return
+    a = argv_of(c, build)
+    if s.implicit:
+        assert "--spec-type" not in a
+    else:
+        assert value(a, "--spec-type") == spec_type and a.count("--spec-type") == 1
     # The draft (EAGLE-3 head, DFlash/DSpark draft, separate MTP file) loads from -md onto the remote device.
-    assert value(a, "--spec-draft-model") == "/m/draft.gguf"
-    assert value(a, "--spec-draft-device") == "RPC0"
-    assert a.index("--rpc") < a.index("--spec-draft-device")
+    model_flag = next(f for f in ("--spec-draft-model", "-md") if f in a)
+    dev_flag = next(f for f in ("--spec-draft-device", "-devd") if f in a)
+    assert value(a, model_flag) == "/m/draft.gguf" and value(a, dev_flag) == "RPC0"
+    assert a.index("--rpc") < a.index(dev_flag)
 
 
 def test_type_the_build_lacks_names_build_and_types(tmp_path):
@@ -164,10 +176,23 @@ def test_named_p_min_and_its_conflict(tmp_path):
 
 
 # ---- target placement ------------------------------------------------------------------------
+@pytest.mark.parametrize("build", sorted(HELPS))
 @pytest.mark.parametrize("mode", ["none", "layer", "row", "tensor"])
-def test_split_modes_the_fixture_offers(tmp_path, mode):
-    a = argv_of(make_cluster(tmp_path, f"llama_split_mode={mode}"))
+def test_split_modes_each_build_offers(tmp_path, build, mode):
+    c = make_cluster(tmp_path, f"llama_split_mode={mode}")
+    if mode not in split_modes(real_help(build)):
+        with pytest.raises(TaskFailed, match=f"llama_split_mode {mode} is not offered"):
+            argv_of(c, build)
+        return
+    a = argv_of(c, build)
     assert value(a, "-sm") == mode and a.index("-dev") < a.index("-sm")
+
+
+@pytest.mark.parametrize("build", sorted(HELPS))
+def test_proportions_by_name_on_every_build(tmp_path, build):
+    c = make_cluster(tmp_path, a_vars="rpc_role=draft rpc_target_share=1", b_vars="rpc_role=target rpc_target_share=3")
+    a = argv_of(c, build)
+    assert value(a, "-dev") == "RPC0,RPC1" and value(a, "-ts") == "1,3"
 
 
 def test_split_mode_the_build_lacks(tmp_path):

@@ -1,6 +1,6 @@
 """Connections to hosts: one interface, asyncssh for remote hosts, subprocess for local."""
 
-from tunnelspec.connection.base import Connection, ConnectOptions, Result
+from tunnelspec.connection.base import Connection, ConnectOptions, ConnectSession, Result
 from tunnelspec.connection.factory import connect
 
-__all__ = ["Connection", "ConnectOptions", "Result", "connect"]
+__all__ = ["Connection", "ConnectOptions", "ConnectSession", "Result", "connect"]

@@ -51,8 +51,15 @@ class ConnectOptions:
     keepalive_interval: float = 15.0
     private_key: Secret | None = None       # key content from TUNNELSPEC_SSH_KEY
     use_ssh_config: bool = True
-    new_host_keys: list = field(default_factory=list)  # (host, line) pinned this run
-    preconnect: object = None               # connection/preconnect.Preconnect of the run, if any
+
+
+@dataclass
+class ConnectSession:
+    """What the connections of one run share, apart from the options (which a run never changes):
+    the TCP sockets opened ahead (connection/preconnect.py) and the host keys pinned on first use."""
+
+    preconnect: object = None               # connection/preconnect.Preconnect, if any
+    new_host_keys: list = field(default_factory=list)  # (host, known_hosts line) pinned this run
 
 
 def reveal_argv(argv) -> list[str]:
@@ -72,6 +79,11 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     async def open_connection(self, host: str, port: int):
         """A TCP stream (reader, writer) to host:port as seen from this host."""
+
+    def server_host_key(self) -> str | None:
+        """The host key this connection verified (OpenSSH public-key line), or None when the
+        connection is not SSH (a local connection has no host key to pin)."""
+        return None
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 
-from tunnelspec.connection.base import ConnectOptions, Connection, expand_user_path
+from tunnelspec.connection.base import ConnectOptions, ConnectSession, Connection, expand_user_path
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.errors import UsageError
-
-
-def _truthy(v) -> bool:
-    if isinstance(v, bool):
-        return v
-    return str(v).strip().lower() in {"1", "true", "yes", "on"}
+from tunnelspec.inventory.addresses import ssh_address
+from tunnelspec.truth import truthy
 
 
 def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:
@@ -30,16 +27,18 @@ def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tup
 
 
 def ssh_target(name: str, host_vars: dict) -> tuple[str, int]:
-    return str(host_vars.get("ansible_host", name)), int(host_vars.get("ansible_port", 22))
+    return ssh_address(name, host_vars)
 
 
 def is_ssh(host_vars: dict) -> bool:
     return str(host_vars.get("ansible_connection", "ssh")) in ("ssh", "smart")
 
 
-async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> Connection:
+async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None,
+                  session: ConnectSession | None = None) -> Connection:
+    """`session`: shared by the connections of one run (a fresh one when not given)."""
     kind = str(host_vars.get("ansible_connection", "ssh"))
-    become = _truthy(host_vars.get("ansible_become", False))
+    become = truthy(host_vars.get("ansible_become", False))
     if kind == "local":
         return LocalConnection(name, become=become)
     if not is_ssh(host_vars):
@@ -52,6 +51,6 @@ async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_di
     user = str(host_vars.get("ansible_user", getpass.getuser()))
     key = expand_user_path(host_vars.get("ansible_ssh_private_key_file"), inventory_dir)
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
-    local_opts = ConnectOptions(**{**opts.__dict__, "known_hosts": spec})
-    local_opts.new_host_keys = opts.new_host_keys
-    return await SSHConnection.open(name, address, port, user, [key] if key else [], become, local_opts, pin)
+    local_opts = dataclasses.replace(opts, known_hosts=spec)
+    return await SSHConnection.open(name, address, port, user, [key] if key else [], become, local_opts, pin,
+                                    session if session is not None else ConnectSession())

@@ -14,6 +14,7 @@ from tunnelspec.connection.base import ConnectOptions
 from tunnelspec.connection.factory import known_hosts_for
 from tunnelspec.connection.hostkeys import fingerprint, host_patterns, keys_for, load_known_hosts_text
 from tunnelspec.errors import EXIT_OK, EXIT_UNREACHABLE
+from tunnelspec.inventory.addresses import ssh_address
 
 # One connection per algorithm: a server shows one host key per key exchange.
 ALGORITHMS = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "rsa-sha2-512")
@@ -52,8 +53,7 @@ def _status(key: asyncssh.SSHKey, known: list[asyncssh.SSHKey]) -> str:
 
 
 async def scan_host(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir) -> HostScan:
-    address = str(host_vars.get("ansible_host", name))
-    port = int(host_vars.get("ansible_port", 22))
+    address, port = ssh_address(name, host_vars)
     res = HostScan(name, address, port)
     if str(host_vars.get("ansible_connection", "ssh")) == "local":
         res.skipped = "ansible_connection=local: no SSH"
@@ -128,10 +128,10 @@ def run_scan(inventory_path: str, limit: str | None, fmt: str, opts: ConnectOpti
                          else f"{inventory_path}: no hosts")
     results = asyncio.run(scan(inv, hosts, opts))
     if fmt == "json":
-        from tunnelspec.reporting import SCHEMA_VERSION
+        from tunnelspec.reporting import events
 
         for r in results:
-            stream.write(json.dumps({"schema": SCHEMA_VERSION, "event": "host_keys", **r.as_dict()}, sort_keys=True) + "\n")
+            stream.write(json.dumps(events.host_keys(**r.as_dict()), sort_keys=True) + "\n")
     else:
         stream.write(format_human(results) + "\n")
     return exit_code(results)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncssh
 
 from tunnelspec.connection import credentials
-from tunnelspec.connection.base import Connection, ConnectOptions, Spawned, quote, reveal_argv
+from tunnelspec.connection.base import Connection, ConnectOptions, ConnectSession, Spawned, quote, reveal_argv
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
 from tunnelspec.errors import HostKeyError, HostUnreachable
@@ -39,7 +39,8 @@ class SSHConnection(Connection):
 
     @classmethod
     async def open(cls, name: str, address: str, port: int, user: str, key_files: list[str],
-                   become: bool, opts: ConnectOptions, pin_path: str | None) -> "SSHConnection":
+                   become: bool, opts: ConnectOptions, pin_path: str | None,
+                   session: ConnectSession) -> "SSHConnection":
         known_text = load_known_hosts_text(opts.known_hosts)
         policy = HostKeyPolicy(name, address, port, known_text, opts.accept_new_host_keys, pin_path)
         client_keys, encrypted = credentials.client_keys(name, key_files, opts.private_key)
@@ -58,7 +59,7 @@ class SSHConnection(Connection):
         )
         if not opts.use_ssh_config:
             kwargs["config"] = None
-        sock = opts.preconnect.take(address, port) if opts.preconnect is not None else None
+        sock = session.preconnect.take(address, port) if session.preconnect is not None else None
         try:
             async for attempt in connect_retrying():
                 with attempt:
@@ -79,7 +80,7 @@ class SSHConnection(Connection):
         except (OSError, asyncssh.Error, TimeoutError) as e:
             raise HostUnreachable(f"{name} ({address}:{port}): cannot connect: {e}") from None
         if policy.pinned_line:
-            opts.new_host_keys.append((name, policy.pinned_line.strip()))
+            session.new_host_keys.append((name, policy.pinned_line.strip()))
         return cls(name, conn, user, become)
 
     def _wrap_become(self, argv):
@@ -110,6 +111,10 @@ class SSHConnection(Connection):
             raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
         rc = proc.exit_status if proc.exit_status is not None else 255
         return rc, "\n".join(tail)
+
+    def server_host_key(self) -> str | None:
+        key = self._conn.get_server_host_key()
+        return key.export_public_key().decode().strip() if key is not None else None
 
     async def open_connection(self, host, port):
         return await self._conn.open_connection(host, port)

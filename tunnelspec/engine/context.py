@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.reporting import events
 
 
 @dataclass
@@ -22,8 +27,16 @@ class RunOptions:
     lock_wait: bool = True         # False: --no-wait, exit 5 at once when locked
 
 
+async def _no_other_hosts(name: str):
+    raise TaskFailed(f"this task needs a connection to {name}, and runs without a playbook run")
+
+
 @dataclass
 class HostContext:
+    """Everything a task may use, and nothing of the engine: its host and connection, variables and
+    facts, the typed cluster, the inventory's directory (relative paths of the inventory's author
+    start there), other hosts' connections, and a memo shared by the run's tasks."""
+
     host: str
     conn: Any                      # tunnelspec.connection.Connection
     vars: dict                     # templating variables for this host (host vars + hostvars + groups + facts)
@@ -32,18 +45,32 @@ class HostContext:
     emit: Callable[[dict], None]
     task_name: str = ""
     secrets: list = field(default_factory=list)
-    controller: Any = None         # the run (for cross-host lookups, the inventory, the cluster)
+    cluster: Any = None            # tunnelspec.inventory.cluster.Cluster, when the inventory is a cluster
+    inventory_dir: Path = field(default_factory=Path.cwd)
+    connect: Callable[[str], Awaitable[Any]] = _no_other_hosts  # the run's (opened once, reused)
+    # One dict per run, the same for every host and task: what tasks must agree on across hosts
+    # (e.g. which controller file goes to which upload path). Keys are the task module's name.
+    memo: dict = field(default_factory=dict)
 
     @property
     def check_mode(self) -> bool:
         return self.options.check
+
+    async def connection_to(self, host: str):
+        """The run's connection to another inventory host (for cross-host checks)."""
+        return await self.connect(host)
+
+    def require_cluster(self):
+        if self.cluster is None:
+            raise TaskFailed(f"{self.task_name or 'this task'} needs a cluster inventory ([main] and [rpc] groups)")
+        return self.cluster
 
     def register(self, key: str, value: Any) -> None:
         self.facts[key] = value
         self.vars[key] = value
 
     def progress(self, msg: str, **data) -> None:
-        self.emit({"event": "progress", "host": self.host, "task": self.task_name, "msg": msg, **data})
+        self.emit(events.progress(self.host, self.task_name, msg, **data))
 
     def add_secret(self, value: str) -> None:
         if value:

@@ -5,21 +5,24 @@ stop other hosts."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tunnelspec.connection import ConnectOptions, connect
+from tunnelspec.connection import ConnectOptions, ConnectSession, connect
 from tunnelspec.engine import pending, testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
+from tunnelspec.engine.checkplan import CheckPlan
 from tunnelspec.engine.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
 from tunnelspec.engine.templating import TemplateError, evaluate, render_value
-from tunnelspec.errors import HostUnreachable, TaskFailed, TunnelspecError, UsageError
+from tunnelspec.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
 from tunnelspec.secrets import mask_value, secret_values
-from tunnelspec.tasks import TASKS
+from tunnelspec.tasks import TASKS, Change, Task
 
 
 @dataclass
@@ -55,12 +58,18 @@ class Run:
 
     def __init__(self, inventory, options: RunOptions, emit, connect_options: ConnectOptions | None = None,
                  cluster=None):
+        # The run's one view of every variable: inventory layers with -e on top (Inventory.host_vars);
+        # the caller's cluster, when given, was built from the same view (runner.py).
+        inventory = inventory.with_extra_vars(options.extra_vars)
         self.inventory = inventory
         self.options = options
         self.emit_raw = emit
-        self.connect_options = connect_options or ConnectOptions()
+        self.connect_options = connect_options or ConnectOptions()   # never changed by the run
+        self.session = ConnectSession()    # what the run's connections share (pre-opened sockets, pinned keys)
         self.cluster = cluster
+        self.memo: dict = {}           # HostContext.memo: one per run
         self.summary = Summary(check=options.check)
+        self.check_plan = CheckPlan()  # --check: what earlier tasks would change (engine/checkplan.py)
         self.hosts: dict[str, HostState] = {}
         self.secrets: list[str] = []
         self._conn_locks: dict[str, asyncio.Lock] = {}
@@ -68,7 +77,6 @@ class Run:
         self._hostvars = HostVars(self.hosts)
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
-            hv.update(options.extra_vars)
             self.hosts[name] = HostState(name, hv)
             self.secrets.extend(secret_values(hv))
 
@@ -98,7 +106,8 @@ class Run:
         lock = self._conn_locks.setdefault(name, asyncio.Lock())
         async with lock:
             if st.conn is None:
-                st.conn = await connect(name, st.vars, self.connect_options, self.inventory.path.parent)
+                st.conn = await connect(name, st.vars, self.connect_options, self.inventory.path.parent,
+                                        self.session)
         return st.conn
 
     async def close(self) -> None:
@@ -106,12 +115,12 @@ class Run:
             if st.conn is not None:
                 await st.conn.close()
                 st.conn = None
-        if self.connect_options.preconnect is not None:
-            self.connect_options.preconnect.close()
-            self.connect_options.preconnect = None
-        for host, line in self.connect_options.new_host_keys:
-            self.emit({"event": "host_key_pinned", "host": host, "msg": f"pinned new host key: {line}"})
-        self.connect_options.new_host_keys.clear()
+        if self.session.preconnect is not None:
+            self.session.preconnect.close()
+            self.session.preconnect = None
+        for host, line in self.session.new_host_keys:
+            self.emit(events.host_key_pinned(host, line))
+        self.session.new_host_keys.clear()
 
     def groups(self) -> dict[str, list[str]]:
         # The inventory does not change during a run: resolve every group once, not once per task.
@@ -136,7 +145,8 @@ class Run:
         from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
 
         opts = self.connect_options
-        if not playbook.plays or opts.preconnect is not None or (opts.use_ssh_config and ssh_config_may_reroute()):
+        if not playbook.plays or self.session.preconnect is not None or (opts.use_ssh_config and
+                                                                         ssh_config_may_reroute()):
             return
         targets = []
         for h in self.select(playbook.plays[0].hosts)[:max(1, self.options.forks)]:
@@ -148,10 +158,10 @@ class Run:
                     continue             # a bad ansible_port is reported by the real connect
         pre = Preconnect()
         if pre.start(targets):
-            opts.preconnect = pre
+            self.session.preconnect = pre
 
     async def run_playbook(self, playbook: Playbook) -> Summary:
-        self.emit({"event": "run_start", "playbook": playbook.path, "check": self.options.check})
+        self.emit(events.run_start(playbook.path, self.options.check))
         self._preconnect(playbook)
         lock = None
         try:
@@ -166,13 +176,13 @@ class Run:
             if lock is not None:
                 await lock.release()
             await self.close()
-        self.emit({"event": "recap", "hosts": self.summary.per_host(), "exit_code": self.summary.exit_code()})
+        self.emit(events.recap(self.summary.per_host(), self.summary.exit_code()))
         return self.summary
 
     async def run_play(self, play: Play) -> None:
         hosts = [h for h in self.select(play.hosts) if not (self.hosts[h].failed or self.hosts[h].unreachable)]
         self.secrets.extend(secret_values(play.vars))
-        self.emit({"event": "play_start", "play": play.name, "hosts": hosts})
+        self.emit(events.play_start(play.name, hosts))
         if not hosts:
             return
         sem = asyncio.Semaphore(max(1, self.options.forks))
@@ -192,17 +202,21 @@ class Run:
             hv = {h: {**self.hosts[h].vars, **self.hosts[h].facts} for h in live}
             try:
                 msg = GATES[play.gate["kind"]](play.gate, hv)
-                self.emit({"event": "gate", "play": play.name, "status": "ok", "msg": msg})
+                self.emit(events.gate(play.name, "ok", msg))
             except TaskFailed as e:
-                self.emit({"event": "gate", "play": play.name, "status": "failed", "msg": str(e)})
+                if self.options.check and self.check_plan.any():
+                    # --check: the values compared are what the planned changes would produce.
+                    self.emit(events.gate(play.name, "planned", "would be compared after the planned changes: "
+                                          + str(e).splitlines()[0]))
+                    return
+                self.emit(events.gate(play.name, "failed", str(e)))
                 for h in live:
                     self._fail(h, play.gate.get("name", f"gate {play.gate['kind']}"), str(e), play, quiet=True)
 
     def _fail(self, host, task, msg, play, quiet=False):
         self.hosts[host].failed = True
         if not quiet:
-            self.emit({"event": "task_result", "host": host, "task": task, "play": play.name,
-                       "status": "failed", "msg": msg})
+            self.emit(events.task_failed(host, task, play.name, msg))
         else:
             self.summary.mark_failed(host)
 
@@ -212,19 +226,18 @@ class Run:
             conn = await self.connection(host)
         except HostUnreachable as e:
             st.unreachable = True
-            self.emit({"event": "unreachable", "host": host, "play": play.name, "msg": str(e)})
+            self.emit(events.unreachable(host, play.name, str(e)))
             return
         except TunnelspecError as e:
             st.failed = True
-            self.emit({"event": "task_result", "host": host, "task": "connect", "play": play.name,
-                       "status": "failed", "msg": str(e)})
+            self.emit(events.task_failed(host, "connect", play.name, str(e)))
             return
         try:
             # Handlers a killed run of this play notified and never ran (engine/pending.py).
             notified: list[str] = await pending.load(conn, st.vars, play.name) if play.handlers else []
         except HostUnreachable as e:
             st.unreachable = True
-            self.emit({"event": "unreachable", "host": host, "play": play.name, "msg": str(e)})
+            self.emit(events.unreachable(host, play.name, str(e)))
             return
         await self._prefetch(play, host, conn)
         for spec in play.tasks:
@@ -249,7 +262,7 @@ class Run:
         argvs: list[list[str]] = []
         for spec in play.tasks:
             cls = TASKS.get(spec.module)
-            if cls is None or not hasattr(cls, "probes") or not self._tag_selected(spec):
+            if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
                 continue
             try:
                 if variables is None:
@@ -271,67 +284,98 @@ class Run:
             return False
         return True
 
+    # ---- one task on one host: each step on its own ------------------------------------------------
     async def _run_task(self, play: Play, spec: TaskSpec, host: str, conn, notified: list, is_handler: bool) -> bool:
         """Returns False when the host must stop (failed or unreachable)."""
-        st = self.hosts[host]
-        base = {"event": "task_result", "host": host, "task": spec.name, "module": spec.module, "play": play.name}
-        if spec.no_log:
-            base["no_log"] = True
         if not self._tag_selected(spec):
             return True
+        st = self.hosts[host]
+        result = functools.partial(events.task_result, host, spec.name, play.name, module=spec.module,
+                                   no_log=spec.no_log)
         variables = self.template_vars(host, play)
-        ctx = HostContext(host=host, conn=conn, vars=variables, facts=st.facts, options=self.options,
-                          emit=self.emit, task_name=spec.name, secrets=self.secrets, controller=self)
         started = time.monotonic()
         try:
-            for cond in spec.when:
-                if not evaluate(cond, variables):
-                    self.emit({**base, "status": "skipped", "msg": f"condition false: {cond}"})
-                    return True
-            params = TASKS[spec.module].validate(render_value(spec.args, variables))
-            task = TASKS[spec.module](params)
-            for s in task.secrets():
-                ctx.add_secret(s)
-            ch = await task.check(ctx)
-            status, msg, diff = "ok", ch.msg, ch.diff
-            if ch.changed:
-                status = "changed"
-                if not self.options.check:
-                    if spec.notify:
-                        await pending.mark(conn, st.vars, play.name, spec.notify)
-                    testhooks.reached(spec.name, "start")
-                    await task.apply(ctx, ch)
-                    testhooks.reached(spec.name, "apply")
-                    if not task.handler_only:
-                        again = await task.check(ctx)
-                        if again.changed:
-                            raise TaskFailed(f"not convergent: after apply the check still reports: {again.msg}")
-                    notified.extend(spec.notify)
-                else:
-                    notified.extend(spec.notify)
+            false = next((c for c in spec.when if not evaluate(c, variables)), None)
+            if false is not None:
+                self.emit(result("skipped", f"condition false: {false}"))
+                return True
+            task = TASKS[spec.module].build(render_value(spec.args, variables))
+            ctx = self._context(host, conn, variables, spec)
+            status, ch = await self._converge(task, ctx, spec, play)
+            if status == "changed":
+                notified.extend(spec.notify)
             if spec.register:
-                ctx.register(spec.register, {"changed": status == "changed", "msg": msg})
-            ev = {**base, "status": status, "msg": msg, "duration": round(time.monotonic() - started, 3)}
-            if status == "changed" and diff is not None and (self.options.diff or self.options.check) and not spec.no_log:
-                ev["diff"] = {"path": diff.path, "before": diff.before, "after": diff.after}
+                ctx.register(spec.register, {"changed": status == "changed", "msg": ch.msg})
+            self.emit(self._result(result, spec, status, ch, time.monotonic() - started))
             if status == "changed" and self.options.check:
-                ev["would_change"] = True
-            self.emit(ev)
+                self.check_plan.record(host, spec.name)
             return True
         except HostUnreachable as e:
             st.unreachable = True
-            self.emit({"event": "unreachable", "host": host, "play": play.name, "task": spec.name, "msg": str(e)})
+            self.emit(events.unreachable(host, play.name, str(e), task=spec.name))
             return False
-        except (TaskFailed, TemplateError, ValueError, UsageError) as e:
-            where = f" ({spec.file}:{spec.line})" if isinstance(e, (TemplateError, ValueError)) else ""
+        except (ArgumentError, TemplateError) as e:
+            # A mistake in the playbook (an argument, a template): say where to fix it.
+            if isinstance(e, TemplateError) and self._planned(result, spec, host, e, started):
+                return True
             st.failed = True
-            self.emit({**base, "status": "failed", "msg": f"{e}{where}"})
+            self.emit(result("failed", f"{e} ({spec.file}:{spec.line})"))
+            return False
+        except TunnelspecError as e:      # the task failed (TaskFailed) or refused its input (UsageError)
+            if isinstance(e, TaskFailed) and self._planned(result, spec, host, e, started):
+                return True
+            st.failed = True
+            self.emit(result("failed", str(e)))
             return False
         except Exception as e:  # noqa: BLE001 - a bug in one task must not take down other hosts
             st.failed = True
             tb = traceback.format_exc(limit=6) if self.options.verbose else ""
-            self.emit({**base, "status": "failed", "msg": f"internal error: {type(e).__name__}: {e}\n{tb}".rstrip()})
+            self.emit(result("failed", f"internal error: {type(e).__name__}: {e}\n{tb}".rstrip()))
             return False
+
+    def _planned(self, result, spec: TaskSpec, host: str, e: Exception, started: float) -> bool:
+        """--check: a check that failed after earlier would-changes needs what they create; it is
+        reported as a planned change depending on them and the host goes on (engine/checkplan.py)."""
+        after = self.check_plan.earlier(host) if self.options.check else []
+        if not after:
+            return False
+        self.check_plan.record(host, spec.name)
+        self.emit(result("changed", CheckPlan.message(after, str(e)), duration=time.monotonic() - started,
+                         would_change=True, after=after))
+        if spec.register:
+            self.hosts[host].facts[spec.register] = {"changed": True, "msg": "planned"}
+        return True
+
+    def _context(self, host: str, conn, variables: dict, spec: TaskSpec) -> HostContext:
+        return HostContext(host=host, conn=conn, vars=variables, facts=self.hosts[host].facts, options=self.options,
+                           emit=self.emit, task_name=spec.name, secrets=self.secrets, cluster=self.cluster,
+                           inventory_dir=self.inventory.path.parent, connect=self.connection, memo=self.memo)
+
+    async def _converge(self, task: Task, ctx: HostContext, spec: TaskSpec, play: Play) -> tuple[str, Change]:
+        """check → (unless --check) apply → check again, which must then be clean. The handlers a
+        change will notify are recorded on the host before the apply (engine/pending.py)."""
+        for s in task.secrets():
+            ctx.add_secret(s)
+        ch = await task.check(ctx)
+        if not ch.changed:
+            return "ok", ch
+        if not self.options.check:
+            if spec.notify:
+                await pending.mark(ctx.conn, self.hosts[ctx.host].vars, play.name, spec.notify)
+            testhooks.reached(spec.name, "start")
+            await task.apply(ctx, ch)
+            testhooks.reached(spec.name, "apply")
+            if not task.is_handler_only(task.p):
+                again = await task.check(ctx)
+                if again.changed:
+                    raise TaskFailed(f"not convergent: after apply the check still reports: {again.msg}")
+        return "changed", ch
+
+    def _result(self, result, spec: TaskSpec, status: str, ch: Change, duration: float) -> dict:
+        changed = status == "changed"
+        show_diff = changed and ch.diff is not None and (self.options.diff or self.options.check) and not spec.no_log
+        return result(status, ch.msg, duration=duration, diff=ch.diff if show_diff else None,
+                      would_change=changed and self.options.check)
 
 
 async def run_playbook(inventory, playbook: Playbook, options: RunOptions, emit,

@@ -86,7 +86,7 @@ def _task(d, file: str, play_tags: list, is_handler: bool, list_line: int | None
     missing = [n for n, a in cls.args.items() if a.required and n not in args]
     if missing:
         raise PlaybookError(f"module {module!r} needs argument {missing[0]!r}", file, mline)
-    if cls.handler_only and not is_handler:
+    if cls.is_handler_only(args) and not is_handler:
         raise PlaybookError(f"module {module!r} is not idempotent and may only be used as a handler", file, mline)
     name = str(d.get("name") or module)
     return TaskSpec(name=name, module=module, args=dict(args), file=file, line=line or 0,

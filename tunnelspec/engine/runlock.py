@@ -27,6 +27,8 @@ import time
 from datetime import datetime, timezone
 
 from tunnelspec.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.inventory.addresses import ssh_host
+from tunnelspec.reporting import events
 
 LOCK_DIR = "/run/tunnelspec"
 LOCK_DIR_VAR = "tunnelspec_lock_dir"     # inventory override (tests on one machine, non-root hosts)
@@ -34,13 +36,19 @@ BUSY_EVERY_S = 30                        # how often a waiting run repeats who h
 _STEP_S = 5                              # the remote script re-reads the holder this often
 _EXIT_BUSY = 75                          # EX_TEMPFAIL: locked and not waiting, or waited out
 
-# $1 lock dir, $2 holder line (JSON), $3 this run's token, $4 seconds to wait (0: do not), $5 step.
+# $1 lock dir, $2 holder line (JSON), $3 this run's token, $4 seconds to wait (0: do not), $5 step,
+# $6 "default" when $1 is the default (a login that is not root and has no `become` then locks in its
+# own runtime dir: it can only change what it owns, and a run of tunnelspec must not fail for it).
 # Prints BUSY <holder> while waiting, then LOCKED (or SHARED: this run holds it already), then holds
 # the lock until its stdin ends. The holder file goes before the lock does (fd 9 is still open).
 _SCRIPT = r"""
 set -u
 dir=$1 me=$2 token=$3 wait=$4 step=$5
 umask 022
+if [ "$6" = default ] && ! { mkdir -p -m 0755 -- "$dir" 2>/dev/null && [ -w "$dir" ]; }; then
+  dir=${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/tunnelspec
+  mkdir -p -m 0700 -- "$dir" 2>/dev/null || dir=/tmp/tunnelspec-lock-$(id -u)
+fi
 mkdir -p -m 0755 -- "$dir" || exit 70
 info="$dir/run.holder"
 exec 9>>"$dir/run.lock" || exit 70
@@ -105,7 +113,7 @@ class RunLock:
     def _order(self, hosts: list[str]) -> list[str]:
         def key(h):
             hv = self.run.hosts[h].vars
-            return (str(hv.get("ansible_host") or h), str(hv.get("ansible_port") or 22), h)
+            return (ssh_host(h, hv), str(hv.get("ansible_port") or 22), h)
 
         return sorted(set(hosts), key=key)
 
@@ -124,8 +132,9 @@ class RunLock:
 
     async def _lock_one(self, host: str, conn, wait_s: int) -> None:
         me = holder_record(self.command, self.token)
-        argv = ["sh", "-c", _SCRIPT, "sh", str(self.run.hosts[host].vars.get(LOCK_DIR_VAR) or LOCK_DIR), me,
-                self.token, str(wait_s), str(min(_STEP_S, max(1, wait_s)))]
+        chosen = self.run.hosts[host].vars.get(LOCK_DIR_VAR)
+        argv = ["sh", "-c", _SCRIPT, "sh", str(chosen or LOCK_DIR), me, self.token, str(wait_s),
+                str(min(_STEP_S, max(1, wait_s))), "" if chosen else "default"]
         try:
             proc = await conn.spawn(argv)
         except HostUnreachable:
@@ -149,9 +158,8 @@ class RunLock:
                 now = time.monotonic()
                 if holder != last_holder or now - last_said >= BUSY_EVERY_S:
                     last_said, last_holder = now, holder
-                    self.run.emit({"event": "run_lock", "host": host, "status": "waiting", "holder": holder,
-                                   "msg": f"waiting for {describe(holder)} to finish (up to {wait_s}s, "
-                                          "--lock-timeout)"})
+                    self.run.emit(events.run_lock_waiting(host, holder, f"waiting for {describe(holder)} to finish "
+                                                          f"(up to {wait_s}s, --lock-timeout)"))
                 continue
             await proc.close()
             if word == "TIMEOUT":

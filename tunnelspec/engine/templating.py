@@ -10,10 +10,11 @@ import jinja2
 from jinja2 import meta
 
 from tunnelspec.secrets import Secret
+from tunnelspec.truth import truthy
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                           autoescape=False)
-_ENV.filters["bool"] = lambda v: v if isinstance(v, bool) else str(v).strip().lower() in {"1", "true", "yes", "on"}
+_ENV.filters["bool"] = truthy
 _ENV.filters["shlex_join"] = lambda v: __import__("shlex").join(map(str, v))
 _WHOLE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.S)
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from tunnelspec.errors import ClusterError
 from tunnelspec.inventory.model import Inventory
+from tunnelspec.inventory.values import parse_value
+from tunnelspec.truth import parse_bool
 
 # Every variable tunnelspec reads; the typo check suggests one of these.
 KNOWN_VARS = frozenset(
@@ -28,8 +30,6 @@ KNOWN_VARS = frozenset(
     }
 )
 
-_TRUE = {"true", "yes", "on", "1", "y", "t"}
-_FALSE = {"false", "no", "off", "0", "n", "f"}
 _MISSING = object()
 
 
@@ -38,9 +38,12 @@ def cluster_error(inv: Inventory, host: str | None, var: str | None, message: st
 
     The error keeps .host, .var, .file and .line so callers (and tests) need not parse text."""
     origin = inv.var_origin(host, var) if host in inv.hosts and var else None
+    from_cli = bool(var) and var in inv.extra_vars
     parts = []
     if origin:
         parts.append(f"{origin[0]}:{origin[1]}:")
+    elif from_cli:
+        parts.append(f"-e {var}:")   # given on the command line, not written in the inventory
     else:
         parts.append(f"{inv.path}:")
     if host:
@@ -49,17 +52,24 @@ def cluster_error(inv: Inventory, host: str | None, var: str | None, message: st
         parts.append(f"variable {var}:")
     err = ClusterError(" ".join(parts + [message]))
     err.host, err.var = host, var
-    err.file, err.line = (origin if origin else (str(inv.path), None))
+    err.file, err.line = (origin if origin else ("-e" if from_cli else str(inv.path), None))
     return err
 
 
 class HostVars:
-    """Typed access to one host's merged variables."""
+    """Typed access to one host's merged variables (inventory layers and -e, Inventory.host_vars).
+
+    A `-e KEY=VALUE` value is text; it is read here the way the INI parser reads a value
+    (`-e rpc_threads=3` is the number 3, `-e 'llama_patches=[...]'` a list), so a variable means
+    the same whether it was written in the inventory or given with -e."""
 
     def __init__(self, inv: Inventory, host: str):
         self.inv = inv
         self.host = host
         self.values = inv.host_vars(host)
+        for var, value in inv.extra_vars.items():
+            if isinstance(value, str):
+                self.values[var] = parse_value(value)
 
     def fail(self, var: str | None, message: str) -> ClusterError:
         return cluster_error(self.inv, self.host, var, message)
@@ -100,12 +110,8 @@ class HostVars:
 
     def boolean(self, var: str, default: bool) -> bool:
         value = self.raw(var, default)
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-            return value.strip().lower() in _TRUE
+        if parse_bool(value) is not None:
+            return parse_bool(value)
         raise self.fail(var, f"must be true or false, got {value!r}")
 
     def port(self, var: str, default: int) -> int:

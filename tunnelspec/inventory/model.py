@@ -1,11 +1,14 @@
 """The parsed inventory: hosts, groups, variables and where each variable was written.
 
 Variable precedence follows Ansible: `all` group vars < other groups sorted by
-(depth, ansible_group_priority, name) < host vars. Depth is the longest path from `all`.
+(depth, ansible_group_priority, name) < host vars < extra vars (`-e KEY=VALUE`). Depth is the
+longest path from `all`. `host_vars()` is the one place these layers are merged: the templates,
+the connections and the typed cluster model (cluster.py) all read through it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +57,15 @@ class Inventory:
     path: pathlib.Path
     hosts: dict[str, Host] = field(default_factory=dict)
     groups: dict[str, Group] = field(default_factory=dict)
+    # `-e KEY=VALUE` of the run, above every inventory layer (Ansible's highest precedence). Kept
+    # apart from the parsed layers so `inventory list` shows the file and errors can say "-e".
+    extra_vars: dict[str, Any] = field(default_factory=dict)
+
+    def with_extra_vars(self, extra_vars: dict[str, Any]) -> "Inventory":
+        """The same inventory seen with a run's extra vars on top (the parsed layers are shared)."""
+        if not extra_vars:
+            return self
+        return dataclasses.replace(self, extra_vars={**self.extra_vars, **extra_vars})
 
     # ---- structure -------------------------------------------------------------------------
     def ancestors(self, group: str) -> set[str]:
@@ -126,10 +138,13 @@ class Inventory:
         for group in self._ordered_groups(name):
             merged.update(self.groups[group].vars)
         merged.update(self.hosts[name].vars)
+        merged.update(self.extra_vars)
         return merged
 
     def var_origin(self, host: str, var: str) -> Origin | None:
-        """Where the value `host_vars(host)[var]` was written, if the parser saw it."""
+        """Where the value `host_vars(host)[var]` was written, if the parser saw it (None for -e)."""
+        if var in self.extra_vars:
+            return None
         if var in self.hosts[host].vars:
             return self.hosts[host].origins.get(var)
         for group in reversed(["all", *self._ordered_groups(host)]):
@@ -170,8 +185,9 @@ class Inventory:
 
         emit("all")
         hostvars = {}
+        parsed = dataclasses.replace(self, extra_vars={})  # what the file says, as ansible-inventory shows it
         for name in self.hosts:
-            merged = {k: v for k, v in self.host_vars(name).items() if k not in ANSIBLE_INTERNAL_VARS}
+            merged = {k: v for k, v in parsed.host_vars(name).items() if k not in ANSIBLE_INTERNAL_VARS}
             if merged:
                 hostvars[name] = merged
         result["_meta"] = {"hostvars": hostvars}

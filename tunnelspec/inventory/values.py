@@ -7,8 +7,13 @@ Ansible feeds every INI value to `ast.literal_eval` and keeps the raw string whe
 from __future__ import annotations
 
 import ast
+import re
 import warnings
 from typing import Any
+
+# A system user name tunnelspec creates or names in a config line (sshd Match, systemd User=):
+# the portable subset useradd accepts (lower case, at most 32 characters).
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
 
 
 def parse_value(text: str) -> Any:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tunnelspec.errors import LabError
-from tunnelspec.llama import gguf_tiny
+from tunnelspec.lab import gguf_tiny
 
 FIXTURES_DIR = "/var/cache/tunnelspec/fixtures"
 DOWNLOADS_DIR = "/var/cache/tunnelspec/downloads"

@@ -1,4 +1,4 @@
-"""Known-vulnerable llama.cpp build ranges touching RPC (source: docs/LLAMA_FACTS, "Security advisories").
+"""Known-vulnerable llama.cpp build ranges touching RPC (source: docs/llama-facts.md, "Security advisories").
 
 Build numbers are upstream `bNNNN` tags (`git rev-list --count HEAD` on upstream master). A build
 whose number is unknown (vendored copy, shallow clone) cannot be judged: `check(None)` says so

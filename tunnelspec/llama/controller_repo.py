@@ -75,8 +75,11 @@ def nearest_tag(path: Path, commit: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 and res.stdout.strip() else None
 
 
-def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path) -> list[str]:
-    """Write the bundle to `dest`; returns the refs it carries."""
+def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path,
+                basis: list[str] = ()) -> list[str]:
+    """Write the bundle to `dest`; returns the refs it carries. `basis`: commits the host already
+    has (and the controller too): left out with their history, so a bump of the pinned commit
+    sends only the new commits (the bundle names them as prerequisites, which git checks)."""
     objects = _git(path, "rev-parse", "--path-format=absolute", "--git-path", "objects").stdout.strip()
     with tempfile.TemporaryDirectory(prefix="tunnelspec-bundle-") as tmp:
         scratch = Path(tmp) / "scratch.git"
@@ -90,7 +93,7 @@ def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path) -
             refs[f"refs/tags/{tag}"] = _git(path, "rev-parse", f"refs/tags/{tag}").stdout.strip()
         for ref, sha in refs.items():
             _git(scratch, "update-ref", ref, sha)
-        _git(scratch, "bundle", "create", str(dest), *refs)
+        _git(scratch, "bundle", "create", str(dest), *refs, *(f"^{b}" for b in basis))
     return list(refs)
 
 
@@ -105,17 +108,29 @@ async def missing_on_host(conn, d: str, shas: list[str]) -> list[str]:
     return res.stdout.split()
 
 
-async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list[str], progress=None) -> int:
+async def host_basis(conn, d: str, path: Path) -> list[str]:
+    """Commits the host's checkout holds that the controller repository has too: HEAD and what
+    earlier bundles brought (a host that was never given anything has none)."""
+    script = ('cd -- "$1" 2>/dev/null || exit 0; git rev-parse -q --verify HEAD 2>/dev/null; '
+              'git for-each-ref --format="%(objectname)" refs/tunnelspec/bundle/ 2>/dev/null; exit 0')
+    res = await conn.run(["sh", "-c", script, "sh", d], check=True)
+    shas = sorted({s for s in res.stdout.split() if len(s) == 40})
+    return [s for s in shas if resolve(path, s) == s]
+
+
+async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list[str],
+                      progress=None) -> tuple[int, int]:
     """Build the bundle on the controller, upload it into the host's .git (atomic, sha256 checked),
-    fetch its refs there and remove it. Returns the bundle's size in bytes."""
+    fetch its refs there and remove it. Returns (bundle size in bytes, prerequisites used)."""
     import asyncio
     import hashlib
 
     from tunnelspec.connection.upload import upload_file
 
+    basis = await host_basis(conn, d, path)
     with tempfile.TemporaryDirectory(prefix="tunnelspec-bundle-out-") as tmp:
         local = Path(tmp) / "source.bundle"
-        await asyncio.to_thread(make_bundle, path, commit, patch_commits, local)
+        await asyncio.to_thread(make_bundle, path, commit, patch_commits, local, basis)
         h = hashlib.sha256()
         with local.open("rb") as f:
             for block in iter(lambda: f.read(2**20), b""):
@@ -131,4 +146,4 @@ async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list
             raise RuntimeError(f"git fetch from the bundle failed: {res.stderr.strip()[-600:]}")
     finally:
         await conn.run(["rm", "-f", "--", dest])
-    return size
+    return size, len(basis)

@@ -138,7 +138,8 @@ async def _read_main_build(cluster, connect_options) -> flags.ServerHelp | None:
     current = posixpath.join(cluster.main.root, "current")
     binary = posixpath.join(current, "bin", "llama-server")
     # Never pins a new host key here: the run itself accepts (and reports) it when asked to.
-    opts = dataclasses.replace(connect_options, accept_new_host_keys=False, new_host_keys=[], preconnect=None,
+    # (A connection outside the run's ConnectSession: no pre-opened socket, nothing pinned.)
+    opts = dataclasses.replace(connect_options, accept_new_host_keys=False,
                                connect_timeout=min(connect_options.connect_timeout, 5.0))
     try:
         conn = await connect(name, inv.host_vars(name), opts, inv.path.parent)

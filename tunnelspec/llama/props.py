@@ -14,8 +14,13 @@ KEY = "speculative.types"
 
 
 def _types(params) -> str | None:
+    """The comma list without "none": a server given `--spec-type draft-eagle3` reports
+    "none,draft-eagle3" (the default entry stays in the list)."""
     value = params.get(KEY) if isinstance(params, dict) else None
-    return value if isinstance(value, str) and value else None
+    if not isinstance(value, str) or not value:
+        return None
+    kinds = [t for t in value.split(",") if t and t != "none"]
+    return ",".join(kinds) if kinds else "none"
 
 
 def spec_types(props: dict | None, slots: list | None) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import struct
+import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
@@ -191,6 +192,33 @@ async def probe(opener: Opener, timeout: float = 5.0, expected: Version | None =
             return result
     assert result is not None
     return result
+
+
+POLL_S = 0.25
+
+
+async def poll(deadline_s: float, attempt):
+    """Call `attempt()` until it returns a non-None value or the deadline passes (then None)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        value = await attempt()
+        if value is not None or time.monotonic() >= end:
+            return value
+        await asyncio.sleep(POLL_S)
+
+
+async def probe_until(opener: Opener, deadline_s: float, expected: Version | None = None,
+                      busy_timeout: float = 3.0) -> ProbeResult:
+    """Probe until the server answers (or says busy, or mismatches), polling while it is not up yet
+    (it was (re)started a moment ago)."""
+    last = None
+
+    async def attempt():
+        nonlocal last
+        last = await probe(opener, timeout=busy_timeout, expected=expected)
+        return last if last.status in (ProbeStatus.OK, ProbeStatus.BUSY, ProbeStatus.MISMATCH) else None
+
+    return await poll(deadline_s, attempt) or last
 
 
 async def probe_tcp(host: str = LOOPBACK, port: int = 50052, timeout: float = 5.0,

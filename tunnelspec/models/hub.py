@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.truth import truthy
 
 SCHEME = "hf://"
 _SHA = re.compile(r"^[0-9a-f]{40}$")
@@ -113,7 +114,7 @@ class HubFile:
 
 # ---- settings from the environment (read at call time: tests and CI set them per run) -------------
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return truthy(os.environ.get("HF_HUB_OFFLINE", ""))
 
 
 def _endpoint() -> str:

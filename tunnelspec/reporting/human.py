@@ -49,7 +49,8 @@ class HumanReporter:
         elif kind == "run_lock":
             self._w(f"  .. [{ev['host']}] run lock: {ev['msg']}")
         elif kind == "gate":
-            self._w(self._c("ok" if ev["status"] == "ok" else "failed", f"gate {ev['status']}: {ev['play']}")
+            color = {"ok": "ok", "planned": "changed"}.get(ev["status"], "failed")
+            self._w(self._c(color, f"gate {ev['status']}: {ev['play']}")
                     + f" — {ev['msg']}")
         elif kind == "host_key_pinned":
             self._w(f"NOTE: [{ev['host']}] {ev['msg']}")

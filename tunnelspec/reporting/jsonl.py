@@ -1,11 +1,10 @@
-"""One JSON object per line, each with the schema version."""
+"""One JSON object per line. Each event already carries the schema version (reporting/events.py
+stamps it when the event is built)."""
 
 from __future__ import annotations
 
 import json
 import sys
-
-from tunnelspec.reporting import SCHEMA_VERSION
 
 
 class JsonReporter:
@@ -13,5 +12,5 @@ class JsonReporter:
         self.stream = stream or sys.stdout
 
     def __call__(self, ev: dict) -> None:
-        self.stream.write(json.dumps({"schema": SCHEMA_VERSION, **ev}, default=str, sort_keys=True) + "\n")
+        self.stream.write(json.dumps(ev, default=str, sort_keys=True) + "\n")
         self.stream.flush()

@@ -11,7 +11,7 @@ def load_all() -> dict:
     import tunnelspec.tasks as pkg
 
     for mod in pkgutil.iter_modules(pkg.__path__):
-        if mod.name != "base":
+        if mod.name not in ("base", "docs"):   # docs: the generator of docs/modules.md, no task
             importlib.import_module(f"tunnelspec.tasks.{mod.name}")
     return TASKS
 

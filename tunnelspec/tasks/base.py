@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.errors import ArgumentError, TaskFailed
+from tunnelspec.truth import parse_bool
 
 _MISSING = object()
 
@@ -21,6 +22,7 @@ class Arg:
     default: Any = None
     choices: tuple | None = None
     secret: bool = False
+    help: str = ""                 # one line for docs/modules.md (generated: python -m tunnelspec.tasks.docs)
 
 
 @dataclass
@@ -60,8 +62,8 @@ def _coerce(name: str, spec: Arg, value: Any):
     types = spec.type if isinstance(spec.type, tuple) else (spec.type,)
     if isinstance(value, types):
         out = value
-    elif bool in types and isinstance(value, str) and value.lower() in {"true", "false", "yes", "no", "1", "0"}:
-        out = value.lower() in {"true", "yes", "1"}
+    elif bool in types and isinstance(value, str) and parse_bool(value) is not None:
+        out = parse_bool(value)
     elif int in types and isinstance(value, str) and value.strip().lstrip("-").isdigit():
         out = int(value)
     elif str in types and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -69,9 +71,9 @@ def _coerce(name: str, spec: Arg, value: Any):
     elif list in types and isinstance(value, str):
         out = [value]
     else:
-        raise ValueError(f"argument {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
+        raise ArgumentError(f"argument {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
     if spec.choices and out not in spec.choices:
-        raise ValueError(f"argument {name!r} must be one of {', '.join(map(str, spec.choices))}, got {out!r}")
+        raise ArgumentError(f"argument {name!r} must be one of {', '.join(map(str, spec.choices))}, got {out!r}")
     return out
 
 
@@ -86,26 +88,41 @@ class Task:
         self.p = params
 
     @classmethod
+    def is_handler_only(cls, params: dict) -> bool:
+        """Whether these arguments make a task that cannot be idempotent (`handler_only`)."""
+        return cls.handler_only
+
+    @classmethod
     def unknown_args(cls, params: dict) -> list[str]:
         return sorted(set(params) - set(cls.args))
 
     @classmethod
     def validate(cls, params: dict) -> dict:
-        """Type-check templated params; raises ValueError with the argument's name."""
+        """Type-check templated params and fill defaults; raises ArgumentError naming the argument."""
         out = {}
         for name, spec in cls.args.items():
             value = params.get(name, _MISSING)
             if value is _MISSING or value is None:
                 if spec.required:
-                    raise ValueError(f"missing required argument {name!r}")
+                    raise ArgumentError(f"missing required argument {name!r}")
                 out[name] = spec.default
                 continue
             out[name] = _coerce(name, spec, value)
         extra = cls.unknown_args(params)
         if extra:
-            raise ValueError(f"unknown argument(s) {', '.join(map(repr, extra))} for module {cls.module!r}; "
+            raise ArgumentError(f"unknown argument(s) {', '.join(map(repr, extra))} for module {cls.module!r}; "
                              f"known: {', '.join(sorted(cls.args))}")
         return out
+
+    @classmethod
+    def build(cls, params: dict) -> "Task":
+        """A task from raw params, validated: how the executor and tasks that use other tasks make one."""
+        return cls(cls.validate(params))
+
+    def probes(self) -> list[list[str]]:
+        """The read-only commands `check` will run (`conn.probe`), so the executor can batch the
+        checks of a play into one round trip per host (connection/probes.py). None by default."""
+        return []
 
     def secrets(self) -> list[str]:
         return [str(self.p[n]) for n, a in self.args.items() if a.secret and self.p.get(n)]

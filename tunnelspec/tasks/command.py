@@ -13,9 +13,18 @@ from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 
 @register_task
 class Command(Task):
+    """Run an argv, made idempotent by `creates` (skip when that path exists) or `removes`."""
+
     module = "command"
-    args = {"argv": Arg(list), "cmd": Arg(str), "creates": Arg(str), "removes": Arg(str), "chdir": Arg(str),
-            "timeout": Arg((int, float))}
+    args = {
+        "argv": Arg(list, help="The command as a list (preferred: no shell)."),
+        "cmd": Arg(str, help="The command as one string, split like a shell line (no shell runs it)."),
+        "creates": Arg(str,
+                       help="Skip when this path exists (one of creates/removes is required, so the task is idempotent)."),
+        "removes": Arg(str, help="Skip when this path does not exist."),
+        "chdir": Arg(str, help="Directory to run in."),
+        "timeout": Arg((int, float), help="Seconds before the command is killed (none by default)."),
+    }
 
     def _argv(self) -> list[str]:
         if self.p["argv"]:

@@ -36,8 +36,15 @@ def _chown_spec(owner, group) -> str:
 
 @register_task
 class Directory(Task):
+    """A directory, with mode and owner."""
+
     module = "directory"
-    args = {"path": Arg(str, required=True), "mode": Arg((str, int)), "owner": Arg(str), "group": Arg(str)}
+    args = {
+        "path": Arg(str, required=True, help="The directory (parents are created)."),
+        "mode": Arg((str, int), help="Mode, e.g. `0755`."),
+        "owner": Arg(str, help="Owner user."),
+        "group": Arg(str, help="Owner group."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [file_state_argv(self.p["path"])]
@@ -64,8 +71,13 @@ class Directory(Task):
 
 @register_task
 class Symlink(Task):
+    """A symbolic link pointing at `src`."""
+
     module = "symlink"
-    args = {"path": Arg(str, required=True), "src": Arg(str, required=True)}
+    args = {
+        "path": Arg(str, required=True, help="The link."),
+        "src": Arg(str, required=True, help="What it points to."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [file_state_argv(self.p["path"])]
@@ -85,8 +97,14 @@ class Symlink(Task):
 
 @register_task
 class Absent(Task):
+    """A path removed (a directory only with `recurse`)."""
+
     module = "absent"
-    args = {"path": Arg(str, required=True), "recurse": Arg(bool, default=False)}
+    args = {
+        "path": Arg(str, required=True, help="Path to remove (file, symlink or directory)."),
+        "recurse": Arg(bool, default=False,
+                       help="Remove a non-empty directory with its contents; without it a directory must be empty."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [file_state_argv(self.p["path"])]
@@ -146,7 +164,7 @@ class _Content(Task):
                 await ctx.conn.run(["chown", owner, "--", dest], check=True)
             return
         data = await self.desired(ctx)
-        validate = self.p.get("validate")
+        validate = self.p["validate"]
         if validate:
             # Validate a candidate next to the destination before it replaces the real file.
             cand = f"{dest}.tunnelspec-validate"
@@ -163,9 +181,19 @@ class _Content(Task):
 
 @register_task
 class Copy(_Content):
+    """A file with the given content, or a copy of a controller file; written atomically, validated first when asked."""
+
     module = "copy"
-    args = {"dest": Arg(str, required=True), "content": Arg(str), "src": Arg(str), "mode": Arg((str, int)),
-            "owner": Arg(str), "group": Arg(str), "validate": Arg(str)}
+    args = {
+        "dest": Arg(str, required=True, help="Destination path on the host."),
+        "content": Arg(str, help="The file's content (one of content/src)."),
+        "src": Arg(str, help="A file on the controller (relative: from the inventory's directory)."),
+        "mode": Arg((str, int), help="Mode, e.g. `0644`."),
+        "owner": Arg(str, help="Owner user."),
+        "group": Arg(str, help="Owner group."),
+        "validate": Arg(str,
+                        help="Command run on a candidate first (`%s` is its path); non-zero keeps the old file."),
+    }
 
     async def desired(self, ctx) -> bytes:
         if self.p["content"] is not None:
@@ -173,7 +201,7 @@ class Copy(_Content):
         if self.p["src"]:
             path = Path(self.p["src"])
             if not path.is_absolute():
-                path = ctx.controller.inventory.path.parent / path
+                path = ctx.inventory_dir / path
             try:
                 return path.read_bytes()
             except OSError as e:
@@ -183,14 +211,25 @@ class Copy(_Content):
 
 def template_search_path(ctx) -> list[Path]:
     here = Path(__file__).resolve().parent.parent
-    return [ctx.controller.inventory.path.parent, here / "data" / "templates"]
+    return [ctx.inventory_dir, here / "data" / "templates"]
 
 
 @register_task
 class Template(_Content):
+    """A file rendered from a jinja2 template on the controller; uploaded only when its sha256 differs."""
+
     module = "template"
-    args = {"src": Arg(str, required=True), "dest": Arg(str, required=True), "mode": Arg((str, int)),
-            "owner": Arg(str), "group": Arg(str), "validate": Arg(str), "vars": Arg(dict, default={})}
+    args = {
+        "src": Arg(str, required=True,
+                   help="The template (relative: the inventory's directory, then tunnelspec's templates)."),
+        "dest": Arg(str, required=True, help="Destination path on the host."),
+        "mode": Arg((str, int), help="Mode, e.g. `0644`."),
+        "owner": Arg(str, help="Owner user."),
+        "group": Arg(str, help="Owner group."),
+        "validate": Arg(str,
+                        help="Command run on a candidate first (`%s` is its path); non-zero keeps the old file."),
+        "vars": Arg(dict, default={}, help="Variables added to the host's for this template."),
+    }
 
     async def desired(self, ctx) -> bytes:
         src = Path(self.p["src"])

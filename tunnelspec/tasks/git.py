@@ -39,9 +39,15 @@ def _parse_state(out: str) -> tuple[str, str]:
 
 @register_task
 class GitCheckout(Task):
+    """A git working tree at one commit, detached."""
+
     module = "git_checkout"
-    args = {"repo": Arg(str, required=True), "dest": Arg(str, required=True), "version": Arg(str, required=True),
-            "force": Arg(bool, default=False)}
+    args = {
+        "repo": Arg(str, required=True, help="Repository URL or path to clone from."),
+        "dest": Arg(str, required=True, help="The working tree on the host."),
+        "version": Arg(str, required=True, help="The commit (a full SHA) to check out, detached."),
+        "force": Arg(bool, default=False, help="Discard local modifications instead of failing."),
+    }
 
     def _state_argv(self) -> list[str]:
         return ["sh", "-c", _STATE, "sh", self.p["dest"]]

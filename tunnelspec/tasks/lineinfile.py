@@ -25,10 +25,17 @@ def edit(text: str, line: str, regexp: str | None, present: bool) -> str:
 
 @register_task
 class LineInFile(Task):
+    """One line present (replacing a `regexp` match) or absent."""
+
     module = "lineinfile"
-    args = {"path": Arg(str, required=True), "line": Arg(str), "regexp": Arg(str),
-            "state": Arg(str, default="present", choices=("present", "absent")), "create": Arg(bool, default=False),
-            "mode": Arg((str, int))}
+    args = {
+        "path": Arg(str, required=True, help="The file."),
+        "line": Arg(str, help="The line that must be present (state=present)."),
+        "regexp": Arg(str, help="A line matching this is replaced (present) or removed (absent)."),
+        "state": Arg(str, default="present", choices=("present", "absent"), help="`present` or `absent`."),
+        "create": Arg(bool, default=False, help="Create the file when missing."),
+        "mode": Arg((str, int), help="Mode of a created file."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [read_argv(self.p["path"])]

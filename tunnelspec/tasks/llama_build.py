@@ -56,17 +56,26 @@ exit 0
 
 @register_task
 class LlamaBuild(Task):
+    """Build the role's llama.cpp targets from the checked-out source in a directory keyed by the tree and the options, then make it `current`; registers `llama_build`."""
+
     module = "llama_build"
     args = {
-        "root": Arg(str, required=True),
-        "role": Arg(str, required=True, choices=("main", "rpc")),
-        "tree": Arg(str, default=""),  # llama_src.tree from the source play ("" when it did not run)
-        "commit": Arg(str, required=True),
-        "build_number": Arg(int),
-        "backend": Arg(str, default="cpu", choices=tuple(bp.BACKEND_OPTIONS)),
-        "cmake_args": Arg((list, str), default=[]),  # a list, or a string split like a shell line
-        "jobs": Arg(int),
-        "keep_builds": Arg(int, default=3),  # build dirs kept per host (current included), least recently used go
+        "root": Arg(str, required=True,
+                    help="tunnelspec's directory on the host (`tunnelspec_root`): builds go to `<root>/build/<key>`."),
+        "role": Arg(str, required=True, choices=("main", "rpc"),
+                    help="`main` builds llama-server, `rpc` the RPC server: only what the role needs."),
+        "tree": Arg(str, default="",
+                    help="The source tree hash from the source play (`llama_src.tree`; empty when it did not run)."),
+        "commit": Arg(str, required=True,
+                      help="The pinned llama.cpp commit (passed to CMake as the build's commit)."),
+        "build_number": Arg(int, help="The upstream build number (bNNNN) to stamp; default: from the source play."),
+        "backend": Arg(str, default="cpu", choices=tuple(bp.BACKEND_OPTIONS),
+                       help="GPU backend (`llama_backend`): cpu, cuda, hip, vulkan or metal."),
+        "cmake_args": Arg((list, str), default=[],
+                          help="Extra `-DNAME=VALUE` cache entries (a list, or a string split like a shell line)."),
+        "jobs": Arg(int, help="Parallel build jobs (default: the host's cores)."),
+        "keep_builds": Arg(int, default=3,
+                           help="Build directories kept per host (the current one included); least recently used go first."),
     }
 
     @property

@@ -35,14 +35,19 @@ def _tail(text: str, n: int = 12) -> str:
 
 @register_task
 class LlamaSource(Task):
+    """The pinned llama.cpp commit with its patch stack applied, on a tunnelspec branch; registers `llama_src` (commit, tree hash, patches)."""
+
     module = "llama_source"
     args = {
-        "repo": Arg(str, required=True),
-        "commit": Arg(str, required=True),
-        "root": Arg(str, required=True),
-        "patches": Arg(list, default=[]),
-        "force_clean": Arg(bool, default=False),
-        "build_number": Arg(int),
+        "repo": Arg(str, required=True,
+                    help="Where to fetch llama.cpp from (URL, path, or `controller:PATH` to push a bundle)."),
+        "commit": Arg(str, required=True, help="The pinned commit: a full 40-hex SHA."),
+        "root": Arg(str, required=True,
+                    help="tunnelspec's directory on the host: the checkout is `<root>/src/llama.cpp`."),
+        "patches": Arg(list, default=[],
+                       help="The patch stack (`llama_patches`): PR heads, refs of other remotes, patch files from the controller."),
+        "force_clean": Arg(bool, default=False, help="Reset a modified checkout instead of failing."),
+        "build_number": Arg(int, help="Override the build number derived from the source (`llama_build_number`)."),
     }
 
     @property
@@ -50,12 +55,7 @@ class LlamaSource(Task):
         return posixpath.join(self.p["root"], "src", "llama.cpp")
 
     def _base_dir(self, ctx):
-        from pathlib import Path
-
-        if getattr(ctx, "inventory_dir", None) is not None:
-            return Path(ctx.inventory_dir)
-        inv = getattr(ctx.controller, "inventory", None)
-        return inv.path.parent if inv is not None else Path.cwd()
+        return ctx.inventory_dir
 
     def _patches(self, ctx) -> list[ss.PatchSpec]:
         return ss.parse_patches(self.p["patches"], self._base_dir(ctx))
@@ -192,11 +192,12 @@ class LlamaSource(Task):
         path = cr.path_of(self.p["repo"], self._base_dir(ctx))
         try:
             cr.check(path, self.p["commit"], needed[1:])
-            size = await cr.send_bundle(ctx.conn, self.dir, path, self.p["commit"], needed[1:],
+            size, basis = await cr.send_bundle(ctx.conn, self.dir, path, self.p["commit"], needed[1:],
                                         progress=lambda msg, pct: ctx.progress(msg, percent=pct))
         except (cr.ControllerRepoError, RuntimeError) as err:
             raise TaskFailed(f"llama_repo {self.p['repo']}: {err}") from None
-        ctx.progress(f"git bundle sent ({size / 2**20:.1f} MiB)")
+        ctx.progress(f"git bundle sent ({size / 2**20:.1f} MiB"
+                     + (f", on top of {basis} commit(s) the host has)" if basis else ")"))
 
     async def _head_tree(self, ctx) -> tuple[str, str]:
         res = await ctx.conn.run(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)

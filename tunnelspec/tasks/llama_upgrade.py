@@ -45,7 +45,8 @@ class LlamaServerQuiesce(Task):
     switched it): it must not be restarted against nodes moving to another build."""
 
     module = "llama_server_quiesce"
-    args = {"binary": Arg(str, required=True), "unit": Arg(str, default=UNIT)}
+    args = {"binary": Arg(str, required=True, help="main's llama-server under {root}/current (the build now current)."),
+            "unit": Arg(str, default=UNIT, help="llama-server's unit.")}
 
     async def check(self, ctx):
         res = await ctx.conn.run(["sh", "-c", _STATE, "sh", self.p["unit"], self.p["binary"]])

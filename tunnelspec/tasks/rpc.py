@@ -9,16 +9,14 @@ service was (re)started a moment ago by a handler.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
-from tunnelspec.facts.sockets import listening_sockets, on_port
-from tunnelspec.llama.rpc import ProbeStatus, probe
+from tunnelspec.facts.sockets import clients_of, listening_sockets, on_port
+from tunnelspec.llama.rpc import ProbeStatus, poll, probe_until
 from tunnelspec.tasks.base import Arg, Task, ok, register_task
 
 RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # renamed ≈b98xx (PR #25045)
-POLL_S = 0.25
 # GPU runtimes and the video/render groups the RPC unit needs for each backend.
 BACKEND_GROUPS = {"cpu": [], "metal": [], "cuda": [], "hip": ["video", "render"], "vulkan": ["video", "render"]}
 
@@ -41,7 +39,10 @@ class RpcServerBinary(Task):
 
     module = "rpc_server_binary"
     read_only = True
-    args = {"root": Arg(str, required=True), "path": Arg(str)}
+    args = {
+        "root": Arg(str, required=True, help="tunnelspec's directory on the host (its `current/bin`)."),
+        "path": Arg(str, help="An explicit binary instead of the build's."),
+    }
 
     def _candidates(self, ctx) -> list[str]:
         if self.p["path"]:
@@ -64,23 +65,16 @@ class RpcServerBinary(Task):
         return ok(path)
 
 
-async def _poll(deadline_s: float, attempt):
-    """Call `attempt()` until it returns a non-None value or the deadline passes (then None)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = await attempt()
-        if value is not None or time.monotonic() >= end:
-            return value
-        await asyncio.sleep(POLL_S)
-
-
 @register_task
 class RpcListenCheck(Task):
     """The RPC port is bound, and only on 127.0.0.1 (the listening-sockets fact)."""
 
     module = "rpc_listen_check"
     read_only = True
-    args = {"port": Arg(int, required=True), "timeout": Arg((int, float), default=30)}
+    args = {
+        "port": Arg(int, required=True, help="The RPC port."),
+        "timeout": Arg((int, float), default=30, help="Seconds to wait for the listener."),
+    }
 
     async def check(self, ctx):
         port = self.p["port"]
@@ -89,7 +83,7 @@ class RpcListenCheck(Task):
             found = on_port(await listening_sockets(ctx.conn), port)
             return found or None
 
-        found = await _poll(self.p["timeout"], attempt)
+        found = await poll(self.p["timeout"], attempt)
         if not found:
             raise TaskFailed(f"nothing listens on port {port} after {self.p['timeout']}s; "
                              f"see journalctl -u tunnelspec-rpc on {ctx.host}")
@@ -126,30 +120,21 @@ class RpcUnreachable(Task):
 
     module = "rpc_unreachable"
     read_only = True
-    args = {"port": Arg(int, required=True), "address": Arg(str, required=True),
-            "from_hosts": Arg(list, required=True)}
+    args = {
+        "port": Arg(int, required=True, help="The RPC port."),
+        "address": Arg(str, required=True, help="The node's network address."),
+        "from_hosts": Arg(list, required=True, help="Hosts to try connecting from (they must all fail)."),
+    }
 
     async def check(self, ctx):
         if self.p["address"].startswith("127."):
             raise TaskFailed(f"{ctx.host}'s address is loopback ({self.p['address']}); cannot prove isolation")
         for other in self.p["from_hosts"]:
-            conn = await ctx.controller.connection(other)
+            conn = await ctx.connection_to(other)
             got = await connect_refused_from(conn, self.p["address"], self.p["port"])
             if got:
                 raise TaskFailed(f"from {other}: {got}: the RPC port is reachable over the network")
         return ok(f"{self.p['address']}:{self.p['port']} unreachable from {', '.join(self.p['from_hosts'])}")
-
-
-async def probe_until(opener, deadline_s: float, expected=None, busy_timeout: float = 3.0):
-    """Probe until the server answers (or says busy, or mismatches), polling while it is not up yet."""
-    last = None
-
-    async def attempt():
-        nonlocal last
-        last = await probe(opener, timeout=busy_timeout, expected=expected)
-        return last if last.status in (ProbeStatus.OK, ProbeStatus.BUSY, ProbeStatus.MISMATCH) else None
-
-    return await _poll(deadline_s, attempt) or last
 
 
 @register_task
@@ -159,13 +144,14 @@ class RpcProbe(Task):
 
     module = "rpc_probe"
     read_only = True
-    args = {"port": Arg(int, required=True), "timeout": Arg((int, float), default=30),
-            "allow_busy": Arg(bool, default=True)}
+    args = {
+        "port": Arg(int, required=True, help="The RPC port on the node's loopback."),
+        "timeout": Arg((int, float), default=30, help="Seconds to keep trying while the server starts."),
+        "allow_busy": Arg(bool, default=True, help="A server serving a client (llama-server) counts as up."),
+    }
 
     async def check(self, ctx):
         if self.p["allow_busy"]:
-            from tunnelspec.facts.sockets import clients_of
-
             # A held server would only make the probe wait out its busy timeout: say so at once.
             if held := await clients_of(ctx.conn, self.p["port"]):
                 ctx.register("rpc_version", None)
@@ -190,16 +176,18 @@ class RpcUnit(Task):
     Notify a daemon-reload and a restart."""
 
     module = "rpc_unit"
-    args = {"binary": Arg(str, required=True)}
+    args = {
+        "binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
+    }
 
     def _unit(self, ctx):
         from tunnelspec.tasks.systemd import SystemdUnit
 
-        node = ctx.controller.cluster.node(ctx.host)
+        node = ctx.require_cluster().node(ctx.host)
         if node.bind != LOOPBACK:  # the cluster model already refuses this; never render it
             raise TaskFailed(f"rpc bind {node.bind!r} is not {LOOPBACK}")
         argv = rpc_argv(self.p["binary"], node.rpc_port, node.devices, node.threads, node.cache)
-        return SystemdUnit({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "content": None, "verify": True,
+        return SystemdUnit.build({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "verify": True,
                             "vars": {"loopback": LOOPBACK, "rpc_port": node.rpc_port, "rpc_user": node.users.rpc,
                                      "cache": node.cache, "backend": node.build.backend, "rpc_argv": argv,
                                      "supplementary_groups": BACKEND_GROUPS[node.build.backend]}})

@@ -4,45 +4,13 @@ idempotent (daemon-reload, restart)."""
 from __future__ import annotations
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts.units import service_state, unit_values
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 from tunnelspec.tasks.files import Copy, Template
 
 UNIT_DIR = "/etc/systemd/system"
 # Units the `service` task started in this run and no restart handler has consumed yet.
 STARTED_FACT = "services_started"
-
-
-# Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
-# newer than its last start: a run was killed between writing the unit and restarting it). Prints
-# `<unit> <NeedDaemonReload> <ActiveEnterTimestamp, unix s or empty> <file mtime, unix s>`.
-_STALE_SCRIPT = r"""
-for u; do
-  f=/etc/systemd/system/$u
-  r=$(systemctl show -P NeedDaemonReload -- "$u" 2>/dev/null)
-  t=$(systemctl show --timestamp=unix -P ActiveEnterTimestamp -- "$u" 2>/dev/null)
-  m=$(stat -c %Y -- "$f" 2>/dev/null)
-  echo "$u ${r:-no} ${t#@} ${m:-0}" | tr -s ' '
-done
-"""
-
-
-async def stale_units(conn, names: list[str]) -> dict[str, str]:
-    """Units running from an older file than the one installed: {unit: why}."""
-    if not names:
-        return {}
-    res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
-    out = {}
-    for line in res.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
-            unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
-            if reload == "yes":
-                out[unit] = "unit file changed, not reloaded"
-            elif started and mtime > started:
-                out[unit] = "unit file newer than the running service"
-        elif len(parts) >= 2 and parts[1] == "yes":
-            out[parts[0]] = "unit file changed, not reloaded"
-    return out
 
 
 def _unit_path(name: str) -> str:
@@ -53,17 +21,23 @@ def _unit_path(name: str) -> str:
 
 @register_task
 class SystemdUnit(Task):
-    """Install a unit file from a template (or content). Notify a `systemd_reload` handler."""
+    """Install a unit file from a template (or content). Notify a `daemon_reload` handler."""
 
     module = "systemd_unit"
-    args = {"name": Arg(str, required=True), "src": Arg(str), "content": Arg(str), "vars": Arg(dict, default={}),
-            "verify": Arg(bool, default=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit's name (in /etc/systemd/system)."),
+        "src": Arg(str, help="A template (from the inventory's directory or tunnelspec's templates)."),
+        "content": Arg(str, help="The unit's text, when there is no template."),
+        "vars": Arg(dict, default={}, help="Extra template variables."),
+        "verify": Arg(bool, default=True,
+                      help="Check a candidate with `systemd-analyze verify` before installing it."),
+    }
 
     def _inner(self):
-        p = {"dest": _unit_path(self.p["name"]), "mode": "644", "owner": None, "group": None, "validate": None}
+        p = {"dest": _unit_path(self.p["name"]), "mode": "644"}
         if self.p["src"]:
-            return Template({**p, "src": self.p["src"], "vars": self.p["vars"]})
-        return Copy({**p, "content": self.p["content"] or "", "src": None})
+            return Template.build({**p, "src": self.p["src"], "vars": self.p["vars"]})
+        return Copy.build({**p, "content": self.p["content"] or ""})
 
     async def check(self, ctx):
         return await self._inner().check(ctx)
@@ -89,8 +63,12 @@ class SystemdUnit(Task):
 
 @register_task
 class SystemdUnitAbsent(Task):
+    """A unit stopped, disabled and its file removed."""
+
     module = "systemd_unit_absent"
-    args = {"name": Arg(str, required=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit to stop, disable and delete."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.run(["sh", "-c", 'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
@@ -104,22 +82,23 @@ class SystemdUnitAbsent(Task):
         name = self.p["name"]
         await ctx.conn.run(["systemctl", "disable", "--now", name])
         await ctx.conn.run(["rm", "-f", "--", _unit_path(name)], check=True)
-        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await daemon_reload(ctx.conn)
         await ctx.conn.run(["systemctl", "reset-failed", name])
 
 
 @register_task
 class Service(Task):
+    """A unit started or stopped, enabled or disabled."""
+
     module = "service"
-    args = {"name": Arg(str, required=True),
-            "state": Arg(str, default="started", choices=("started", "stopped")),
-            "enabled": Arg(bool)}
+    args = {
+        "name": Arg(str, required=True, help="The unit."),
+        "state": Arg(str, default="started", choices=("started", "stopped"), help="`started` or `stopped`."),
+        "enabled": Arg(bool, help="Enabled at boot (true/false); unset: left as is."),
+    }
 
     async def _observe(self, ctx) -> tuple[str, str]:
-        res = await ctx.conn.run(["sh", "-c", 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/dev/null || :',
-                                  "sh", self.p["name"]])
-        parts = res.stdout.split() + ["", ""]
-        return parts[0], parts[1]
+        return await service_state(ctx.conn, self.p["name"])
 
     async def check(self, ctx):
         active, enabled = await self._observe(ctx)
@@ -155,23 +134,49 @@ class Service(Task):
             await ctx.conn.run(["systemctl", "stop", name], check=True)
 
 
+async def daemon_reload(conn) -> None:
+    await conn.run(["systemctl", "daemon-reload"], check=True)
+
+
 @register_task
-class SystemdReload(Task):
-    module = "systemd_reload"
-    args = {}
-    handler_only = True
+class DaemonReload(Task):
+    """`systemctl daemon-reload`. With `units`: a task, changed only when systemd says one of their
+    files changed on disk (so a changed unit is loaded before a `service` task starts it). Without:
+    a handler, reloading whenever notified."""
+
+    module = "daemon_reload"
+    args = {
+        "units": Arg(list, default=[],
+                     help="Reload only when systemd reports one of these units' files changed on disk (a task); empty: reload whenever notified (a handler)."),
+    }
+
+    @classmethod
+    def is_handler_only(cls, params: dict) -> bool:
+        return not params.get("units")
+
+    async def _stale(self, ctx) -> list[str]:
+        units = list(self.p["units"])
+        values = await unit_values(ctx.conn, "NeedDaemonReload", units)
+        return [u for u, v in zip(units, values) if v == "yes"]
 
     async def check(self, ctx):
-        return change("daemon-reload")
+        if not self.p["units"]:
+            return change("daemon-reload")
+        stale = await self._stale(ctx)
+        return change(f"daemon-reload ({', '.join(stale)} changed on disk)") if stale else ok("units loaded")
 
     async def apply(self, ctx, ch):
-        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await daemon_reload(ctx.conn)
 
 
 @register_task
 class ServiceRestart(Task):
+    """Restart a unit (a handler: a restart cannot be idempotent)."""
+
     module = "service_restart"
-    args = {"name": Arg(str, required=True)}
+    args = {
+        "name": Arg(str, required=True, help="The unit to restart."),
+    }
     handler_only = True
 
     async def check(self, ctx):

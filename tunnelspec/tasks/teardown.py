@@ -6,8 +6,9 @@ from __future__ import annotations
 import fnmatch
 
 from tunnelspec.errors import TaskFailed
+from tunnelspec.facts import sockets
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
-from tunnelspec.tasks.systemd import UNIT_DIR
+from tunnelspec.tasks.systemd import UNIT_DIR, daemon_reload
 
 # llama-server first: it depends on the tunnels, which depend on nothing of ours.
 _ORDER = ("tunnelspec-llama-server", "tunnelspec-tunnel-", "tunnelspec-rpc")
@@ -22,7 +23,10 @@ class UnitsAbsent(Task):
     """Stop, disable and delete every unit matching `pattern` (file in /etc/systemd/system or loaded)."""
 
     module = "units_absent"
-    args = {"pattern": Arg(str, default="tunnelspec-*.service")}
+    args = {
+        "pattern": Arg(str, default="tunnelspec-*.service",
+                       help="Units matching this glob are stopped, disabled and deleted."),
+    }
 
     async def _found(self, ctx) -> tuple[list[str], list[str]]:
         """(units, leftover links): unit files and loaded units matching, and enablement symlinks
@@ -52,7 +56,7 @@ class UnitsAbsent(Task):
             await ctx.conn.run(["rm", "-f", "--", f"{UNIT_DIR}/{unit}"], check=True)
         for link in ch.data["links"]:
             await ctx.conn.run(["rm", "-f", "--", link], check=True)
-        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await daemon_reload(ctx.conn)
         for unit in ch.data["units"]:
             await ctx.conn.run(["systemctl", "reset-failed", unit])
 
@@ -63,7 +67,10 @@ class PathsAbsent(Task):
     things tunnelspec did not write, e.g. an API key file the user put in /etc/tunnelspec)."""
 
     module = "paths_absent"
-    args = {"paths": Arg(list, default=[]), "prune": Arg(list, default=[])}
+    args = {
+        "paths": Arg(list, default=[], help="Paths removed recursively."),
+        "prune": Arg(list, default=[], help="Directories removed only when empty."),
+    }
 
     async def _present(self, ctx) -> tuple[list[str], list[str]]:
         for p in [*self.p["paths"], *self.p["prune"]]:
@@ -92,3 +99,33 @@ class PathsAbsent(Task):
         # Deepest first, so a parent emptied by its child's removal goes too on the next check.
         for p in sorted(self.p["prune"], key=len, reverse=True):
             await ctx.conn.run(["sh", "-c", '[ -d "$1" ] && [ -z "$(ls -A -- "$1")" ] && rmdir -- "$1" || :', "sh", p])
+
+
+def _shown(address: str) -> str:
+    return f"[{address}]" if ":" in address else address   # IPv6 as ss prints it
+
+
+def listening_ports(ss_output: str) -> dict[int, str]:
+    """`ss -Hltn` lines → {port: local address} (facts/sockets.py parses them)."""
+    return {s.port: _shown(s.address) for s in sockets.parse(ss_output)}
+
+
+@register_task
+class PortsClosed(Task):
+    """Read-only proof that nothing listens on the given TCP ports any more (`ss -Hltn`)."""
+
+    module = "ports_closed"
+    read_only = True
+    args = {
+        "ports": Arg(list, required=True, help="TCP ports nothing may listen on."),
+    }
+
+    async def check(self, ctx):
+        res = await ctx.conn.run(["ss", "-Hltn"], check=True)
+        listening = listening_ports(res.stdout)
+        ports = sorted({int(p) for p in self.p["ports"]})
+        still = {p: listening[p] for p in ports if p in listening}
+        if still:
+            rows = ", ".join(f"{a}:{p}" for p, a in sorted(still.items()))
+            raise TaskFailed(f"still listening after teardown: {rows}")
+        return ok(f"nothing listens on {', '.join(map(str, ports))}")

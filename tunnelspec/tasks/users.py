@@ -22,10 +22,17 @@ done
 
 @register_task
 class User(Task):
+    """A (system) user, present or absent."""
+
     module = "user"
-    args = {"name": Arg(str, required=True), "system": Arg(bool, default=True), "shell": Arg(str, default=NOLOGIN),
-            "home": Arg(str), "create_home": Arg(bool, default=False),
-            "state": Arg(str, default="present", choices=("present", "absent"))}
+    args = {
+        "name": Arg(str, required=True, help="The user."),
+        "system": Arg(bool, default=True, help="A system user (no aging, low uid)."),
+        "shell": Arg(str, default=NOLOGIN, help="Login shell."),
+        "home": Arg(str, help="Home directory."),
+        "create_home": Arg(bool, default=False, help="Create the home directory."),
+        "state": Arg(str, default="present", choices=("present", "absent"), help="`present` or `absent`."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.run(["getent", "passwd", self.p["name"]])
@@ -87,10 +94,18 @@ def _key_body(line: str) -> str | None:
 
 @register_task
 class AuthorizedKey(Task):
+    """One key line in an authorized_keys file, with its options (present or absent)."""
+
     module = "authorized_key"
-    args = {"path": Arg(str, required=True), "key": Arg(str, required=True), "options": Arg(str),
-            "owner": Arg(str), "state": Arg(str, default="present", choices=("present", "absent")),
-            "exclusive": Arg(bool, default=False)}
+    args = {
+        "path": Arg(str, required=True, help="The authorized_keys file."),
+        "key": Arg(str, required=True, help="The public key: `type base64 [comment]`."),
+        "options": Arg(str, help="Options written before the key (e.g. `restrict,port-forwarding`)."),
+        "owner": Arg(str, help="Owner of the file (and of a created directory)."),
+        "state": Arg(str, default="present", choices=("present", "absent"),
+                     help="`present`: the line is there exactly; `absent`: no line with this key."),
+        "exclusive": Arg(bool, default=False, help="Remove every other key line from the file."),
+    }
 
     async def check(self, ctx):
         data = await ctx.conn.get(self.p["path"])

@@ -7,7 +7,7 @@ written last; a finished build is reused instantly. This is the layout of a depl
 absolute paths below the base dir into relative ones before hashing, so this build and a lab host's
 build of the same tree hit each other's cache entries.
 
-Run by hand (e.g. in the background before tests): `python3 -m tunnelspec.llama.devbuild`.
+Run by hand (e.g. in the background before tests): `python3 -m tunnelspec.lab.devbuild`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,182 @@
+"""Issue 16 in the lab (CPU): target layers on two rpc nodes in proportion 1:3 *by node name*, a
+draft tuning flag passed through, the active type from the server, and a setting the build lacks
+refused before any host is touched.
+
+rpc-a is the draft node and, with rpc_target_share=1, also carries target layers; rpc-b carries the
+rest (rpc_target_share=3). The target is a tiny llama model with 11 blocks (12 layer slots with the
+output layer), so llama.cpp's layer rule puts exactly 3 on RPC0 and 9 on RPC1. The same file is the
+draft (every draft token accepted). `--spec-draft-type-k f32` (the draft's K cache type; f16 by
+default) passes through `llama_server_extra_args`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tunnelspec.lab import gguf_tiny
+
+from engine.helpers import tunnelspec
+
+pytestmark = pytest.mark.lab
+
+UNIT = "tunnelspec-llama-server.service"
+BLOCKS = 11
+SHARES = {"rpc-a": 1, "rpc-b": 3}
+PORTS = {"rpc-a": 15052, "rpc-b": 15053}
+
+
+def sh(lab, host: str, *argv: str) -> str:
+    return lab.exec(host, list(argv), timeout=90).stdout or ""
+
+
+def expected_layers(weights: list[float], n_layers: int) -> list[int]:
+    """llama.cpp's layer assignment (src/llama-model.cpp, load_tensors): cumulative normalized
+    splits; layer i goes to the first device whose split point is above i / n_layers."""
+    total, acc, points = sum(weights), 0.0, []
+    for w in weights:
+        acc += w
+        points.append(acc / total)
+    counts = [0] * len(weights)
+    for i in range(n_layers):
+        counts[bisect.bisect_right(points, i / n_layers)] += 1
+    return counts
+
+
+MIB = 2**20
+# Bytes of one block and of the output layer of the tiny model (f32): what a device's model buffer
+# holds per layer it was given.
+BLOCK_BYTES = 4 * (2 * gguf_tiny.EMBED * gguf_tiny.EMBED + 2 * gguf_tiny.HEADS_KV * (gguf_tiny.EMBED // gguf_tiny.HEADS)
+                   * gguf_tiny.EMBED + 3 * gguf_tiny.EMBED * gguf_tiny.FEED_FORWARD + 2 * gguf_tiny.EMBED)
+OUTPUT_BYTES = 4 * (gguf_tiny.N_VOCAB * gguf_tiny.EMBED + gguf_tiny.EMBED)
+
+
+def target_placement(log: str, ports: list[int]) -> dict:
+    """From the target's load lines (the first model loaded): per endpoint port, its model buffer
+    (MiB) and the number of blocks whose KV cache it holds (KV is the same size per block).
+    llama.cpp prints `RPC0[127.0.0.1:P]` per server, so the port names the node."""
+    buffers = re.findall(r"load_tensors: RPC\d+\[127\.0\.0\.1:(\d+)\] model buffer size\s*=\s*([0-9.]+) MiB", log)
+    kv = re.findall(r"llama_kv_cache: RPC\d+\[127\.0\.0\.1:(\d+)\] KV buffer size\s*=\s*([0-9.]+) MiB", log)
+    total = re.search(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*\d+ cells,\s*(\d+) layers", log)
+    assert total, log[-3000:]
+    n_layers, kv_total = int(total.group(2)), float(total.group(1))
+    out = {}
+    for port in ports:
+        buf = next(float(s) for p, s in buffers[:len(ports)] if int(p) == port)
+        kv_mib = next(float(s) for p, s in kv[:len(ports)] if int(p) == port)
+        out[port] = {"model_mib": buf, "blocks": round(kv_mib / kv_total * n_layers)}
+    return out
+
+
+def check_one_to_three(log: str, port_a: int, port_b: int) -> dict:
+    """rpc-a share 1, rpc-b share 3 over BLOCKS blocks + the output layer: llama.cpp's rule gives
+    rpc-a 3 layer slots (blocks 0-2), rpc-b 9 (8 blocks and the output layer)."""
+    want = expected_layers([SHARES["rpc-a"], SHARES["rpc-b"]], BLOCKS + 1)
+    assert want == [3, 9]
+    got = target_placement(log, [port_a, port_b])
+    assert got[port_a]["blocks"] == 3 and got[port_b]["blocks"] == 8, got
+    assert abs(got[port_a]["model_mib"] - 3 * BLOCK_BYTES / MIB) < 0.01, got
+    assert abs(got[port_b]["model_mib"] - (8 * BLOCK_BYTES + OUTPUT_BYTES) / MIB) < 0.01, got
+    return got
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("models") / "tiny-llama-11-blocks.gguf"
+    saved = gguf_tiny.BLOCKS
+    gguf_tiny.BLOCKS = BLOCKS  # a variant of the lab's tiny model with more layers to split
+    try:
+        gguf_tiny.write_tiny_llama(path)
+    finally:
+        gguf_tiny.BLOCKS = saved
+    return path
+
+
+def placement_inventory(lab, model: Path, extra_main: str = "") -> Path:
+    text = Path(lab.inventory).read_text()
+    for node, share in SHARES.items():
+        text = re.sub(rf"^({node} ansible_host=\S+.*)$", rf"\1 rpc_target_share={share}", text, flags=re.M)
+    text = re.sub(r"^llama_model=.*$", f"llama_model={model}", text, flags=re.M)
+    text = re.sub(r"^llama_draft_model=.*$", f"llama_draft_model={model}", text, flags=re.M)
+    text = text.replace("[rpc]", f"[main:vars]\nllama_split_mode=layer\n{extra_main}\n[rpc]", 1)
+    out = Path(lab.dir) / "inventory-spec-placement.ini"
+    out.write_text(text)
+    return out
+
+
+@pytest.fixture(scope="module")
+def deployed(lab, model):
+    inv = placement_inventory(lab, model, 'llama_server_extra_args="--spec-draft-type-k f32"')
+    r = tunnelspec("deploy", str(inv), "--format", "json", timeout=3600)
+    assert r.rc == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    return inv, r
+
+
+def target_journal(lab) -> str:
+    inv_id = sh(lab, "main", "systemctl", "show", "-p", "InvocationID", "--value", UNIT).strip()
+    return sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"_SYSTEMD_INVOCATION_ID={inv_id}")
+
+
+def test_target_layers_follow_the_shares_by_node_name(lab, deployed):
+    _, r = deployed
+    unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+    assert "-dev RPC0,RPC1" in unit and "-ts 1,3" in unit and "-sm layer" in unit, unit
+    journal = target_journal(lab)
+    got = check_one_to_three(journal, PORTS["rpc-a"], PORTS["rpc-b"])
+    print(f"target placement by node: rpc-a {got[PORTS['rpc-a']]}, rpc-b {got[PORTS['rpc-b']]}")
+    # Then the draft's whole model on rpc-a, the draft node.
+    draft = re.findall(r"load_tensors: RPC\d+\[127\.0\.0\.1:(\d+)\] model buffer size", journal)
+    assert len(draft) >= 3 and int(draft[2]) == PORTS["rpc-a"], draft
+
+
+def test_draft_accepted_on_the_remote_device_and_the_type_from_the_server(lab, deployed):
+    _, r = deployed
+    ev = next(e for e in r.results() if e.get("module") == "llama_verify")
+    assert ev["status"] == "ok", ev
+    m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
+    assert m and int(m.group(1)) > 0 and m.group(1) == m.group(2), ev["msg"]
+    assert "speculative type draft-simple" in ev["msg"], ev["msg"]
+    assert "draft model buffer on RPC0[127.0.0.1:15052]" in ev["msg"]
+
+
+def test_tuning_flag_passed_through(lab, deployed):
+    unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+    assert "--spec-draft-type-k f32" in unit
+    journal = target_journal(lab)
+    kv = re.findall(r"llama_kv_cache: size = .*?K \((\w+)\)", journal)
+    print(f"KV cache K types (target, then draft): {kv}")
+    assert kv[:1] == ["f16"] and "f32" in kv[1:], kv
+    # /props and /slots: what llama-server itself reports (see docs/speculative.md).
+    script = ("import json,urllib.request\n"
+              "p=json.load(urllib.request.urlopen('http://127.0.0.1:8080/props',timeout=10))\n"
+              "s=json.load(urllib.request.urlopen('http://127.0.0.1:8080/slots',timeout=10))\n"
+              "print(json.dumps({'props':p['default_generation_settings']['params'],"
+              "'slot':(s[0].get('params') or {}) if s else {}}))")
+    doc = json.loads(sh(lab, "main", "python3", "-c", script).strip().splitlines()[-1])
+    print("props speculative:", {k: v for k, v in doc["props"].items() if "spec" in k or "draft" in k})
+    print("slot speculative:", {k: v for k, v in doc["slot"].items() if "spec" in k or "draft" in k})
+    assert doc["slot"].get("speculative.types") == "draft-simple"
+
+
+def test_a_setting_the_build_lacks_is_refused_before_any_host_is_touched(lab, deployed, model, tmp_path):
+    pid = sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip()
+    before = {h: sh(lab, h, "sh", "-c", "ls -la --time-style=full-iso /etc/systemd/system/ | sha256sum")
+              for h in ("main", "rpc-a", "rpc-b")}
+    # A flag this build removed, and (no controller record: a fresh cache) read from main's current
+    # build, read-only.
+    inv = placement_inventory(lab, model, 'llama_server_extra_args="--spec-draft-ctx-size 64"')
+    r = tunnelspec("deploy", str(inv), env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=300)
+    assert r.rc == 2, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "--spec-draft-ctx-size" in r.stderr and "no host was changed" in r.stderr
+    assert re.search(r"inventory-spec-placement\.ini:\d+:", r.stderr), r.stderr
+    assert "TASK" not in r.stdout and "PLAY" not in r.stdout, r.stdout
+    # With the record written by that look, the same check needs no connection at all.
+    assert list((tmp_path / "cache" / "tunnelspec" / "builds").glob("*.json"))
+    after = {h: sh(lab, h, "sh", "-c", "ls -la --time-style=full-iso /etc/systemd/system/ | sha256sum")
+             for h in ("main", "rpc-a", "rpc-b")}
+    assert after == before
+    assert sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() == pid

@@ -1,0 +1,40 @@
+"""sshd's configuration, read: the unconditional `Include` globs of an sshd_config, and the
+effective settings `sshd -T` prints for one connection (a command plus pure parsers)."""
+
+from __future__ import annotations
+
+
+def sshd_includes(config_text: str) -> list[str]:
+    """Globs of the unconditional `Include` lines (before the first `Match`) of an sshd_config,
+    made absolute the way sshd does (relative to /etc/ssh)."""
+    globs = []
+    for raw in config_text.splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        key = words[0].lower()
+        if key == "match":
+            break  # an Include inside a Match block is conditional: not ours to rely on
+        if key == "include":
+            globs += [w if w.startswith("/") else f"/etc/ssh/{w}" for w in words[1:]]
+    return globs
+
+
+def parse_sshd_T(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key and key not in out:
+            out[key] = value.strip()
+    return out
+
+
+
+
+async def effective_settings(conn, sshd: str, user: str, address: str) -> dict[str, str]:
+    """What sshd would apply to `user` connecting from `address` (keywords lower-cased);
+    raises RuntimeError with sshd's message when `sshd -T` fails."""
+    res = await conn.run([sshd, "-T", "-C", f"user={user},host=tunnelspec-check,addr={address}"])
+    if res.rc != 0:
+        raise RuntimeError(f"sshd -T failed: {res.stderr.strip()}")
+    return parse_sshd_T(res.stdout)

@@ -1,0 +1,74 @@
+"""Unit state from systemd, read: `systemctl show` (key=value lines, or one value per unit), a
+service's active/enabled words, and which units run from an older file than the one installed.
+Each is a command plus a pure parser (the parsers are unit-tested without systemd)."""
+
+from __future__ import annotations
+
+# Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
+# newer than its last start: a run was killed between writing the unit and restarting it). Prints
+# `<unit> <NeedDaemonReload> <ActiveEnterTimestamp, unix s or empty> <file mtime, unix s>`.
+_STALE_SCRIPT = r"""
+for u; do
+  f=/etc/systemd/system/$u
+  r=$(systemctl show -P NeedDaemonReload -- "$u" 2>/dev/null)
+  t=$(systemctl show --timestamp=unix -P ActiveEnterTimestamp -- "$u" 2>/dev/null)
+  m=$(stat -c %Y -- "$f" 2>/dev/null)
+  echo "$u ${r:-no} ${t#@} ${m:-0}" | tr -s ' '
+done
+"""
+
+
+async def stale_units(conn, names: list[str]) -> dict[str, str]:
+    """Units running from an older file than the one installed: {unit: why}."""
+    if not names:
+        return {}
+    res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
+    return parse_stale(res.stdout)
+
+
+def parse_stale(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
+            unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
+            if reload == "yes":
+                out[unit] = "unit file changed, not reloaded"
+            elif started and mtime > started:
+                out[unit] = "unit file newer than the running service"
+        elif len(parts) >= 2 and parts[1] == "yes":
+            out[parts[0]] = "unit file changed, not reloaded"
+    return out
+
+
+
+def parse_show(text: str) -> dict[str, str]:
+    """`systemctl show -p A,B UNIT` → {"A": value, "B": value}."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+async def show(conn, unit: str, props: list[str]) -> dict[str, str]:
+    res = await conn.run(["systemctl", "show", "-p", ",".join(props), unit])
+    return parse_show(res.stdout)
+
+
+async def unit_values(conn, prop: str, units: list[str]) -> list[str]:
+    """One property of several units, in their order (`systemctl show --value` prints one per unit)."""
+    if not units:
+        return []
+    res = await conn.run(["systemctl", "show", "-p", prop, "--value", *units])
+    return res.stdout.split()
+
+
+SERVICE_STATE_SCRIPT = 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/dev/null || :'
+
+
+def parse_service_state(text: str) -> tuple[str, str]:
+    """(active state, enablement) — "" for what systemctl did not print."""
+    parts = text.split() + ["", ""]
+    return parts[0], parts[1]
+
+
+async def service_state(conn, unit: str) -> tuple[str, str]:
+    res = await conn.run(["sh", "-c", SERVICE_STATE_SCRIPT, "sh", unit])
+    return parse_service_state(res.stdout)

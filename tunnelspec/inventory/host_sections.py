@@ -1,0 +1,354 @@
+"""One host's part of the cluster model: the typed sections (users, build settings, source pin,
+an rpc node, the main host) and how each is read and checked from that host's variables. Knows
+nothing about the other hosts (cluster.py puts the sections together and checks across hosts)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
+from tunnelspec.inventory.fields import HostVars, is_full_sha
+from tunnelspec.inventory.placement import node_share
+from tunnelspec.inventory.values import USER_NAME
+from tunnelspec.llama import controller_repo
+from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
+from tunnelspec.models import hub
+
+BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
+ROLES = ("draft", "target")
+# Flags tunnelspec sets itself in the llama-server unit (llama/speculative.py OWNED_FLAGS, with the
+# variable to use instead); letting extra args repeat them would silently move the model, the draft
+# or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
+# --spec-draft-type-k, ...) are allowed and checked against the built --help at plan time.
+OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
+# llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
+# hf:// form of llama_model / llama_draft_model replaces them.
+DOWNLOAD_SERVER_FLAGS = (
+    "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-hff", "--hf-file", "-hfv", "-hfrv",
+    "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu", "--model-url", "-dr", "--docker-repo",
+    "--spec-draft-hf", "--spec-draft-hf-repo", "--spec-draft-hf-file",
+)
+# CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
+# a CVE), the build identity, and the backend (chosen with llama_backend).
+OWNED_CMAKE_VARS = (
+    "GGML_RPC", "GGML_RPC_RDMA", "LLAMA_BUILD_NUMBER", "LLAMA_BUILD_COMMIT", "GGML_CUDA",
+    "GGML_HIP", "GGML_VULKAN", "GGML_METAL",
+)
+_DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_HEX = re.compile(r"^[0-9a-f]{7,40}$")
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One entry of llama_patches. kind "pr": GitHub PR `pr` at head `commit`; kind "remote":
+    `ref` of `remote` at `commit`; kind "file": a patch file on the controller (absolute path)."""
+
+    kind: str
+    commit: str | None = None
+    pr: int | None = None
+    remote: str | None = None
+    ref: str | None = None
+    file: Path | None = None
+
+
+@dataclass(frozen=True)
+class SourcePin:
+    """The llama.cpp source every host must build: identical on all hosts (checked here)."""
+
+    repo: str
+    commit: str
+    patches: tuple[Patch, ...]
+    build_number: int | None
+
+
+@dataclass(frozen=True)
+class BuildSettings:
+    backend: str
+    cmake_args: tuple[str, ...]
+    jobs: int | None
+    force_clean: bool
+
+
+@dataclass(frozen=True)
+class Users:
+    rpc: str
+    tunnel: str
+    llama: str
+
+
+@dataclass(frozen=True)
+class RpcNode:
+    name: str
+    index: int  # position in the rpc group; also the order of --rpc endpoints on main
+    rpc_port: int
+    tunnel_port: int
+    role: str  # "draft" | "target"
+    target_share: float | None  # rpc_target_share: proportion of the target's layers (None: not given)
+    devices: tuple[str, ...]  # () = the rpc-server's default devices
+    threads: int | None
+    bind: str  # always LOOPBACK
+    cache: bool
+    build: BuildSettings
+    root: str
+    users: Users
+
+    @property
+    def endpoint(self) -> str:
+        """The address llama-server on main uses: the local end of this node's tunnel."""
+        return f"{LOOPBACK}:{self.tunnel_port}"
+
+
+@dataclass(frozen=True)
+class MainHost:
+    name: str
+    model: str | None
+    draft_model: str | None
+    server_host: str
+    server_port: int
+    public_bind: bool
+    api_key_file: str | None
+    extra_args: tuple[str, ...]
+    target_devices: str
+    spec_draft_n_max: int | None  # None: the build's own default
+    spec_draft_ngl: str  # "all" or a layer count as text
+    spec_type: str | None  # None: draft-simple where the build has it (see llama/speculative.py)
+    spec_draft_p_min: float | None
+    build: BuildSettings
+    root: str
+    users: Users
+
+
+# ---- per-host sections -----------------------------------------------------------------------------
+def users_of(hv: HostVars) -> Users:
+    values = {}
+    for var, default in (("rpc_user", "tunnelspec-rpc"), ("tunnel_user", "tunnelspec-tunnel"),
+                         ("llama_user", "tunnelspec-llama")):
+        name = hv.string(var, default)
+        if not USER_NAME.match(name) or name == "root":
+            raise hv.fail(var, f"{name!r} is not a valid unprivileged system user name (e.g. {default})")
+        values[var.split("_")[0]] = name
+    return Users(**values)
+
+
+def root_of(hv: HostVars) -> str:
+    root = hv.string("tunnelspec_root", OPT_DIR)
+    if not root.startswith("/") or root.rstrip("/") == "":
+        raise hv.fail("tunnelspec_root", f"must be an absolute directory other than '/', got {root!r}")
+    return root.rstrip("/")
+
+
+def build_of(hv: HostVars) -> BuildSettings:
+    args = hv.words("llama_cmake_args")
+    for arg in args:
+        if not arg.startswith("-D"):
+            raise hv.fail("llama_cmake_args", f"{arg!r} is not a -D cache entry; only -DNAME=VALUE flags are allowed")
+        name = arg[2:].split("=", 1)[0].split(":", 1)[0]
+        if name in OWNED_CMAKE_VARS:
+            raise hv.fail(
+                "llama_cmake_args",
+                f"{arg!r} is set by tunnelspec (use llama_backend for the backend); remove it",
+            )
+    return BuildSettings(
+        backend=hv.choice("llama_backend", BACKENDS, "cpu"),
+        cmake_args=args,
+        jobs=hv.integer("llama_build_jobs", None, minimum=1),
+        force_clean=hv.boolean("llama_force_clean", False),
+    )
+
+
+def source_of(hv: HostVars) -> SourcePin:
+    repo = hv.string("llama_repo")
+    commit = hv.raw("llama_commit")
+    commit = str(commit).strip().lower() if isinstance(commit, (str, int)) and not isinstance(commit, bool) else commit
+    if not isinstance(commit, str) or not is_full_sha(commit):
+        raise hv.fail(
+            "llama_commit",
+            f"{commit!r} is not a full 40-hex commit SHA; tags, branches and short SHAs can move or "
+            "collide: pin the full SHA (git rev-parse '<tag>^{{commit}}'), quoted: llama_commit=\"<sha>\"",
+        )
+    patches = _patches(hv)
+    if controller_repo.is_controller_repo(repo):
+        try:
+            controller_repo.check(controller_repo.path_of(repo, hv.inv.path.parent), commit,
+                                  [p.commit for p in patches if p.kind != "file"])
+        except controller_repo.ControllerRepoError as err:
+            raise hv.fail("llama_repo", str(err)) from None
+    return SourcePin(
+        repo=repo,
+        commit=commit,
+        patches=patches,
+        build_number=hv.integer("llama_build_number", None, minimum=0),
+    )
+
+
+def _patches(hv: HostVars) -> tuple[Patch, ...]:
+    value = hv.raw("llama_patches", None)
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise hv.fail(
+            "llama_patches",
+            "must be a list literal, e.g. [{\"pr\": 123, \"commit\": \"<sha>\"}, {\"file\": \"patches/x.patch\"}]",
+        )
+    return tuple(_patch(hv, i, entry) for i, entry in enumerate(value))
+
+
+def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
+    where = f"entry {index}"
+    if not isinstance(entry, dict):
+        raise hv.fail("llama_patches", f"{where} must be a dict like {{\"pr\": 123, \"commit\": \"<sha>\"}}, got {entry!r}")
+    keys = set(entry)
+    forms = {frozenset({"pr", "commit"}): "pr", frozenset({"remote", "ref", "commit"}): "remote",
+             frozenset({"file"}): "file"}
+    kind = forms.get(frozenset(keys))
+    if kind is None:
+        raise hv.fail(
+            "llama_patches",
+            f"{where} has keys {sorted(keys)}; use one of {{pr, commit}}, {{remote, ref, commit}} or {{file}}",
+        )
+    if kind == "file":
+        rel = entry["file"]
+        if not isinstance(rel, str) or not rel:
+            raise hv.fail("llama_patches", f"{where}: file must be a path string")
+        path = (hv.inv.path.parent / rel).resolve()
+        if not path.is_file():
+            raise hv.fail("llama_patches", f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)")
+        return Patch(kind="file", file=path)
+    commit = entry["commit"]
+    if not isinstance(commit, str) or not _HEX.match(commit.lower()):
+        raise hv.fail("llama_patches", f"{where}: commit {commit!r} must be a hex SHA (7 to 40 characters), quoted")
+    if kind == "pr":
+        pr = entry["pr"]
+        if isinstance(pr, bool) or not isinstance(pr, int) or pr < 1:
+            raise hv.fail("llama_patches", f"{where}: pr must be a positive PR number, got {pr!r}")
+        return Patch(kind="pr", pr=pr, commit=commit.lower())
+    for key in ("remote", "ref"):
+        if not isinstance(entry[key], str) or not entry[key].strip() or entry[key].startswith("-"):
+            raise hv.fail("llama_patches", f"{where}: {key} must be a non-empty string not starting with '-'")
+    return Patch(kind="remote", remote=entry["remote"], ref=entry["ref"], commit=commit.lower())
+
+
+def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
+    bind = hv.string("rpc_bind", LOOPBACK)
+    if bind != LOOPBACK:
+        raise hv.fail(
+            "rpc_bind",
+            f"{bind!r} refused: the RPC protocol is unauthenticated remote code execution, so "
+            f"ggml-rpc-server only listens on {LOOPBACK} and is reached through the SSH tunnel; "
+            "remove rpc_bind",
+        )
+    devices = hv.csv("rpc_devices")
+    for device in devices:
+        if not _DEVICE.match(device):
+            raise hv.fail("rpc_devices", f"{device!r} is not a device name (like CPU, CUDA0, Vulkan1)")
+    return RpcNode(
+        name=hv.host,
+        index=index,
+        rpc_port=hv.port("rpc_port", DEFAULT_RPC_PORT),
+        tunnel_port=hv.port("tunnel_port", DEFAULT_TUNNEL_PORT + index),
+        role=hv.choice("rpc_role", ROLES, "draft"),
+        target_share=node_share(hv),
+        devices=devices,
+        threads=hv.integer("rpc_threads", None, minimum=1),
+        bind=bind,
+        cache=hv.boolean("rpc_cache", True),
+        build=build_of(hv),
+        root=root_of(hv),
+        users=users_of(hv),
+    )
+
+
+# The llama-server unit runs with ProtectHome=yes and PrivateTmp=yes: a key file below these is
+# invisible to it (the server would fail to start, seen only as "not healthy" minutes later).
+SANDBOX_HIDDEN_DIRS = ("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")
+
+
+def main_host_of(hv: HostVars) -> MainHost:
+    host = hv.string("llama_server_host", LOOPBACK)
+    public = hv.boolean("llama_server_public_bind", False)
+    key_file = hv.string("llama_server_api_key_file", None)
+    if host != LOOPBACK and not (public and key_file):
+        raise hv.fail(
+            "llama_server_host",
+            f"{host!r} refused: llama-server listens on {LOOPBACK} unless you opt out with both "
+            "llama_server_public_bind=true and llama_server_api_key_file=<path of a 0600 key file>",
+        )
+    if key_file is not None and not key_file.startswith("/"):
+        raise hv.fail("llama_server_api_key_file", f"must be an absolute path on the main host, got {key_file!r}")
+    hidden = next((d for d in SANDBOX_HIDDEN_DIRS if key_file and key_file.startswith(d)), None)
+    if hidden:
+        raise hv.fail("llama_server_api_key_file",
+                      f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
+                      "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key")
+    extra = hv.words("llama_server_extra_args")
+    p_min = _p_min(hv)
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):
+            raise hv.fail(
+                "llama_server_extra_args",
+                f"{flag} makes llama-server download a model at every start, unpinned and unverified; "
+                f"name the model as llama_model / llama_draft_model = {hub.FORM} instead (downloaded and "
+                "checked on the controller, uploaded once)",
+            )
+        var = owned_variable(None, flag)
+        if var is not None:
+            raise hv.fail("llama_server_extra_args", f"{flag} is set by tunnelspec; use {var} instead (remove it here)")
+        if p_min is not None and flag in ("--spec-draft-p-min", "--draft-p-min"):
+            raise hv.fail("llama_server_extra_args", f"{flag} is also set by spec_draft_p_min; keep one of the two")
+    spec_type = hv.string("spec_type", None)
+    if spec_type is not None and spec_type not in DRAFT_TYPES:
+        raise hv.fail("spec_type", f"must be one of {', '.join(DRAFT_TYPES)} (a draft model on the remote device); "
+                      f"got {spec_type!r}")
+    model, draft_model = _model(hv, "llama_model"), _model(hv, "llama_draft_model")
+    if spec_type == "draft-mtp" and draft_model is not None and draft_model == model:
+        raise hv.fail("spec_type", "draft-mtp with llama_draft_model = llama_model is MTP without a separate file: "
+                      "llama.cpp then runs the MTP heads on the target's devices and ignores the draft device; "
+                      "give the separate MTP GGUF (e.g. mtp-<model>.gguf) as llama_draft_model")
+    ngl = hv.raw("spec_draft_ngl", "all")
+    if not (ngl == "all" or (isinstance(ngl, int) and not isinstance(ngl, bool) and ngl >= 0)):
+        raise hv.fail("spec_draft_ngl", f"must be 'all' or a number of layers (0 or more), got {ngl!r}")
+    return MainHost(
+        name=hv.host,
+        model=model,
+        draft_model=draft_model,
+        server_host=host,
+        server_port=hv.port("llama_server_port", DEFAULT_HTTP_PORT),
+        public_bind=public,
+        api_key_file=key_file,
+        extra_args=extra,
+        target_devices=",".join(hv.csv("llama_target_devices")) or "none",
+        spec_draft_n_max=hv.integer("spec_draft_n_max", None, minimum=1),
+        spec_draft_ngl=str(ngl),
+        spec_type=spec_type,
+        spec_draft_p_min=p_min,
+        build=build_of(hv),
+        root=root_of(hv),
+        users=users_of(hv),
+    )
+
+
+def _p_min(hv: HostVars) -> float | None:
+    value = hv.raw("spec_draft_p_min", None)
+    if value is None:
+        return None
+    try:
+        out = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        out = None
+    if out is None or not 0.0 <= out <= 1.0:
+        raise hv.fail("spec_draft_p_min", f"must be a probability between 0 and 1, got {value!r}")
+    return out
+
+
+def _model(hv: HostVars, var: str) -> str | None:
+    value = hv.string(var, None)
+    if value is not None and (hub.is_hub_ref(value) or value.lower().startswith(("hf:", "huggingface:"))):
+        try:
+            return str(hub.parse_ref(value))
+        except hub.HubRefError as err:
+            raise hv.fail(var, str(err)) from None
+    return value

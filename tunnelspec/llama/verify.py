@@ -1,0 +1,87 @@
+"""Proof that llama-server serves with the remote draft: /health, one completion that used draft
+tokens, the journal line placing the draft model's buffer on the draft node's RPC device, and the
+speculative type it runs. Shared by the `llama_verify` task, `tunnelspec status` and `tunnelspec bench`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tunnelspec.constants import LOOPBACK
+from tunnelspec.errors import TaskFailed
+from tunnelspec.llama import http, props, server_death
+from tunnelspec.llama.server_args import UNIT, draft_placement
+from tunnelspec.secrets import Secret
+
+
+async def read_api_key(conn, path: str | None) -> Secret | None:
+    if not path:
+        return None
+    data = await conn.get(path)
+    if data is None:
+        raise TaskFailed(f"API key file {path} does not exist on the main host")
+    return Secret(data.decode().strip())
+
+
+async def invocation_journal(conn, unit: str = UNIT) -> str:
+    """The journal of the unit's current run only (its InvocationID), so old runs prove nothing."""
+    inv = (await conn.run(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit]
+    if inv:
+        argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
+    return (await conn.run(argv, timeout=60)).stdout
+
+
+async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
+                        health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
+                        add_secret=None) -> dict:
+    """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
+    `host` is the address llama-server listens on, as seen from the main host."""
+    opener = http.ssh_opener(conn, port, host)
+    try:
+        await http.wait_health(opener, health_timeout)
+    except http.HttpError as e:
+        raise TaskFailed(await server_death.describe(conn, f"llama-server on {host}:{port} not healthy ({e})")) from None
+    key = await read_api_key(conn, api_key_file)
+    if key and add_secret:
+        add_secret(key.reveal())
+    try:
+        body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+    except http.HttpError as e:
+        # A connection cut mid-request is usually llama-server dying (an abort in the decode path):
+        # say so from its journal and unit state rather than "not an HTTP response".
+        raise TaskFailed(await server_death.describe(conn, f"completion failed: {e}")) from None
+    timings = body.get("timings") or {}
+    draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+    if not draft_n:
+        raise TaskFailed(f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
+                         "decoding is off; was --spec-type draft-simple given, and did the draft load?")
+    # The load lines reach the journal shortly after they are printed: poll with a deadline.
+    loop = asyncio.get_running_loop()
+    end = loop.time() + journal_timeout
+    placed = None
+    for _ in range(journal_timeout * 2 + 2):
+        journal = await invocation_journal(conn)
+        try:
+            placed = draft_placement(journal, plan)
+            break
+        except TaskFailed:
+            if loop.time() >= end:
+                raise
+            await asyncio.sleep(0.5)
+    tps = timings.get("predicted_per_second")
+    # The type llama-server runs, in its own words (after the completion a slot carries it).
+    types = await props.read_spec_types(opener, key.reveal() if key else None)
+    want, running = plan.get("spec_type"), types["slots"]
+    # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
+    # model alone speculates report "none" there although they draft.
+    implicit = "--spec-type" not in plan.get("argv", [])
+    if want and running and not implicit and want not in running.split(","):
+        raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
+                         f"not the {want} the inventory asks for")
+    summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
+               f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
+               f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
+               f"draft_n={draft_n} draft_n_accepted={accepted}")
+    return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
+            "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
+            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary}
