@@ -9,7 +9,7 @@
 - A reboot of the draft node, then of main, with no deploy: serving again (the time is printed,
   `pytest -s`, and bounded by a deadline), then a deploy reports changed=0.
 
-Every test starts from a converged lab and ends with the lab's own inventory deployed again.
+Every test starts from a converged lab and ends with the lab's own inventory deployed.
 """
 
 from __future__ import annotations
@@ -86,8 +86,14 @@ def repaired(lab, inventory) -> None:
 def converged(lab):
     r = deploy(lab.inventory)
     assert r.rc == 0, failures(r)
-    yield lab.inventory
-    r = deploy(lab.inventory)   # back to the lab's own settings for the next test
+    return lab.inventory
+
+
+@pytest.fixture
+def restore(lab):
+    """For tests that deploy a changed inventory: the lab's own settings again afterwards."""
+    yield
+    r = deploy(lab.inventory)
     assert r.rc == 0, failures(r)
 
 
@@ -115,7 +121,7 @@ def test_killed_during_the_build(lab, converged):
     assert sh(lab, "rpc-a", '[ -e "$1/.tunnelspec-stamp" ] && echo ok', cur).strip() == "ok"
 
 
-def test_killed_after_the_rpc_unit_changed(lab, converged, tmp_path):
+def test_killed_after_the_rpc_unit_changed(lab, converged, restore, tmp_path):
     inv = inventory_copy(lab, tmp_path, host_vars={"rpc-a": "rpc_threads=1"})
     killed_deploy(inv, "rpc unit:apply")
     assert "-t" not in cmdline(lab, "rpc-a", RPC_UNIT)   # the new unit is on disk, the old server runs
@@ -148,7 +154,7 @@ def test_killed_after_the_tunnel_key_line_changed(lab, converged):
         assert not (before[node] & _tunnel_sessions(lab, node)), node
 
 
-def test_killed_after_the_llama_server_unit_changed(lab, converged, tmp_path):
+def test_killed_after_the_llama_server_unit_changed(lab, converged, restore, tmp_path):
     inv = inventory_copy(lab, tmp_path, main_vars={"spec_draft_n_max": "5"})
     before = cmdline(lab, "main", LLAMA_UNIT)
     killed_deploy(inv, "llama-server unit:apply")
@@ -167,7 +173,7 @@ def _start_deploy(inventory: Path) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL)
 
 
-def test_two_concurrent_deploys_changing_the_same_setting(lab, converged, tmp_path):
+def test_two_concurrent_deploys_changing_the_same_setting(lab, converged, restore, tmp_path):
     inv = inventory_copy(lab, tmp_path, host_vars={"rpc-a": "rpc_threads=1", "rpc-b": "rpc_threads=1"})
     runs = [_start_deploy(inv), _start_deploy(inv)]
     outs = [p.communicate(timeout=3600) for p in runs]

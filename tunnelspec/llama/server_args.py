@@ -121,8 +121,9 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
     ngl = ngl_all if main.spec_draft_ngl == "all" else main.spec_draft_ngl
     argv += [help_.require("--spec-draft-model", "-md", "--model-draft"), draft_model,
              help_.require("--spec-draft-device", "-devd", "--device-draft"), ",".join(draft_devices),
-             ngl_flag, ngl,
-             help_.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"), str(main.spec_draft_n_max)]
+             ngl_flag, ngl]
+    if main.spec_draft_n_max is not None:  # None (where the inventory leaves it unset): the build's own default
+        argv += [help_.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"), str(main.spec_draft_n_max)]
     if main.spec_draft_p_min is not None:
         argv += [help_.require("--spec-draft-p-min", "--draft-p-min"), f"{main.spec_draft_p_min:g}"]
     argv += [help_.require("--host"), main.server_host, help_.require("--port"), str(main.server_port)]
