@@ -10,7 +10,7 @@ import re
 
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
-from tunnelspec.facts import sockets
+from tunnelspec.facts import nft, sockets
 from tunnelspec.llama import http, props, rpc
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
 
@@ -92,6 +92,31 @@ async def _rpc_status(conn, node) -> dict:
     return out
 
 
+def _opted_out(hv: dict) -> bool:
+    return str(hv.get("rpc_local_isolation", "true")).strip().lower() in ("false", "no", "0", "off")
+
+
+async def _isolation(conn, hv: dict, ports: list[int], user: str, label: str) -> dict:
+    """The loopback isolation as loaded now: `state` ok | missing | changed | off | error."""
+    if _opted_out(hv):
+        return {"state": "off", "label": label, "msg": "OFF (rpc_local_isolation=false): WARNING, every local "
+                "user can connect"}
+    try:
+        seen = await nft.observe(conn, [user])
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return {"state": "error", "label": label, "msg": f"error: {e}"}
+    if seen.table_error:
+        return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
+    uid = seen.uids.get(user)
+    want = nft.rules_for(ports, [uid] if uid is not None else [], label)
+    if uid is not None and nft.matches(seen.table, want):
+        return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
+    if not seen.table.present:
+        return {"state": "missing", "label": label, "msg": "NOT loaded: every local user can connect (run deploy)"}
+    return {"state": "changed", "label": label,
+            "msg": f"rules differ from the inventory ({nft.describe(seen.table.rules)}): run deploy"}
+
+
 async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> dict:
     try:
         conn = await connect(name, hv, opts, inv_dir)
@@ -99,8 +124,14 @@ async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> 
         return {"role": "?", "error": str(e)}
     try:
         if name == cluster.main.name:
-            return await _main_status(conn, cluster)
-        return await _rpc_status(conn, cluster.node(name))
+            out = await _main_status(conn, cluster)
+            out["isolation"] = await _isolation(conn, hv, [n.tunnel_port for n in cluster.rpc],
+                                                cluster.main.users.llama, "tunnel ports: llama-server only")
+            return out
+        node = cluster.node(name)
+        out = await _rpc_status(conn, node)
+        out["isolation"] = await _isolation(conn, hv, [node.rpc_port], node.users.tunnel, "rpc port: tunnel user only")
+        return out
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
@@ -133,6 +164,10 @@ def render(report: dict) -> str:
             lines.append(f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
                          f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
                          f"devices {','.join(t['devices']) or '?'}")
+        if "isolation" in h:
+            iso = h["isolation"]
+            extra = f" ({iso['refused']} refused so far)" if iso.get("refused") else ""
+            lines.append(f"{'':<10} isolation: {iso['msg']}{extra}")
         if "llama_server" in h:
             s = h["llama_server"]
             acc = s["draft_acceptance"]

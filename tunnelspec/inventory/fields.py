@@ -25,6 +25,7 @@ KNOWN_VARS = frozenset(
         "llama_split_mode", "llama_tensor_split", "rpc_target_share",
         "rpc_user", "tunnel_user", "llama_user",
         "tunnelspec_known_hosts",  # read by the connection layer (the lab writes it)
+        "rpc_local_isolation",  # playbooks/isolation*.yml, status
         "tunnelspec_lock_dir",     # read by the run lock (engine/runlock.py)
         "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
     }

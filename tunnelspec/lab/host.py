@@ -94,6 +94,10 @@ def nspawn_argv(spec: HostSpec, root: Path) -> list[str]:
         "--register=no", "--keep-unit",
         f"--network-namespace-path=/run/netns/{spec.netns}",
         "--resolv-conf=off", "--link-journal=no", "--console=passive",
+        # Root inside the host may change its own firewall (tunnelspec's loopback isolation loads
+        # nftables rules): the host has its own network namespace, so nothing of the machine's
+        # network is reachable with it.
+        "--capability=CAP_NET_ADMIN",
         f"--bind={CCACHE_DIR}:{CCACHE_IN_HOST}",
         f"--bind-ro={FIXTURES_DIR}:{FIXTURES_IN_HOST}",
     ]

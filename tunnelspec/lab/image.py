@@ -28,6 +28,9 @@ PACKAGES = (
     "ca-certificates",
     # llama.cpp CPU build (-DLLAMA_CURL=OFF, so no libcurl-dev) and our tasks
     "git", "cmake", "g++", "make", "ccache", "libgomp1", "python3",
+    # tunnelspec's local isolation (loopback port owner rules); the lab has no route to a mirror,
+    # so deploy's "install nftables where missing" cannot fetch it there.
+    "nftables",
 )
 
 # Bump when CUSTOMISE_FILES or _customise() change: it is part of the content key.

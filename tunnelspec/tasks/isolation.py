@@ -1,0 +1,313 @@
+"""Loopback isolation: only the one user that needs a guarded loopback port may connect to it.
+
+On an rpc node the guarded port is the rpc-server's (only the tunnel user's sshd session, which
+carries main's forward, may connect); on main the guarded ports are the tunnels' local ends (only
+llama-server's user, and its rpc-wait helper running as that user). root always passes: it runs
+tunnelspec's own probes, and could change any rule anyway. The rules live in nftables table
+`inet tunnelspec` (facts/nft.py has them as data), loaded from a file by a oneshot unit ordered
+before, and required by, the units it guards — so they are in place at boot before those units
+accept a connection, and those units do not start when the rules cannot be loaded.
+
+Fail closed: where nftables cannot work (no CAP_NET_ADMIN in a container, no nf_tables in the
+kernel), the host stops with the reason, unless the inventory sets `rpc_local_isolation=false`;
+then every run warns.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from tunnelspec.errors import TaskFailed
+from tunnelspec.facts import nft
+from tunnelspec.reporting import events
+from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
+
+OPT_OUT = "rpc_local_isolation"
+APT_INSTALL = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
+               "--no-install-recommends", "nftables"]
+_UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_PROBE_RULES = ("table inet tunnelspec_probe {\n\tchain output {\n"
+                "\t\ttype filter hook output priority filter; policy accept;\n\t}\n}\n")
+
+
+def opted_in(value) -> bool:
+    """`rpc_local_isolation` as the inventory wrote it: true (default) or false, nothing else."""
+    if value is None or value is True or value is False:
+        return value is not False
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise TaskFailed(f"{OPT_OUT} must be true or false, got {value!r}")
+
+
+def warning(host: str, what: str) -> str:
+    return (f"WARNING: {host}: local isolation is off ({OPT_OUT}=false): every local user can connect to "
+            f"{what} on 127.0.0.1 and speak the unauthenticated RPC protocol")
+
+
+def _unit_text(label: str, guarded: list[str]) -> str:
+    units = " ".join(guarded)
+    return "\n".join([
+        f"# Managed by tunnelspec: loopback isolation ({label}).",
+        f"# Loads {nft.RULES_PATH}, which replaces nftables table inet tunnelspec and touches no other table.",
+        "[Unit]",
+        f"Description=tunnelspec loopback isolation ({label})",
+        # Early, like Debian's nftables.service: before any network and before the guarded units.
+        "DefaultDependencies=no",
+        "Wants=network-pre.target",
+        f"Before=network-pre.target {units}".rstrip(),
+        # Debian's /etc/nftables.conf usually starts with `flush ruleset`: load after it, and again
+        # whenever it is restarted.
+        "After=local-fs.target nftables.service",
+        "PartOf=nftables.service",
+        "",
+        "[Service]",
+        "Type=oneshot",
+        "RemainAfterExit=yes",
+        f"ExecStart={nft.NFT} -f {nft.RULES_PATH}",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        # Fail closed: a guarded unit does not start when the rules could not be loaded.
+        *( [f"RequiredBy={units}"] if units else []),
+        "",
+    ])
+
+
+def _cap_reason(host: str) -> str:
+    return (f"{host}: local isolation unavailable: this host's root session lacks CAP_NET_ADMIN (a container "
+            f"without it?), so nftables rules cannot be loaded. Grant the capability, or set {OPT_OUT}=false "
+            f"for this host in the inventory to run without the protection")
+
+
+async def _kernel_check(ctx, text: str) -> str:
+    """'' when nft accepts `text` against this kernel (--check: nothing is committed), else why not."""
+    v = await ctx.conn.run([nft.NFT, "--check", "-f", "/dev/stdin"], input=text.encode(), timeout=30)
+    if v.rc == 0:
+        return ""
+    return " ".join((v.stderr or v.stdout).strip().splitlines()[-3:]) or f"nft exited {v.rc}"
+
+
+@register_task
+class LocalIsolationAvailable(Task):
+    """Read-only preflight, first on every host: can this host hold the rules? Stops the host
+    (naming the reason) before anything is touched, or warns when the inventory opted out."""
+
+    module = "local_isolation_available"
+    read_only = True
+    args = {"enabled": Arg((str, bool), default=True,
+                           help="The inventory's rpc_local_isolation: false skips the check and warns instead."),
+            "what": Arg(str, default="the guarded ports", help="What the warning says is exposed.")}
+
+    async def check(self, ctx):
+        if not opted_in(self.p["enabled"]):
+            msg = warning(ctx.host, self.p["what"])
+            ctx.emit(events.message(msg))
+            return ok(msg)
+        seen = await nft.observe(ctx.conn, [])
+        if not seen.net_admin:
+            raise TaskFailed(_cap_reason(ctx.host))
+        if seen.nft:
+            why = await _kernel_check(ctx, _PROBE_RULES)
+            if why:
+                raise TaskFailed(f"{ctx.host}: local isolation unavailable: nftables cannot load rules here "
+                                 f"({why}). Fix the kernel (nf_tables), or set {OPT_OUT}=false for this host")
+            return ok("nftables usable (CAP_NET_ADMIN, nf_tables)")
+        return ok("CAP_NET_ADMIN present; nftables will be installed")
+
+
+@register_task
+class LocalIsolation(Task):
+    """The rules file, the unit, and the live table (state present), or none of them (absent).
+
+    `ports`: the guarded loopback ports; `users`: who may connect besides root; `guarded`: the
+    units that must not run without the rules; `label`: what status and verify print."""
+
+    module = "local_isolation"
+    args = {"ports": Arg(list, default=[], help="Loopback TCP ports to guard."),
+            "users": Arg(list, default=[], help="Users (names) that may connect besides root; uids resolved on the host."),
+            "guarded": Arg(list, default=[], help="Units ordered after, and requiring, the rules unit."),
+            "guarded_tunnels": Arg(list, default=[],
+                                   help="rpc node names: main's tunnelspec-tunnel-<node>.service units, guarded too."),
+            "label": Arg(str, default="guarded ports", help="What status and verify print when the rules are in place."),
+            "enabled": Arg((str, bool), default=True,
+                           help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns."),
+            "state": Arg(str, default="present", choices=("present", "absent"),
+                         help="absent: table, unit, links and file removed (teardown)."),
+            "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing.")}
+
+    def _want_present(self) -> bool:
+        return self.p["state"] == "present" and opted_in(self.p["enabled"])
+
+    def _guarded(self) -> list[str]:
+        """The units that require the rules: `guarded`, plus main's tunnel unit of each node in
+        `guarded_tunnels` (named as tasks/tunnel.py names them)."""
+        units = [str(u) for u in self.p["guarded"]]
+        for node in self.p["guarded_tunnels"]:
+            if not _UNIT_SAFE.match(str(node)):
+                raise TaskFailed(f"rpc node name {node!r} cannot be part of a unit name")
+            units.append(f"tunnelspec-tunnel-{node}.service")
+        return units
+
+    def _links_wanted(self) -> set[str]:
+        return {f"/etc/systemd/system/multi-user.target.wants/{nft.UNIT}",
+                *(f"/etc/systemd/system/{u}.requires/{nft.UNIT}" for u in self._guarded())}
+
+    def _desired(self, seen: nft.HostIsolation) -> tuple[tuple, str, str]:
+        missing = [u for u, uid in seen.uids.items() if uid is None]
+        if missing:
+            raise TaskFailed(f"{', '.join(missing)}: no such user (create it before the isolation rules)")
+        rules = nft.rules_for(self.p["ports"], seen.uids.values(), self.p["label"])
+        header = (f"Managed by tunnelspec: {self.p['label']}.\nOnly root and "
+                  f"{', '.join(f'{u} (uid {seen.uids[u]})' for u in self.p['users']) or 'nobody else'} "
+                  f"may connect to these loopback ports.")
+        return rules, nft.ruleset_text(rules, header), _unit_text(self.p["label"], self._guarded())
+
+    async def check(self, ctx):
+        users = [str(u) for u in self.p["users"]]
+        seen = await nft.observe(ctx.conn, users)
+        if not self._want_present():
+            return await self._check_absent(ctx, seen)
+        if not seen.net_admin:
+            raise TaskFailed(_cap_reason(ctx.host))
+        rules, text, unit = self._desired(seen)
+        cur_file = (await ctx.conn.get(nft.RULES_PATH) or b"").decode()
+        cur_unit = (await ctx.conn.get(nft.UNIT_PATH) or b"").decode()
+        todo = []
+        if not seen.nft:
+            todo.append("install nftables")
+        if cur_file != text:
+            todo.append(f"write {nft.RULES_PATH}")
+        if cur_unit != unit:
+            todo.append(f"write {nft.UNIT}")
+        if set(seen.links) != self._links_wanted():
+            todo.append("enable the unit (before and required by " + (", ".join(self._guarded()) or "nothing") + ")")
+        if seen.table_error:
+            todo.append(f"load rules (nft: {seen.table_error})")
+        elif not nft.matches(seen.table, rules):
+            todo.append("load rules (live: " + (nft.describe(seen.table.rules) + (f", {seen.table.foreign} foreign"
+                                                                               if seen.table.foreign else "")
+                                                 if seen.table.present else "no table") + ")")
+        if seen.active != "active":
+            todo.append(f"start {nft.UNIT} ({seen.active or 'inactive'})")
+        if not todo:
+            return ok(f"{self.p['label']} ({nft.describe(rules)})")
+        diff = (Diff(cur_file, text, nft.RULES_PATH) if cur_file != text
+                else Diff(cur_unit, unit, nft.UNIT_PATH) if cur_unit != unit
+                else Diff(nft.describe(seen.table.rules) + "\n", nft.describe(rules) + "\n",
+                          "nft list table inet tunnelspec"))
+        return change(", ".join(todo), diff, text=text, unit=unit, install=not seen.nft,
+                      write_file=cur_file != text, write_unit=cur_unit != unit,
+                      relink=set(seen.links) != self._links_wanted(), active=seen.active == "active")
+
+    async def _check_absent(self, ctx, seen: nft.HostIsolation):
+        present = []
+        for path in (nft.RULES_PATH, nft.UNIT_PATH):
+            if (await ctx.conn.run(["test", "-e", path])).rc == 0:
+                present.append(path)
+        present += seen.links + seen.requires_dirs
+        if seen.table.present:
+            present.append("table inet tunnelspec")
+        if seen.active in ("active", "failed", "activating"):
+            present.append(f"{nft.UNIT} ({seen.active})")
+        if self.p["state"] == "present":   # opted out: nothing of ours may stay, and say so
+            msg = warning(ctx.host, self.p["label"].split(":")[0])
+            ctx.emit(events.message(msg))
+            if not present:
+                return ok(msg)
+            return change(f"{msg}; remove " + ", ".join(present), table=seen.table.present)
+        if not present:
+            return ok("no isolation rules, unit or file")
+        return change("remove " + ", ".join(present), table=seen.table.present)
+
+    async def apply(self, ctx, ch):
+        if not self._want_present():
+            await self._remove(ctx, ch.data["table"])
+            return
+        if ch.data["install"]:
+            if not self.p["install"]:
+                raise TaskFailed("nftables (/usr/sbin/nft) is not installed")
+            if (await ctx.conn.run(["sh", "-c", "command -v apt-get"])).rc != 0:
+                raise TaskFailed("nftables (/usr/sbin/nft) is not installed and there is no apt-get to install it")
+            res = await ctx.conn.run(APT_INSTALL, timeout=600)
+            if res.rc != 0:
+                tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-8:])
+                raise TaskFailed(f"installing nftables failed: {shlex.join(APT_INSTALL)}\n{tail}")
+        text = ch.data["text"]
+        why = await _kernel_check(ctx, text)
+        if why:
+            raise TaskFailed(f"{ctx.host}: local isolation unavailable: nftables refused the rules ({why}); "
+                             f"set {OPT_OUT}=false for this host to run without the protection")
+        await ctx.conn.run(["install", "-d", "-m", "755", "--", nft.RULES_PATH.rsplit("/", 1)[0]], check=True)
+        if ch.data["write_file"]:
+            await ctx.conn.put(text, nft.RULES_PATH, 0o644)
+        if ch.data["write_unit"]:
+            await ctx.conn.put(ch.data["unit"], nft.UNIT_PATH, 0o644)
+        if ch.data["write_unit"] or ch.data["relink"]:
+            await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+            # reenable: the links follow the unit's current [Install] (a node added or removed).
+            res = await ctx.conn.run(["systemctl", "reenable", "--quiet", nft.UNIT])
+            if res.rc != 0:
+                raise TaskFailed(f"systemctl reenable {nft.UNIT} failed: {res.stderr.strip()}")
+            await self._prune_requires_dirs(ctx)
+        # One transaction replaces only our table: no moment without rules. Never a restart of the
+        # unit: the guarded units require it and would be restarted with it.
+        res = await ctx.conn.run([nft.NFT, "-f", nft.RULES_PATH], timeout=30)
+        if res.rc != 0:
+            raise TaskFailed(f"nft -f {nft.RULES_PATH} failed: {res.stderr.strip()}")
+        if not ch.data["active"]:
+            res = await ctx.conn.run(["systemctl", "start", nft.UNIT])
+            if res.rc != 0:
+                j = await ctx.conn.run(["journalctl", "-u", nft.UNIT, "-n", "10", "--no-pager", "-o", "cat"])
+                raise TaskFailed(f"{nft.UNIT} failed to start:\n{res.stderr.strip()}\n{j.stdout.strip()}")
+
+    async def _prune_requires_dirs(self, ctx) -> None:
+        await ctx.conn.run(["find", "/etc/systemd/system", "-mindepth", "1", "-maxdepth", "1", "-type", "d",
+                            "-name", "tunnelspec-*.requires", "-empty", "-delete"])
+
+    async def _remove(self, ctx, table: bool) -> None:
+        # Links first, then stop: a guarded unit that still required this one would be stopped with it
+        # (in teardown they are gone already; with the opt-out they keep running).
+        await ctx.conn.run(["systemctl", "disable", "--quiet", nft.UNIT])
+        await ctx.conn.run(["find", "/etc/systemd/system", "-mindepth", "2", "-maxdepth", "2", "-name", nft.UNIT,
+                            "-delete"], check=True)
+        await self._prune_requires_dirs(ctx)
+        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await ctx.conn.run(["systemctl", "stop", nft.UNIT])
+        await ctx.conn.run(["rm", "-f", "--", nft.UNIT_PATH, nft.RULES_PATH], check=True)
+        await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
+        await ctx.conn.run(["systemctl", "reset-failed", nft.UNIT])
+        if table:
+            res = await ctx.conn.run([nft.NFT, "delete", "table", "inet", nft.TABLE])
+            if res.rc != 0:
+                raise TaskFailed(f"nft delete table inet {nft.TABLE} failed: {res.stderr.strip()}")
+        await ctx.conn.run(["sh", "-c", 'rmdir -- "$1" 2>/dev/null || :', "sh", nft.RULES_PATH.rsplit("/", 1)[0]])
+
+
+@register_task
+class LocalIsolationVerify(Task):
+    """Read-only (verify): the live table holds exactly the rules a deploy would load."""
+
+    module = "local_isolation_verify"
+    read_only = True
+    args = {k: v for k, v in LocalIsolation.args.items() if k not in ("state", "install")}
+
+    async def check(self, ctx):
+        if not opted_in(self.p["enabled"]):
+            msg = warning(ctx.host, self.p["label"].split(":")[0])
+            ctx.emit(events.message(msg))
+            return ok(msg)
+        users = [str(u) for u in self.p["users"]]
+        seen = await nft.observe(ctx.conn, users)
+        inner = LocalIsolation({**self.p, "state": "present", "install": False})
+        rules, _, _ = inner._desired(seen)
+        if seen.table_error:
+            raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")
+        if not nft.matches(seen.table, rules):
+            live = nft.describe(seen.table.rules) if seen.table.present else "no table inet tunnelspec"
+            raise TaskFailed(f"isolation rules missing or changed (live: {live}; want: {nft.describe(rules)}): "
+                             "run `tunnelspec deploy`")
+        return ok(f"{self.p['label']} ({nft.describe(rules)}; {seen.table.rejected} connection(s) refused so far)")
