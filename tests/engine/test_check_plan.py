@@ -84,7 +84,8 @@ def test_deploy_check_on_hosts_that_never_saw_tunnelspec(tmp_path, sshd_cluster)
     would = {(e["host"], e["task"]): e for e in r.results("changed") if e.get("would_change")}
     for key in [("main", "llama.cpp source at the pinned commit with the patch stack"),
                 ("rpc-b", "llama.cpp binaries for the host's role"), ("rpc-a", "rpc unit"),
-                ("rpc-a", "rpc service running"), ("main", "tunnel units"), ("main", "llama-server unit"),
+                ("rpc-a", "rpc service running"), ("rpc-a", "restricted authorized_keys line"),
+                ("main", "tunnel units"), ("main", "llama-server unit"),
                 ("main", "llama-server running")]:
         assert key in would, (key, sorted(would))
     # The steps that need what earlier ones create say so, and name them.
