@@ -12,12 +12,14 @@ Faults, in turn (the node alternates rpc-a — the draft — and rpc-b — the t
   link_cut_60   the node's link down for 60 s, then up
   node_reboot   `systemctl reboot` on the node
 After each fault the soak waits until a completion drafts again (or --recover-timeout), then
---gap seconds of quiet before the next one.
+--gap seconds of quiet before the next one. Outage: from the fault to the end of the first served
+request that started after it.
 
 Each request is a real completion made on main (llama-server listens on its loopback), 24 tokens,
 bounded by a 20 s timeout; it counts as served when it returns timings with draft tokens. Reported:
 requests, served, failed, the fraction served, and per fault kind the longest outage (from the
-fault until the first served request started after it) and whether the service always came back.
+fault until the first request started after it has been served) and whether the service always came
+back. Every request's outcome is in the JSON output (`requests_log`: start, seconds, ok, error).
 At the end a `tunnelspec deploy` must report changed=0 (the faults left nothing to repair).
 
 Run it under the lab lock like every lab command: flock /tmp/tunnelspec-lab.lock python benchmarks/soak.py …
@@ -84,9 +86,11 @@ class Requests(threading.Thread):
             self.stop.wait(max(0.0, self.interval - (time.time() - t0)))
 
     def served_since(self, t: float) -> float | None:
+        """When the first request started after `t` and served came back (its end: a request that
+        started during a short link cut stalls until the link is back, then completes)."""
         with self.lock:
-            ok = [r["start"] for r in self.records if r["ok"] and r["start"] >= t]
-        return min(ok) if ok else None
+            ok = [r for r in self.records if r["ok"] and r["start"] >= t]
+        return min(ok, key=lambda r: r["start"])["end"] if ok else None
 
 
 def _sh(lab: Lab, host: str, script: str, timeout: float = 30) -> str:
@@ -175,7 +179,9 @@ def soak(lab: Lab, duration: float, interval: float, faults: list[str], gap: flo
             "served": served, "failed": len(recs) - served,
             "fraction_served": round(served / len(recs), 4) if recs else 0.0,
             "always_recovered": all(e["recovered"] for e in events), "faults": per_kind,
-            "failure_kinds": errors, "events": events}
+            "failure_kinds": errors, "events": events,
+            "requests_log": [{"t": round(r["start"] - started, 2), "s": round(r["end"] - r["start"], 2),
+                              "ok": r["ok"], **({"error": r["error"]} if r.get("error") else {})} for r in recs]}
 
 
 def render(result: dict) -> str:
