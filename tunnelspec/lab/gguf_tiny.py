@@ -21,18 +21,21 @@ ROPE_DIMS = 16
 RMS_EPS = 1e-5
 SEED = 20261001
 
-# <unk>, <s>, </s>, then one token per byte: the "llama" (SentencePiece) tokenizer falls back to
-# byte tokens, so any prompt tokenizes.
-N_VOCAB = 3 + 256
+# <unk>, <s>, </s>, the SentencePiece space `▁`, then one byte token per printable ASCII character
+# (0x20-0x7E). The "llama" (SentencePiece) tokenizer falls back to byte tokens, so any ASCII prompt
+# tokenizes; and whatever the random weights pick decodes to valid UTF-8 — some builds (b9093) run
+# their chat-output parser on /completion text and answer 500 on invalid UTF-8.
+PRINTABLE = range(0x20, 0x7F)
+N_VOCAB = 4 + len(PRINTABLE)
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
 def _vocab():
     import gguf
 
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * 256
+    tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in PRINTABLE]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
+    types += [gguf.TokenType.BYTE] * len(PRINTABLE)
     return tokens, [0.0] * len(tokens), types
 
 
@@ -102,7 +105,7 @@ def _write(path: str, split_max_tensors: int = 0) -> None:
     import gguf
 
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
-    w.add_name("tunnelspec-tiny-llama")
+    w.add_name("tunnelspec-tiny-llama-ascii")
     w.add_context_length(CONTEXT)
     w.add_embedding_length(EMBED)
     w.add_block_count(BLOCKS)
