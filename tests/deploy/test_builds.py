@@ -198,7 +198,7 @@ def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inv
     assert new_bin, "the b9093 build of rpc-b was pruned"
     sh(lab, "main", "systemctl", "stop", UNIT)
     sh(lab, "rpc-b", "sh", "-c",
-       f"sed -i 's#^ExecStart=[^ ]*#ExecStart={new_bin}#' /etc/systemd/system/{RPC_UNIT} && "
+       f"sed -i 's#[^ ]*/bin/ggml-rpc-server #{new_bin} #' /etc/systemd/system/{RPC_UNIT} && "
        f"systemctl daemon-reload && systemctl restart {RPC_UNIT}")
     try:
         since = time.time() - 1
