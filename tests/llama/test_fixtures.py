@@ -18,22 +18,13 @@ def git(cwd, *args) -> str:
                           timeout=120).stdout.strip()
 
 
-# The commits are made with a fixed identity and dates: the same SHAs on every machine, so
-# inventories and tests can pin them.
-PINNED = {"b9093": "05c534942ce8fcc01d06b72d859b052398fb7f0f",
-          "b11434": "d4f3039b1fa47e918560a0e6f29b9dec16fc54b5"}
-
-
 @pytest.fixture(scope="module")
 def sdist():
-    """The downloads dir holding every tree's verified sdist."""
-    paths = [fixtures.ensure_sdist(src) for src in fixtures.TREE_SOURCES]
-    return paths[0]
+    return fixtures.ensure_sdist()
 
 
-def test_sdists_are_verified(sdist):
-    for src in fixtures.TREE_SOURCES:
-        assert fixtures.sha256_file(sdist.parent / src.sdist_file) == src.sdist_sha256
+def test_sdist_is_verified(sdist):
+    assert fixtures.sha256_file(sdist) == fixtures.SDIST_SHA256
 
 
 def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fixtures):
@@ -42,9 +33,7 @@ def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fix
     fresh = fixtures.ensure_fixtures(str(tmp_path / "fx"), downloads_dir=str(sdist.parent))
     assert (fresh.commit, fresh.side_commit, fresh.model_sha256) == (
         llama_fixtures.commit, llama_fixtures.side_commit, llama_fixtures.model_sha256)
-    assert fresh.trees == llama_fixtures.trees
-    assert {t.name: t.commit for t in fresh.trees} == PINNED
-    assert fresh.repo_local == str(tmp_path / "fx" / "llama.cpp-upstream.git")
+    assert fresh.repo_local == str(tmp_path / "fx" / "llama.cpp.git")
     started = time.monotonic()
     assert fixtures.ensure_fixtures(str(tmp_path / "fx"), downloads_dir=str(sdist.parent)) == fresh
     assert time.monotonic() - started < 1.0
@@ -53,7 +42,7 @@ def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fix
 def test_repo_shape(llama_fixtures, tmp_path):
     fx = llama_fixtures
     assert len(fx.commit) == 40 and len(fx.side_commit) == 40
-    assert fx.repo == f"{fixtures.HOST_MOUNT}/llama.cpp-upstream.git"
+    assert fx.repo == f"{fixtures.HOST_MOUNT}/llama.cpp.git"
     assert git(fx.repo_local, "rev-parse", "--is-bare-repository") == "true"
     # Lab hosts clone it and fetch commits by SHA; the side commit is a child of the main one.
     clone = tmp_path / "clone"
@@ -70,26 +59,10 @@ def test_repo_shape(llama_fixtures, tmp_path):
     assert not (clone / ".git" / "modules").exists()
 
 
-@pytest.mark.parametrize("name,proto,target", [("b9093", (4, 0, 0), "rpc-server"),
-                                               ("b11434", (7, 0, 0), "ggml-rpc-server")])
-def test_each_upstream_tree_on_its_branch(llama_fixtures, tmp_path, name, proto, target):
-    """Each tree is a branch whose commit is pinned; what tunnelspec reads from it (RPC protocol,
-    RPC server target) is that tree's own."""
-    from tunnelspec.llama import versions
-
-    t = llama_fixtures.tree(name)
-    assert t.commit == PINNED[name] and t.build_number == int(name[1:])
-    assert git(llama_fixtures.repo_local, "rev-parse", f"refs/heads/{name}") == t.commit
-    header = git(llama_fixtures.repo_local, "show", f"{t.commit}:{versions.RPC_HEADER}")
-    assert versions.rpc_proto_version(header) == proto
-    cm = git(llama_fixtures.repo_local, "show", f"{t.commit}:{versions.RPC_TOOL_CMAKELISTS}")
-    assert versions.rpc_server_target(cm) == target
-
-
-def test_default_tree_has_a_real_build_number(llama_fixtures):
-    # The lab deploys the default tree: its upstream number is known, so the advisory gate judges it.
-    assert (llama_fixtures.build_number, llama_fixtures.upstream_commit) == (11434, "515e85511")
-    assert llama_fixtures.commit == llama_fixtures.tree(fixtures.DEFAULT_TREE).commit
+def test_build_number_is_honestly_unknown(llama_fixtures):
+    # The sdist ships only a shallow clone of llama.cpp: no commit count, no bNNNN tag.
+    assert llama_fixtures.build_number is None
+    assert llama_fixtures.upstream_commit.startswith("0c1e57098")
 
 
 def test_model_is_reproducible(llama_fixtures, tmp_path):
@@ -113,9 +86,7 @@ def test_model_metadata(llama_fixtures):
     assert val("llama.rope.dimension_count") == 16
     assert val("tokenizer.ggml.model") == "llama"
     tokens = val("tokenizer.ggml.tokens")
-    # `▁` and the printable ASCII bytes only: any sampled text is valid UTF-8.
-    assert len(tokens) == 4 + 95 and tokens[:4] == ["<unk>", "<s>", "</s>", "\u2581"]
-    assert (tokens[4], tokens[-1]) == ("<0x20>", "<0x7E>")
+    assert len(tokens) == 259 and tokens[:3] == ["<unk>", "<s>", "</s>"] and tokens[-1] == "<0xFF>"
     assert (val("tokenizer.ggml.bos_token_id"), val("tokenizer.ggml.eos_token_id")) == (1, 2)
     names = {t.name for t in r.tensors}
     assert {"token_embd.weight", "output.weight", "blk.1.ffn_down.weight"} <= names
@@ -129,15 +100,14 @@ def test_ensure_is_cached(llama_fixtures):
     assert time.monotonic() - started < 1.0
 
 
-def test_sdist_download_verifies_checksum(tmp_path):
+def test_sdist_download_verifies_checksum(tmp_path, monkeypatch):
     """Real `pip download` from PyPI into an empty dir; a checksum mismatch is refused, not kept."""
     from tunnelspec.errors import LabError
 
-    import dataclasses
-
-    src = fixtures.TREE_SOURCES[0]  # the small one (4 MB)
+    monkeypatch.setattr(fixtures, "SDIST_SHA256", "0" * 64)
     with pytest.raises(LabError, match="sha256"):
-        fixtures.ensure_sdist(dataclasses.replace(src, sdist_sha256="0" * 64), str(tmp_path))
-    assert not (tmp_path / src.sdist_file).exists()
-    path = fixtures.ensure_sdist(src, str(tmp_path))
-    assert fixtures.sha256_file(path) == src.sdist_sha256
+        fixtures.ensure_sdist(str(tmp_path))
+    assert not (tmp_path / fixtures.SDIST_FILE).exists()
+    monkeypatch.undo()
+    path = fixtures.ensure_sdist(str(tmp_path))
+    assert fixtures.sha256_file(path) == fixtures.SDIST_SHA256

