@@ -62,3 +62,19 @@ def test_controller_repo_needs_the_patch_commits_too(tmp_path):
     commit = make_repo(tmp_path / "llama.cpp")
     err = error(write(tmp_path, "controller:../llama.cpp", commit, patches='[{"pr": 5, "commit": "abcdef1"}]'))
     assert "patch commit abcdef1 is not in the controller repository" in str(err)
+
+
+def test_controller_path_inside_another_repository_is_not_taken_for_it(tmp_path):
+    commit = make_repo(tmp_path / "outer")
+    (tmp_path / "outer" / "sub").mkdir()
+    err = error(write(tmp_path, f"controller:{tmp_path / 'outer' / 'sub'}", commit))
+    assert "is not a git repository itself" in str(err) and str(tmp_path / "outer") in str(err)
+
+
+def test_bare_controller_repository(tmp_path):
+    import subprocess
+
+    commit = make_repo(tmp_path / "work")
+    subprocess.run(["git", "clone", "-q", "--bare", str(tmp_path / "work"), str(tmp_path / "llama.git")], check=True)
+    c = Cluster.from_inventory(load_inventory(write(tmp_path, f"controller:{tmp_path / 'llama.git'}", commit)))
+    assert c.source.commit == commit

@@ -57,10 +57,16 @@ def check(path: Path, commit: str, patch_commits: list[str | None] = ()) -> None
     if not path.exists():
         raise ControllerRepoError(f"controller path {path} does not exist (relative paths are relative to "
                                   "the inventory's directory)")
-    res = _git(path, "rev-parse", "--git-dir", check=False)
+    res = _git(path, "rev-parse", "--is-bare-repository", "--absolute-git-dir", check=False)
     if res.returncode != 0:
         raise ControllerRepoError(f"controller path {path} is not a git repository; point llama_repo at a "
                                   "clone of llama.cpp (bare or not): llama_repo=controller:/path/to/llama.cpp")
+    bare, git_dir = res.stdout.split()[:2]
+    top = _git(path, "rev-parse", "--show-toplevel", check=False).stdout.strip()
+    if Path(git_dir).resolve() != path and (bare == "true" or Path(top).resolve() != path):
+        # A directory inside some other repository (the inventory's own, say) is not the source.
+        raise ControllerRepoError(f"controller path {path} is not a git repository itself (it lies inside "
+                                  f"{top or git_dir}); point llama_repo at the llama.cpp clone")
     if resolve(path, commit) is None:
         raise ControllerRepoError(f"the repository {path} on the controller does not contain commit {commit}; "
                                   f"fetch it there first (git -C {path} fetch origin {commit})")

@@ -206,7 +206,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _forget(ref: HubRef, path: Path) -> None:
+def _forget(path: Path) -> None:
     """A cached file with the wrong bytes must not be found again by the next run."""
     real = Path(os.path.realpath(path))
     for p in (path, real):
@@ -231,7 +231,7 @@ def _download_one(ref: HubRef, f: HubFile, var: str) -> Path:
         raise HubError(f"{var}: download of {f.path} from HF_ENDPOINT={_endpoint()} failed: {_describe(err)}") from None
     got = _sha256(local)
     if got != f.sha256:
-        _forget(ref, local)
+        _forget(local)
         raise HubError(f"{var}: {f.path} from {ref.repo_id}@{ref.revision[:12]} has sha256 {got}, but the Hub "
                        f"reports {f.sha256}: refusing it (the cached copy was removed; nothing was uploaded)")
     return local

@@ -14,7 +14,7 @@ from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts.sockets import clients_of, listening_sockets, on_port
 from tunnelspec.llama.rpc import ProbeStatus, poll, probe_until
-from tunnelspec.tasks.base import Arg, Task, ok, register_task
+from tunnelspec.tasks.base import Arg, Task, ok, register_task, wait_budget
 
 RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # renamed ≈b98xx (PR #25045)
 # GPU runtimes and the video/render groups the RPC unit needs for each backend.
@@ -83,7 +83,7 @@ class RpcListenCheck(Task):
             found = on_port(await listening_sockets(ctx.conn), port)
             return found or None
 
-        found = await poll(self.p["timeout"], attempt)
+        found = await poll(wait_budget(ctx, self.p["timeout"]), attempt)
         if not found:
             raise TaskFailed(f"nothing listens on port {port} after {self.p['timeout']}s; "
                              f"see journalctl -u tunnelspec-rpc on {ctx.host}")
@@ -156,7 +156,8 @@ class RpcProbe(Task):
             if held := await clients_of(ctx.conn, self.p["port"]):
                 ctx.register("rpc_version", None)
                 return ok(f"busy: serving a client (llama-server) on port {self.p['port']} ({held} connection(s))")
-        result = await probe_until(lambda: ctx.conn.open_connection(LOOPBACK, self.p["port"]), self.p["timeout"])
+        result = await probe_until(lambda: ctx.conn.open_connection(LOOPBACK, self.p["port"]),
+                                   wait_budget(ctx, self.p["timeout"]))
         if result.status is ProbeStatus.BUSY and self.p["allow_busy"]:
             ctx.register("rpc_version", None)
             return ok(f"busy: a client (llama-server) holds the server on port {self.p['port']}")

@@ -14,7 +14,7 @@ from tunnelspec.facts.units import stale_units
 from tunnelspec.keys import TUNNEL_FORCED_COMMAND, fingerprint
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
-from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
+from tunnelspec.tasks.base import Arg, Task, change, ok, register_task, wait_budget
 from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload
 from tunnelspec.tunnel_ssh import (AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel,
                                    selected_nodes, ssh_argv, unit_name)
@@ -137,7 +137,7 @@ class TunnelProbe(Task):
             # llama-server connected through the tunnel holds the one-client server: busy, no wait.
             if self.p["allow_busy"] and await clients_of(ctx.conn, node.tunnel_port):
                 return "busy: serving a client (llama-server)", True
-            res = await probe_tunnel(ctx.conn, node, self.p["timeout"], expected)
+            res = await probe_tunnel(ctx.conn, node, wait_budget(ctx, self.p["timeout"]), expected)
             return str(res), res.ok or (res.status is ProbeStatus.BUSY and self.p["allow_busy"])
 
         results = await asyncio.gather(*(one(n) for n in nodes))

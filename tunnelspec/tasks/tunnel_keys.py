@@ -3,7 +3,9 @@ restricted authorized_keys line on each node."""
 
 from __future__ import annotations
 
+import base64
 import ipaddress
+import struct
 
 from tunnelspec.errors import ArgumentError, TaskFailed
 from tunnelspec.keys import (TUNNEL_FORCED_COMMAND, authorized_keys_line, fingerprint, generate_ed25519,
@@ -13,6 +15,11 @@ from tunnelspec.tunnel_ssh import KEY_PATH, KNOWN_HOSTS, NODE_HOME, node_ssh_tar
 
 
 # ---- main: the tunnel key ---------------------------------------------------------------------
+# What --check shows for a tunnel key that the run would generate (never written anywhere): a
+# well-formed ed25519 public key of 32 zero bytes, so every later step can parse it as a key.
+PLANNED_KEY = base64.b64encode(struct.pack(">I", 11) + b"ssh-ed25519" + struct.pack(">I", 32) + bytes(32)).decode()
+
+
 @register_task
 class TunnelKeypair(Task):
     """A tunnel-only ed25519 key on main, generated on the controller in memory and written only
@@ -37,9 +44,13 @@ class TunnelKeypair(Task):
     async def check(self, ctx):
         pub, token = await self._current(ctx)
         meta = await ctx.conn.run(["stat", "-c", "%a %U", "--", self.p["path"]])
-        if pub is None:
-            return change(f"generate tunnel key {self.p['path']}")
-        if self.p["rotation"] and token != self.p["rotation"]:
+        if pub is None or (self.p["rotation"] and token != self.p["rotation"]):
+            if ctx.check_mode:
+                # --check: the steps that install this key on the nodes are planned too, with a
+                # stand-in for the key the run would generate (it exists only after the apply).
+                ctx.register("tunnel_pubkey", f"ssh-ed25519 {PLANNED_KEY} {self.p['comment']}")
+            if pub is None:
+                return change(f"generate tunnel key {self.p['path']}")
             return change(f"rotate tunnel key {fingerprint(pub)}")
         if meta.stdout.split() != ["600", self.p["owner"]]:
             return change(f"key mode/owner {meta.stdout.strip()} → 600 {self.p['owner']}", rewrite=True)
