@@ -64,8 +64,24 @@ def test_build_key_and_options():
     assert k == bp.build_key("t" * 40, list(opts)) and len(k) == 16
     assert k != bp.build_key("u" * 40, opts)
     assert k != bp.build_key("t" * 40, bp.keyed_options(BASE, None, "cpu", ["-DGGML_NATIVE=OFF"]))
-    assert bp.tree_options("option(LLAMA_CURL \"use curl\" ON)") == ["-DLLAMA_CURL=OFF"]
-    assert bp.tree_options("llama_option_depr(WARNING     LLAMA_CURL)") == []
+    assert bp.tree_options(bp.option_names("option(LLAMA_CURL \"use curl\" ON)")) == ["-DLLAMA_CURL=OFF"]
+    assert bp.tree_options(bp.option_names("llama_option_depr(WARNING     LLAMA_CURL)")) == []
+
+
+def test_offline_ui_options_follow_the_tree():
+    """The UI options of the real trees (their option() lines): b9093 builds its web UI by default
+    (and its sdist lacks the sources), b11434 downloads a prebuilt one; neither option is passed to
+    a tree that does not declare it."""
+    b9093 = bp.option_names('option(LLAMA_BUILD_WEBUI    "llama: build the embedded Web UI for server"  ON)\n'
+                            'option(GGML_RPC  "ggml: use RPC"  OFF)\n')
+    b11434 = bp.option_names('option(LLAMA_BUILD_UI        "llama: build the embedded Web UI for server" OFF)\n'
+                             '  option(LLAMA_USE_PREBUILT_UI "llama: use prebuilt UI from HF Bucket when available" ON)\n'
+                             'option(GGML_RPC "ggml: use RPC" OFF)\n')
+    assert bp.tree_options(b9093) == ["-DLLAMA_BUILD_WEBUI=OFF"]
+    assert bp.tree_options(b11434) == ["-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_UI=OFF"]
+    bp.check_tree(b9093, "x")
+    with pytest.raises(ValueError, match="no GGML_RPC option"):
+        bp.check_tree(bp.option_names('option(LLAMA_BUILD_TESTS "t" ON)'), "/opt/t/src/llama.cpp")
     assert bp.launcher_options(False, "cpu") == []
     assert bp.targets_for("rpc", "rpc-server") == ["rpc-server"]
     assert bp.targets_for("main", "ggml-rpc-server") == ["llama-server"]
@@ -77,10 +93,10 @@ def test_build_key_and_options():
 def test_parse_build_state_and_stamp():
     text = ("tree abc\nnproc 2\nccache yes\ncurrent /opt/t/build/k1\nbin ggml-rpc-server\n--- stamp\n"
             "{\"key\": \"k1\", \"targets\": [\"ggml-rpc-server\"]}\n--- rpc-cmakelists\nset(TARGET ggml-rpc-server)\n"
-            "--- cmakelists\n")
+            "--- options\noption(GGML_RPC \"ggml: use RPC\" OFF)\n")
     st = bp.parse_state(text)
     assert st.tree == "abc" and st.nproc == 2 and st.ccache and st.current == "/opt/t/build/k1"
-    assert st.rpc_target == "ggml-rpc-server"
+    assert st.rpc_target == "ggml-rpc-server" and st.options == {"GGML_RPC"}
     assert bp.stamp_ok(st.stamp, "k1", ["ggml-rpc-server"], st.bins)
     assert not bp.stamp_ok(st.stamp, "k2", ["ggml-rpc-server"], st.bins)
     assert not bp.stamp_ok(st.stamp, "k1", ["llama-server"], st.bins)

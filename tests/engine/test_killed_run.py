@@ -88,3 +88,52 @@ def test_kill_after_the_nth_command_of_an_apply(sshd_cluster, tmp_path):
     # Another task's name: no kill.
     r = tunnelspec("play", str(inv), str(pb), env={"TUNNELSPEC_TEST_KILL_AT": "other"}, timeout=60)
     assert r.rc == 0 and (root / "b").exists()
+
+
+# ---- llama_source killed half way (real git over real sshd) ------------------------------------------
+SOURCE_PB = """
+- name: source
+  hosts: all
+  tasks:
+    - name: src
+      llama_source: {repo: "{{ llama_repo }}", commit: "{{ llama_commit }}", root: "{{ root }}"}
+"""
+
+
+def _repo(tmp_path):
+    from engine.helpers import make_repo
+
+    repo = tmp_path / "upstream"
+    return repo, make_repo(repo)
+
+
+def _source_kill(cluster, inv, pb, kill_at: str):
+    r = tunnelspec("play", str(inv), str(pb), "--format", "json",
+                   env={"TUNNELSPEC_TEST_KILL_AT": kill_at}, timeout=120)
+    assert r.rc == -9, (r.rc, r.stdout[-2000:], r.stderr[-2000:])
+    first = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=120)
+    assert first.rc == 0, first.stdout[-3000:]
+    again = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=120)
+    assert again.rc == 0 and all(h["changed"] == 0 for h in again.recap.values()), again.results("changed")
+    return first
+
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize("after", [3, 5, 6])   # the clone; the record dropped; the checkout
+def test_source_clone_killed_half_way_is_redone(sshd_cluster, tmp_path, after):
+    cluster = sshd_cluster(1)
+    repo, commit = _repo(tmp_path)
+    inv = cluster.inventory(all_vars={"llama_repo": str(repo), "llama_commit": f'"{commit}"'})
+    pb = tmp_path / "src.yml"
+    pb.write_text(SOURCE_PB)
+    src = cluster.hosts[0].root / "src" / "llama.cpp"
+    # Commands of the apply on an absent checkout: state, mkdir, clone (into place, marked), drop
+    # the record, is the commit there, checkout, ...
+    first = _source_kill(cluster, inv, pb, f"src:{after}")
+    assert (src / "README").read_text() == "hello\n"
+    assert not (src / ".git" / "tunnelspec-applying").exists()
+    assert not (src.parent / "llama.cpp.tunnelspec-clone").exists()
+    msgs = [e["msg"] for e in first.results("changed")]
+    assert msgs and "interrupted" in msgs[0], msgs

@@ -140,3 +140,56 @@ def test_two_names_for_one_lock_are_locked_once(sshd_cluster, tmp_path):
     r = tunnelspec("play", str(inv), str(pb), "--no-wait", "--format", "json", timeout=120)
     assert r.rc == 0, (r.stdout, r.stderr)
     assert all(h["changed"] == 1 for h in r.recap.values()), r.recap
+
+
+CONC_PB = """
+- name: conc
+  hosts: all
+  tasks:
+    - name: setting
+      copy: {dest: "{{ root }}/setting", content: "{{ setting }}", mode: "0644"}
+      notify: [restart]
+    - name: slow step
+      command:
+        argv: [sh, -c, 'i=0; while [ ! -e "$1" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; touch "$2"',
+               sh, "{{ go }}", "{{ root }}/slow-done"]
+        creates: "{{ root }}/slow-done"
+  handlers:
+    - name: restart
+      command:
+        argv: [sh, -c, 'cat "$1" >> "$2"; echo >> "$2"; touch "$3"', sh, "{{ root }}/setting",
+               "{{ root }}/restarts", "{{ root }}/restarted-{{ setting }}"]
+        creates: "{{ root }}/restarted-{{ setting }}"
+"""
+
+
+def test_two_concurrent_runs_changing_one_setting(sshd_cluster, tmp_path):
+    """Both end, one after the other; the change and its handler happen once; a third run: nothing."""
+    cluster = sshd_cluster(2)
+    go = tmp_path / "go"
+    pb = tmp_path / "conc.yml"
+    pb.write_text(CONC_PB)
+    inv = cluster.inventory(all_vars={"go": str(go), "setting": "two"})
+    a, b = _start(inv, pb), _start(inv, pb)
+    try:
+        # Whichever got the lock holds it in its slow step; the other waits and says for whom.
+        holder = _wait_for(lambda: _holder(cluster.base / "run-lock"), "a holder record")
+        waiter = b if holder["pid"] == a.pid else a
+        line = ""
+        while '"run_lock"' not in line:
+            line = _wait_for(lambda: waiter.stdout.readline(), "the waiting run's run_lock event")
+        go.touch()
+        outs = {p.pid: p.communicate(timeout=120) for p in (a, b)}
+    finally:
+        go.touch()
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+    assert a.returncode == 0 and b.returncode == 0, outs
+    changed = {pid: [json.loads(l) for l in out.splitlines() if '"changed"' in l and '"task_result"' in l]
+               for pid, (out, _) in outs.items()}
+    assert len(changed[holder["pid"]]) == 6          # 2 hosts × setting, slow step, restart
+    assert changed[waiter.pid] == []                  # it found everything converged
+    assert all((h.root / "restarts").read_text() == "two\n" for h in cluster.hosts)   # one restart each
+    third = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=60)
+    assert third.rc == 0 and all(h["changed"] == 0 for h in third.recap.values())

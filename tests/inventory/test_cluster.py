@@ -48,7 +48,8 @@ def test_defaults(tmp_path):
     assert c.draft_node is r1
     assert c.rpc_endpoints == ["127.0.0.1:15052", "127.0.0.1:15053"]
     assert c.main.server_host == "127.0.0.1" and c.main.server_port == 8080
-    assert (c.main.target_devices, c.main.spec_draft_n_max, c.main.spec_draft_ngl) == ("none", 4, "all")
+    # spec_draft_n_max unset: the pinned build's own default.
+    assert (c.main.target_devices, c.main.spec_draft_n_max, c.main.spec_draft_ngl) == ("none", None, "all")
     assert c.main.extra_args == () and c.main.api_key_file is None and c.main.public_bind is False
     assert c.source.repo == "/srv/llama.cpp" and c.source.commit == SHA and c.source.patches == ()
     assert r1.build.backend == "cpu" and r1.build.cmake_args == () and r1.build.force_clean is False

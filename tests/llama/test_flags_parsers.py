@@ -43,7 +43,7 @@ def test_old_help_chooses_old_spellings():
     assert (f.model, f.device, f.ngl, f.n_max) == ("-md", "-devd", "-ngld", "--draft-max")
     assert f.ngl_all == "999"
     assert h.aliases("-ngld") == ("-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
-    assert flags.draft_argv(h, "/m/d.gguf", "RPC[127.0.0.1:15052]") == [
+    assert flags.draft_argv(h, "/m/d.gguf", "RPC[127.0.0.1:15052]", n_max=4) == [
         "-md", "/m/d.gguf", "-devd", "RPC[127.0.0.1:15052]", "-ngld", "999", "--draft-max", "4"]
 
 
@@ -103,12 +103,15 @@ def real_help():
 
 def test_real_help_chooses_new_spellings(real_help):
     f = flags.draft_flags(real_help)
-    assert f == flags.DraftFlags(model="--spec-draft-model", device="--spec-draft-device",
-                                 ngl="--spec-draft-ngl", n_max="--spec-draft-n-max", ngl_all="all",
-                                 spec_type="--spec-type")
+    assert (f.model, f.device, f.ngl, f.n_max, f.ngl_all, f.spec_type, f.spec_value) == (
+        "--spec-draft-model", "--spec-draft-device", "--spec-draft-ngl", "--spec-draft-n-max", "all",
+        "--spec-type", "draft-simple")
+    assert f.n_max_default == 3 and f.p_min_default == 0.0
+    # No --spec-draft-n-max unless asked for: the build's own default stays.
     assert flags.draft_argv(real_help, "/m/d.gguf", "RPC0") == [
         "--spec-type", "draft-simple", "--spec-draft-model", "/m/d.gguf", "--spec-draft-device", "RPC0",
-        "--spec-draft-ngl", "all", "--spec-draft-n-max", "4"]
+        "--spec-draft-ngl", "all"]
+    assert flags.draft_argv(real_help, "/m/d.gguf", "RPC0", n_max=4)[-2:] == ["--spec-draft-n-max", "4"]
 
 
 def test_real_help_aliases_and_values(real_help):

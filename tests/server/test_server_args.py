@@ -94,7 +94,8 @@ def test_new_build_argv_order_and_spellings(tmp_path):
     assert a[a.index("--spec-type") + 1] == "draft-simple"
     assert a[a.index("--spec-draft-device") + 1] == "RPC0"
     assert a[a.index("--spec-draft-ngl") + 1] == "all"
-    assert a[a.index("--spec-draft-n-max") + 1] == "4"
+    # spec_draft_n_max unset: the build's own default, no flag.
+    assert "--spec-draft-n-max" not in a
     assert a[a.index("--host") + 1] == "127.0.0.1" and a[a.index("--port") + 1] == "8080"
     assert "--draft-max" not in a and "--metrics" in a and "--api-key-file" not in a
     assert (plan.draft_node, plan.draft_devices, plan.draft_port) == ("rpc-a", ["RPC0"], 15052)
@@ -109,6 +110,9 @@ def test_target_device_list():
 def test_old_build_spellings_and_old_device_names(tmp_path):
     c = cluster(tmp_path)
     old_map = {15052: ["RPC[127.0.0.1:15052]"], 15053: ["RPC[127.0.0.1:15053]"]}
+    plan = build_server_argv(c, flags.parse_help(OLD_HELP, "4589 (eb7cf15a)"), old_map, "ls", "/t", "/d")
+    assert "--draft-max" not in plan.argv
+    c = cluster(tmp_path, "spec_draft_n_max=4")
     plan = build_server_argv(c, flags.parse_help(OLD_HELP, "4589 (eb7cf15a)"), old_map, "ls", "/t", "/d")
     a = plan.argv
     assert "--spec-type" not in a  # did not exist: -md alone enabled speculation

@@ -112,7 +112,7 @@ class MainHost:
     api_key_file: str | None
     extra_args: tuple[str, ...]
     target_devices: str
-    spec_draft_n_max: int
+    spec_draft_n_max: int | None  # None: the build's own default
     spec_draft_ngl: str  # "all" or a layer count as text
     spec_type: str | None  # None: draft-simple where the build has it (see llama/speculative.py)
     spec_draft_p_min: float | None
@@ -321,7 +321,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         api_key_file=key_file,
         extra_args=extra,
         target_devices=",".join(hv.csv("llama_target_devices")) or "none",
-        spec_draft_n_max=hv.integer("spec_draft_n_max", 4, minimum=1),
+        spec_draft_n_max=hv.integer("spec_draft_n_max", None, minimum=1),
         spec_draft_ngl=str(ngl),
         spec_type=spec_type,
         spec_draft_p_min=p_min,

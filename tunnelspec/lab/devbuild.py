@@ -1,10 +1,11 @@
 """Build llama.cpp from the fixture repo on *this* machine, for tests (rpc-server + llama-server).
 
-Layout: `<root>/<commit>/src` (a checkout), `<root>/<commit>/build`, and a stamp written last; a
-finished build is reused instantly. ccache runs with CCACHE_BASEDIR = `<root>/<commit>` and
-CCACHE_COMPILERCHECK=content so that lab hosts building the same tree with the same
-`src`/`build` layout under another base path hit the same cache (ccache rewrites absolute paths
-below the base dir into relative ones before hashing).
+Layout: `<root>/<commit>/src/llama.cpp` (a checkout), `<root>/<commit>/build/dev`, and a stamp
+written last; a finished build is reused instantly. This is the layout of a deployed host
+(`{root}/src/llama.cpp`, `{root}/build/<key>`) with the same options and the same ccache settings
+(CCACHE_BASEDIR = the base, compilers compared by content, the build dir not hashed): ccache rewrites
+absolute paths below the base dir into relative ones before hashing, so this build and a lab host's
+build of the same tree hit each other's cache entries.
 
 Run by hand (e.g. in the background before tests): `python3 -m tunnelspec.lab.devbuild`.
 """
@@ -23,19 +24,12 @@ from pathlib import Path
 from tunnelspec.errors import TaskFailed
 from tunnelspec.lab.fixtures import Fixtures, ensure_fixtures
 from tunnelspec.llama import versions
-from tunnelspec.llama.build_plan import BASE_OPTIONS
+from tunnelspec.llama import build_plan as bp
 
 HOST_BUILD_ROOT = "/var/cache/tunnelspec/host-build"
 CCACHE_DIR = "/var/cache/tunnelspec/ccache"
 STAMP = "tunnelspec-build.json"
 LLAMA_SERVER = "llama-server"
-
-# The same options as a deployed build (build_plan.BASE_OPTIONS), with ccache as the launcher.
-CMAKE_OPTIONS = [
-    *BASE_OPTIONS,
-    "-DCMAKE_C_COMPILER_LAUNCHER=ccache",
-    "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache",
-]
 
 
 @dataclass(frozen=True)
@@ -50,14 +44,23 @@ class DevBuild:
 
 def ccache_env(base_dir: str | os.PathLike) -> dict[str, str]:
     env = dict(os.environ)
-    env.update(
-        CCACHE_DIR=CCACHE_DIR,
-        CCACHE_BASEDIR=str(base_dir),
-        CCACHE_COMPILERCHECK="content",
-        # __DATE__/__TIME__ in build-info would otherwise defeat the cache.
-        CCACHE_SLOPPINESS="time_macros",
-    )
+    env.update(dict(a.split("=", 1) for a in bp.ccache_env(str(base_dir))), CCACHE_DIR=CCACHE_DIR)
     return env
+
+
+def cmake_options(fx: Fixtures, src: Path, tree: str | None = None) -> list[str]:
+    """What `llama_build` passes on a host for this tree (cpu backend, ccache launcher)."""
+    text = "\n".join((src / f).read_text() for f in bp.OPTION_FILES if (src / f).is_file())
+    commit, number = _pinned(fx, tree)
+    return [*bp.keyed_options(commit, number, "cpu", []), *bp.tree_options(bp.option_names(text)),
+            *bp.launcher_options(True, "cpu")]
+
+
+def _pinned(fx: Fixtures, tree: str | None) -> tuple[str, int | None]:
+    if tree is None:
+        return fx.commit, fx.build_number
+    t = fx.tree(tree)
+    return t.commit, t.build_number
 
 
 def ensure_dev_build(
@@ -65,9 +68,11 @@ def ensure_dev_build(
     root: str = HOST_BUILD_ROOT,
     jobs: int = 2,
     log=None,
+    tree: str | None = None,
 ) -> DevBuild:
+    """The build of the default fixture tree, or of fixture tree `tree` (e.g. "b9093")."""
     fx = fx or ensure_fixtures()
-    base = Path(root) / fx.commit
+    base = Path(root) / _pinned(fx, tree)[0]
     base.mkdir(parents=True, exist_ok=True)
     # One build per commit at a time (a test session and a background build may race).
     with open(base / ".lock", "w") as lock:
@@ -75,7 +80,7 @@ def ensure_dev_build(
         done = _read_stamp(base / STAMP)
         if done is not None:
             return done
-        return _build(fx, base, jobs, log)
+        return _build(fx, base, jobs, log, tree)
 
 
 def _read_stamp(stamp: Path) -> DevBuild | None:
@@ -96,28 +101,27 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], log) -> None:
         raise TaskFailed(f"{' '.join(argv)} failed (rc={res.returncode}) in {cwd}\n{tail}")
 
 
-def _build(fx: Fixtures, base: Path, jobs: int, log) -> DevBuild:
+def _build(fx: Fixtures, base: Path, jobs: int, log, tree: str | None) -> DevBuild:
     started = time.monotonic()
-    src, build = base / "src", base / "build"
+    commit, _ = _pinned(fx, tree)
+    src, build = base / "src" / "llama.cpp", base / "build" / "dev"
     env = ccache_env(base)
     if src.exists():
         shutil.rmtree(src)
+    src.parent.mkdir(parents=True, exist_ok=True)
     _run(["git", "clone", "-q", "--no-checkout", fx.repo_local, str(src)], base, env, log)
-    _run(["git", "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", fx.commit],
+    _run(["git", "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", commit],
          src, env, log)
     target = versions.rpc_server_target((src / versions.RPC_TOOL_CMAKELISTS).read_text())
-    # The fixture repo has one commit: `rev-list --count` would say "build 1", which is false
-    # and would trip the advisories check. 0 means "unknown" (the upstream number is not recorded).
-    number = fx.build_number if fx.build_number is not None else 0
+    # The fixture repo has one commit per tree: `rev-list --count` would say "build 1"; the real
+    # upstream number is passed instead (as a deploy does from llama_build_number).
     nice = ["nice", "-n", "10"]
-    _run(nice + ["cmake", "-S", str(src), "-B", str(build), *CMAKE_OPTIONS,
-                 f"-DLLAMA_BUILD_NUMBER={number}", f"-DLLAMA_BUILD_COMMIT={fx.commit[:9]}"],
-         base, env, log)
+    _run(nice + ["cmake", "-S", str(src), "-B", str(build), *cmake_options(fx, src, tree)], base, env, log)
     _run(nice + ["cmake", "--build", str(build), "--target", target, LLAMA_SERVER,
                  "-j", str(jobs)], base, env, log)
     bin_dir = build / "bin"
     result = DevBuild(
-        commit=fx.commit, source_dir=str(src), bin_dir=str(bin_dir),
+        commit=commit, source_dir=str(src), bin_dir=str(bin_dir),
         rpc_server=str(bin_dir / target), llama_server=str(bin_dir / LLAMA_SERVER),
         build_seconds=round(time.monotonic() - started, 1),
     )
@@ -130,5 +134,5 @@ def _build(fx: Fixtures, base: Path, jobs: int, log) -> DevBuild:
 if __name__ == "__main__":  # pragma: no cover - a manual entry point for slow builds
     import sys
 
-    b = ensure_dev_build(log=sys.stdout)
+    b = ensure_dev_build(log=sys.stdout, tree=sys.argv[1] if len(sys.argv) > 1 else None)
     print(json.dumps(asdict(b), indent=2))

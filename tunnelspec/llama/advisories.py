@@ -29,6 +29,7 @@ class Advisory:
     approximate: bool = False
     # A build flag that removes the vulnerable code (tunnelspec always sets it).
     mitigation: str | None = None
+    mitigated_text: str = ""  # what the run output says about a mitigated build, e.g. "RDMA off"
 
     def affects(self, build: int) -> bool:
         if self.fixed is None:
@@ -64,7 +65,7 @@ ADVISORIES: tuple[Advisory, ...] = (
         "CVE-2026-118375", "CVE-2026-118375", "RDMA receive stack overflow in the RPC transport",
         introduced=8841, fixed=11865, fix="b11865, or build with GGML_RPC_RDMA=OFF",
         note="RDMA never negotiates through a tunnel anyway",
-        mitigation="GGML_RPC_RDMA=OFF",
+        mitigation="GGML_RPC_RDMA=OFF", mitigated_text="RDMA off",
     ),
     Advisory(
         "CVE-2026-137567", "CVE-2026-137567", "COPY_TENSOR out-of-bounds write",
@@ -114,8 +115,17 @@ class AdvisoryCheck:
                     "cannot be ruled out")
         if not self.findings:
             return f"b{self.build_number}: no known RPC advisory"
-        parts = [f"{f.advisory.id} ({f.verdict}; fix: {f.advisory.fix})" for f in self.findings]
+        parts = [_finding_text(f) for f in self.findings]
         return f"b{self.build_number}: " + "; ".join(parts)
+
+
+def _finding_text(f: Finding) -> str:
+    a = f.advisory
+    if f.verdict == MITIGATED:
+        # Say what makes it safe, so a run's output shows why a build in the range is accepted.
+        what = f"{a.mitigated_text}, " if a.mitigated_text else ""
+        return f"{a.id} ({a.summary}, {a.range_text}): mitigated — {what}built with {a.mitigation}"
+    return f"{a.id} ({f.verdict}; fix: {a.fix})"
 
 
 def check(build_number: int | None, rdma: bool = False) -> AdvisoryCheck:

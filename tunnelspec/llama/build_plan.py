@@ -18,23 +18,31 @@ from tunnelspec.llama import versions
 STAMP = ".tunnelspec-stamp"
 LLAMA_SERVER = "llama-server"
 # Bump when the recipe (options, stamp contents) changes: every host rebuilds once.
-BUILD_RECIPE = 1
+BUILD_RECIPE = 2
 
-# Checked against the fixture tree (0.5.0-dev): GGML_RPC_RDMA is declared in ggml-rpc's CMakeLists
-# and turns itself on when libibverbs is found; LLAMA_USE_PREBUILT_UI defaults ON and downloads the
-# web UI at build time; GGML_CCACHE is disabled because the launcher is set explicitly with our
-# ccache environment. LLAMA_CURL is only passed when the tree still declares it as an option
-# (newer trees deprecate it and warn).
+# Options every tree gets. GGML_RPC_RDMA is declared in ggml-rpc's CMakeLists and turns itself on
+# when libibverbs is found: RDMA never negotiates through a tunnel and carried CVE-2026-118375, so
+# it is always off (passed even where a tree does not declare it). GGML_CCACHE is off because the
+# launcher is set explicitly with our ccache environment.
 BASE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_RPC=ON",
     "-DGGML_RPC_RDMA=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_UI=OFF",
     "-DGGML_CCACHE=OFF",
 )
+# Options turned off only where the tree declares them (read from its CMakeLists on the host, so
+# the choice follows the pinned tree, never a guess about its age):
+# - LLAMA_BUILD_WEBUI (older trees, e.g. b9093): ON by default, and a tree without the UI sources
+#   (tools/server/public) fails at 96 % with "No rule to make target …/loading.html";
+# - LLAMA_USE_PREBUILT_UI (newer trees): ON by default, downloads the web UI at build time (offline
+#   hosts wait out its timeouts); LLAMA_BUILD_UI: building the UI needs node/npm;
+# - LLAMA_CURL: deprecated in newer trees (they warn when it is passed).
+TREE_OFF_OPTIONS = ("LLAMA_BUILD_WEBUI", "LLAMA_USE_PREBUILT_UI", "LLAMA_BUILD_UI", "LLAMA_CURL")
+# The CMakeLists files whose option() names are read (paths inside the tree).
+OPTION_FILES = ("CMakeLists.txt", "ggml/CMakeLists.txt", "tools/server/CMakeLists.txt",
+                "examples/server/CMakeLists.txt")
 BACKEND_OPTIONS = {
     "cpu": (),
     "cuda": ("-DGGML_CUDA=ON",),
@@ -42,7 +50,7 @@ BACKEND_OPTIONS = {
     "vulkan": ("-DGGML_VULKAN=ON",),
     "metal": ("-DGGML_METAL=ON",),
 }
-_CURL_OPTION = re.compile(r"^\s*option\s*\(\s*LLAMA_CURL\b", re.M)
+_OPTION = re.compile(r"^\s*option\s*\(\s*([A-Za-z0-9_]+)", re.M)
 
 
 def ccache_env(root: str) -> list[str]:
@@ -58,9 +66,22 @@ def keyed_options(commit: str, build_number: int | None, backend: str, extra: li
             *BACKEND_OPTIONS[backend], *extra]
 
 
-def tree_options(cmakelists_text: str) -> list[str]:
+def option_names(cmake_text: str) -> set[str]:
+    """Names declared with `option(NAME ...)` in CMakeLists text."""
+    return set(_OPTION.findall(cmake_text or ""))
+
+
+def tree_options(names: set[str]) -> list[str]:
     """Options that depend on the tree (so already covered by the tree hash in the key)."""
-    return ["-DLLAMA_CURL=OFF"] if _CURL_OPTION.search(cmakelists_text or "") else []
+    return [f"-D{n}=OFF" for n in TREE_OFF_OPTIONS if n in names]
+
+
+def check_tree(names: set[str], where: str) -> None:
+    """Refuse a tree tunnelspec cannot build, naming what is missing (rather than a cmake error
+    deep in the build or binaries without RPC)."""
+    if "GGML_RPC" not in names:
+        raise ValueError(f"{where}: the tree declares no GGML_RPC option (ggml/CMakeLists.txt): "
+                         "it has no RPC backend tunnelspec can build")
 
 
 def launcher_options(ccache: bool, backend: str) -> list[str]:
@@ -110,8 +131,10 @@ echo "--- stamp"
 cat -- "$dir/.tunnelspec-stamp" 2>/dev/null
 echo "--- rpc-cmakelists"
 cat -- "$src/tools/rpc/CMakeLists.txt" 2>/dev/null || cat -- "$src/examples/rpc/CMakeLists.txt" 2>/dev/null
-echo "--- cmakelists"
-grep -E '^[[:space:]]*option[[:space:]]*\([[:space:]]*LLAMA_CURL' -- "$src/CMakeLists.txt" 2>/dev/null
+echo "--- options"
+for f in CMakeLists.txt ggml/CMakeLists.txt tools/server/CMakeLists.txt examples/server/CMakeLists.txt; do
+  grep -E '^[[:space:]]*option[[:space:]]*\(' -- "$src/$f" 2>/dev/null
+done
 exit 0
 """
 
@@ -125,7 +148,7 @@ class BuildState:
     bins: set[str] = field(default_factory=set)
     stamp: dict | None = None
     rpc_target: str | None = None
-    cmakelists: str = ""
+    options: set[str] = field(default_factory=set)  # option() names the tree declares
 
 
 def split_sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
@@ -169,7 +192,7 @@ def parse_state(text: str) -> BuildState:
         st.rpc_target = versions.rpc_server_target(rpc) if rpc.strip() else None
     except Exception:  # noqa: BLE001 - an unknown layout is reported when an rpc node needs it
         st.rpc_target = None
-    st.cmakelists = "\n".join(sections.get("cmakelists", []))
+    st.options = option_names("\n".join(sections.get("options", [])))
     return st
 
 

@@ -148,8 +148,14 @@ def _split_names(head: str) -> tuple[list[str], str]:
 
 @dataclass(frozen=True)
 class DraftFlags:
-    """Spellings for a remote draft on this build. `spec_type` is None on builds before
-    `--spec-type` existed (there `-md` alone enabled speculation)."""
+    """What this build has and needs for a remote draft model, from its own `--help`.
+
+    `spec_type` is the `--spec-type` spelling when the build needs it to use a draft model, with
+    `spec_value` the value ("draft-simple"); both None where a draft model alone turns speculation
+    on (builds whose `--spec-type` lists only model-free types such as b9093's
+    `[none|ngram-cache|…]`, "type … to use when no draft model is provided"; or no `--spec-type`
+    at all). `n_max_default` is the build's own default number of drafted tokens (16 on b9093, 3
+    later): tunnelspec passes `n_max` only when the inventory sets a value."""
 
     model: str
     device: str
@@ -157,32 +163,58 @@ class DraftFlags:
     n_max: str
     ngl_all: str  # the value meaning "every layer": "all" on new builds, a large int on old ones
     spec_type: str | None
+    spec_value: str | None = None
+    spec_types: tuple[str, ...] = ()  # every --spec-type value the build lists
+    n_max_default: int | None = None
+    p_min_default: float | None = None
 
 
 DRAFT_SIMPLE = "draft-simple"
+_DEFAULT = re.compile(r"\(default:\s*([0-9.]+)\)")
+
+
+def _help_default(h: ServerHelp, *names: str) -> float | None:
+    name = h.pick(*names)
+    opt = h.option(name) if name else None
+    m = _DEFAULT.search(opt.help) if opt else None
+    return float(m.group(1)) if m else None
 
 
 def draft_flags(h: ServerHelp) -> DraftFlags:
     spec_type = h.pick("--spec-type")
-    if spec_type is not None and DRAFT_SIMPLE not in h.values("--spec-type"):
-        raise TaskFailed(f"llama-server --spec-type has no '{DRAFT_SIMPLE}' value in this build ({h.build})")
+    types = tuple(h.values("--spec-type")) if spec_type else ()
+    if spec_type is not None and DRAFT_SIMPLE not in types:
+        if any(t.startswith("draft-") for t in types):
+            # Draft types exist but not the plain one: a layout this code does not know.
+            raise TaskFailed(f"llama-server --spec-type has no '{DRAFT_SIMPLE}' value in this build ({h.build}); "
+                             f"it lists {', '.join(types)}")
+        needed = None  # the draft model alone enables speculation on this build
+    else:
+        needed = spec_type
     ngl = h.require("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
     ngl_opt = h.option(ngl)
+    n_max_default = _help_default(h, "--spec-draft-n-max", "--draft-max", "--draft-n", "--draft")
     return DraftFlags(
         model=h.require("--spec-draft-model", "-md", "--model-draft"),
         device=h.require("--spec-draft-device", "-devd", "--device-draft"),
         ngl=ngl,
         n_max=h.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"),
         ngl_all="all" if ngl_opt and "'all'" in ngl_opt.help else "999",
-        spec_type=spec_type,
+        spec_type=needed,
+        spec_value=DRAFT_SIMPLE if needed else None,
+        spec_types=types,
+        n_max_default=int(n_max_default) if n_max_default is not None else None,
+        p_min_default=_help_default(h, "--spec-draft-p-min", "--draft-p-min"),
     )
 
 
-def draft_argv(h: ServerHelp, model: str, device: str, n_max: int = 4) -> list[str]:
-    """The argv fragment putting draft model `model` on device `device` (e.g. "RPC0")."""
+def draft_argv(h: ServerHelp, model: str, device: str, n_max: int | None = None) -> list[str]:
+    """The argv fragment putting draft model `model` on device `device` (e.g. "RPC0"); the build's
+    own number of drafted tokens unless `n_max` is given."""
     f = draft_flags(h)
-    out = [f.spec_type, DRAFT_SIMPLE] if f.spec_type else []
-    return out + [f.model, model, f.device, device, f.ngl, f.ngl_all, f.n_max, str(n_max)]
+    out = [f.spec_type, f.spec_value] if f.spec_type else []
+    out += [f.model, model, f.device, device, f.ngl, f.ngl_all]
+    return out + ([f.n_max, str(n_max)] if n_max is not None else [])
 
 
 # ---- --version -------------------------------------------------------------------------------

@@ -122,7 +122,9 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
     argv += [help_.require("--spec-draft-model", "-md", "--model-draft"), draft_model,
              help_.require("--spec-draft-device", "-devd", "--device-draft"), ",".join(draft_devices),
              ngl_flag, ngl]
-    if main.spec_draft_n_max is not None:  # None (where the inventory leaves it unset): the build's own default
+    if main.spec_draft_n_max is not None:
+        # Unset: the build's own default (16 on b9093, 3 later), which some builds need to stay
+        # within the draft context's outputs (llama.cpp issue 25719).
         argv += [help_.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"), str(main.spec_draft_n_max)]
     if main.spec_draft_p_min is not None:
         argv += [help_.require("--spec-draft-p-min", "--draft-p-min"), f"{main.spec_draft_p_min:g}"]

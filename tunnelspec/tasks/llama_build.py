@@ -116,6 +116,10 @@ class LlamaBuild(Task):
             raise TaskFailed(f"{self.src} is at tree {st.tree} but the source play proved {self.p['tree']}: "
                              "the checkout changed since; run again with --tags source,build")
         try:
+            bp.check_tree(st.options, f"{self.src} (commit {self.p['commit'][:12]})")
+        except ValueError as e:
+            raise TaskFailed(str(e)) from None
+        try:
             targets = bp.targets_for(self.p["role"], st.rpc_target)
         except ValueError:
             raise TaskFailed(f"{self.src}: no RPC server target (ggml-rpc-server or rpc-server) found in "
@@ -160,7 +164,7 @@ class LlamaBuild(Task):
     async def _build(self, ctx, jobs: int) -> None:
         st, d, run = self._state, self._dir, ctx.conn.run
         started = time.monotonic()
-        options = [*self._options(), *bp.tree_options(st.cmakelists), *bp.launcher_options(st.ccache, self.p["backend"])]
+        options = [*self._options(), *bp.tree_options(st.options), *bp.launcher_options(st.ccache, self.p["backend"])]
         await run(["mkdir", "-p", d], check=True)
         # Another run building the same key on this host waits for it (then finds the stamp valid).
         lock = ["flock", "-w", LOCK_WAIT, d + ".lock"]

@@ -168,8 +168,15 @@ class LlamaServerPlan(Task):
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
                                  self.p["model"], self.p["draft_model"])
         wait_argv = ["/usr/bin/python3", self.p["rpc_wait"], "--timeout", str(self.p["rpc_wait_timeout"])]
+        # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
+        # minor and silently computes wrong results on another patch (ops renumbered), so the unit
+        # never starts it against a node of another build (e.g. mid-upgrade).
+        proto = await _main_proto(ctx, cluster)
+        if proto:
+            wait_argv += ["--expect", proto]
         fact = plan.as_fact()
         fact["build"] = label
+        fact["rpc_proto"] = proto
         fact["unit"] = {
             "exec_start": fact["exec_start"], "rpc_wait_exec": systemd_exec(wait_argv + plan.endpoints),
             "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
@@ -181,7 +188,35 @@ class LlamaServerPlan(Task):
         from tunnelspec.llama.speculative import spec_support
 
         return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
-                  f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}")
+                  f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
+                  f"{_known_bug_note(cluster, help_, label)}")
+
+
+async def _main_proto(ctx, cluster) -> str | None:
+    from tunnelspec.llama.versions import format_version
+    from tunnelspec.tasks.tunnel import main_rpc_version
+
+    try:
+        return format_version(await main_rpc_version(ctx.conn, f"{cluster.main.root}/src/llama.cpp"))
+    except TaskFailed:
+        if not ctx.check_mode:
+            raise
+        return None  # --check before the first source checkout: nothing to compare yet
+
+
+def _known_bug_note(cluster, help_, label: str) -> str:
+    """Plan-time warnings for build bugs the inventory's settings would trip (llama/known_bugs.py)."""
+    import re
+
+    from tunnelspec.llama import known_bugs
+
+    np_opt = help_.pick("-np", "--parallel")
+    np_default = None
+    if np_opt and (m := re.search(r"\(default:\s*(-?\d+)", help_.option(np_opt).help)):
+        np_default = float(m.group(1))
+    warnings = known_bugs.draft_n_max_warnings(
+        cluster.main.spec_draft_n_max, known_bugs.n_parallel(list(cluster.main.extra_args), np_default), label)
+    return "".join(f"; WARNING {w}" for w in warnings)
 
 
 @register_task

@@ -9,6 +9,8 @@ from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 from tunnelspec.tasks.files import Copy, Template
 
 UNIT_DIR = "/etc/systemd/system"
+# Units the `service` task started in this run and no restart handler has consumed yet.
+STARTED_FACT = "services_started"
 
 
 def _unit_path(name: str) -> str:
@@ -125,6 +127,9 @@ class Service(Task):
             if res.rc != 0:
                 j = await ctx.conn.run(["journalctl", "-u", name, "-n", "20", "--no-pager", "-o", "cat"])
                 raise TaskFailed(f"{name} failed to start:\n{res.stderr.strip()}\n{j.stdout.strip()}")
+            # Started now, after every change notified earlier in the play: a restart handler for
+            # it would only start it a second time (llama-server reloads its models for nothing).
+            ctx.register(STARTED_FACT, sorted({*ctx.facts.get(STARTED_FACT, []), name}))
         else:
             await ctx.conn.run(["systemctl", "stop", name], check=True)
 
@@ -175,6 +180,10 @@ class ServiceRestart(Task):
     handler_only = True
 
     async def check(self, ctx):
+        started = ctx.facts.get(STARTED_FACT, [])
+        if self.p["name"] in started:
+            ctx.register(STARTED_FACT, [n for n in started if n != self.p["name"]])
+            return ok(f"{self.p['name']} was started after the change by this play: no second start")
         return change(f"restart {self.p['name']}")
 
     async def apply(self, ctx, ch):
