@@ -44,12 +44,21 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     key = await read_api_key(conn, api_key_file)
     if key and add_secret:
         add_secret(key.reveal())
+    restarted = ""
     try:
         body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
     except http.HttpError as e:
-        # A connection cut mid-request is usually llama-server dying (an abort in the decode path):
-        # say so from its journal and unit state rather than "not an HTTP response".
-        raise TaskFailed(await server_death.describe(conn, f"completion failed: {e}")) from None
+        # llama-server never reconnects a lost RPC connection: it notices one (an rpc-server restarted by
+        # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
+        # again (Restart=always). That next request is this one. Once healthy again, one more try.
+        try:
+            await http.wait_health(opener, health_timeout)
+            body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+        except http.HttpError as e2:
+            # Dying again is more than a lost connection: say why from its journal and unit state.
+            raise TaskFailed(await server_death.describe(
+                conn, f"completion failed: {e}; again after /health: {e2}")) from None
+        restarted = f" (first completion failed: {e}; llama-server restarted, ok after)"
     timings = body.get("timings") or {}
     draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not draft_n:
@@ -81,7 +90,7 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
                f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
                f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
-               f"draft_n={draft_n} draft_n_accepted={accepted}")
+               f"draft_n={draft_n} draft_n_accepted={accepted}{restarted}")
     return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
             "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
             "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary}
