@@ -7,6 +7,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# Spelled in pieces so that this file itself is not a hit for `git grep '\.\./shared'`.
+OUTSIDE = ("../" + "shared", "LLAMA_" + "FACTS", "DESIGN" + ".md")
 
 
 def test_no_file_cites_a_document_outside_the_repository():
@@ -14,14 +16,14 @@ def test_no_file_cites_a_document_outside_the_repository():
     hits = []
     for name in files.decode().split("\0"):
         path = ROOT / name
-        if not name or not path.is_file() or path.stat().st_size > 2_000_000 or name == "tests/test_self_contained.py":
+        if not name or not path.is_file() or path.stat().st_size > 2_000_000:
             continue
         try:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
         hits += [f"{name}:{i}" for i, line in enumerate(text.splitlines(), 1)
-                 if "../shared" in line or "LLAMA_FACTS" in line or "DESIGN.md" in line]
+                 if any(word in line for word in OUTSIDE)]
     assert hits == []
 
 

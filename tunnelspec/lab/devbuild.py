@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tunnelspec.errors import TaskFailed
 from tunnelspec.lab.fixtures import Fixtures, ensure_fixtures
+from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures
 from tunnelspec.llama import versions
 from tunnelspec.llama import build_plan as bp
 
@@ -59,8 +60,12 @@ def cmake_options(fx: Fixtures, src: Path, tree: str | None = None) -> list[str]
 def _pinned(fx: Fixtures, tree: str | None) -> tuple[str, int | None]:
     if tree is None:
         return fx.commit, fx.build_number
-    t = fx.tree(tree)
+    t = ensure_upstream_fixtures().tree(tree)
     return t.commit, t.build_number
+
+
+def _repo(fx: Fixtures, tree: str | None) -> str:
+    return fx.repo_local if tree is None else ensure_upstream_fixtures().repo_local
 
 
 def ensure_dev_build(
@@ -70,7 +75,7 @@ def ensure_dev_build(
     log=None,
     tree: str | None = None,
 ) -> DevBuild:
-    """The build of the default fixture tree, or of fixture tree `tree` (e.g. "b9093")."""
+    """The build of the default fixture tree, or of upstream fixture tree `tree` (e.g. "b9093")."""
     fx = fx or ensure_fixtures()
     base = Path(root) / _pinned(fx, tree)[0]
     base.mkdir(parents=True, exist_ok=True)
@@ -109,12 +114,12 @@ def _build(fx: Fixtures, base: Path, jobs: int, log, tree: str | None) -> DevBui
     if src.exists():
         shutil.rmtree(src)
     src.parent.mkdir(parents=True, exist_ok=True)
-    _run(["git", "clone", "-q", "--no-checkout", fx.repo_local, str(src)], base, env, log)
+    _run(["git", "clone", "-q", "--no-checkout", _repo(fx, tree), str(src)], base, env, log)
     _run(["git", "-c", "advice.detachedHead=false", "checkout", "-q", "--detach", commit],
          src, env, log)
     target = versions.rpc_server_target((src / versions.RPC_TOOL_CMAKELISTS).read_text())
-    # The fixture repo has one commit per tree: `rev-list --count` would say "build 1"; the real
-    # upstream number is passed instead (as a deploy does from llama_build_number).
+    # A fixture repo has one commit per tree: `rev-list --count` would say "build 1"; the real
+    # upstream number (0 = unknown for the default tree) is passed instead, as a deploy does.
     nice = ["nice", "-n", "10"]
     _run(nice + ["cmake", "-S", str(src), "-B", str(build), *cmake_options(fx, src, tree)], base, env, log)
     _run(nice + ["cmake", "--build", str(build), "--target", target, LLAMA_SERVER,

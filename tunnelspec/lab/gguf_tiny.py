@@ -27,8 +27,20 @@ N_VOCAB = 3 + 256
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
-def _vocab():
+# The ASCII variant: <unk>, <s>, </s>, the SentencePiece space `▁`, then one byte token per printable
+# ASCII character (0x20-0x7E). Whatever the random weights pick then decodes to valid UTF-8: some
+# builds (b9093) run their chat-output parser on /completion text and answer 500 on invalid UTF-8.
+PRINTABLE = range(0x20, 0x7F)
+N_VOCAB_ASCII = 4 + len(PRINTABLE)
+
+
+def _vocab(ascii: bool = False):
     import gguf
+
+    if ascii:
+        tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in PRINTABLE]
+        types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
+        return tokens, [0.0] * len(tokens), types + [gguf.TokenType.BYTE] * len(PRINTABLE)
 
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
@@ -36,7 +48,7 @@ def _vocab():
     return tokens, [0.0] * len(tokens), types
 
 
-def _tensors():
+def _tensors(n_vocab: int = N_VOCAB):
     """(name, array) in a fixed order, from one seeded generator: the bytes never change."""
     import numpy as np
 
@@ -50,8 +62,8 @@ def _tensors():
         return np.ones(n, dtype=np.float32)
 
     head_dim = EMBED // HEADS
-    out = [("token_embd.weight", weight(N_VOCAB, EMBED)), ("output_norm.weight", ones(EMBED)),
-           ("output.weight", weight(N_VOCAB, EMBED))]
+    out = [("token_embd.weight", weight(n_vocab, EMBED)), ("output_norm.weight", ones(EMBED)),
+           ("output.weight", weight(n_vocab, EMBED))]
     for i in range(BLOCKS):
         b = f"blk.{i}"
         out += [
@@ -68,12 +80,13 @@ def _tensors():
     return out
 
 
-def write_tiny_llama(path: str | os.PathLike) -> str:
-    """Write the model to `path` (atomically) and return its sha256."""
+def write_tiny_llama(path: str | os.PathLike, ascii: bool = False) -> str:
+    """Write the model to `path` (atomically) and return its sha256. `ascii`: the printable-ASCII
+    vocabulary (for builds that reject invalid UTF-8 in /completion output)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    _write(str(tmp))
+    _write(str(tmp), ascii=ascii)
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     os.replace(tmp, path)
     return digest
@@ -98,11 +111,11 @@ def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int =
     return out
 
 
-def _write(path: str, split_max_tensors: int = 0) -> None:
+def _write(path: str, split_max_tensors: int = 0, ascii: bool = False) -> None:
     import gguf
 
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
-    w.add_name("tunnelspec-tiny-llama")
+    w.add_name("tunnelspec-tiny-llama-ascii" if ascii else "tunnelspec-tiny-llama")
     w.add_context_length(CONTEXT)
     w.add_embedding_length(EMBED)
     w.add_block_count(BLOCKS)
@@ -112,7 +125,7 @@ def _write(path: str, split_max_tensors: int = 0) -> None:
     w.add_rope_dimension_count(ROPE_DIMS)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab()
+    tokens, scores, types = _vocab(ascii)
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -120,7 +133,7 @@ def _write(path: str, split_max_tensors: int = 0) -> None:
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
-    for name, arr in _tensors():
+    for name, arr in _tensors(N_VOCAB_ASCII if ascii else N_VOCAB):
         w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()

