@@ -130,6 +130,27 @@ def test_killed_after_the_rpc_unit_changed(lab, converged, restore, tmp_path):
     assert argv[argv.index("-t") + 1] == "1", argv
 
 
+def _main_pid(lab, host: str, unit: str) -> int:
+    return int(sh(lab, host, 'systemctl show -P MainPID "$1"', unit).strip() or 0)
+
+
+def test_rpc_server_restarted_between_runs_restarts_llama_server(lab, converged):
+    """llama-server's connection to a restarted rpc-server is dead (it would abort at its next
+    request): the next deploy restarts llama-server before anyone asks it anything, so its own verify
+    completion succeeds at the first try."""
+    pid = _main_pid(lab, "main", LLAMA_UNIT)
+    sh(lab, "rpc-a", 'systemctl restart "$1"', RPC_UNIT)
+    r = deploy(converged)
+    assert r.rc == 0, failures(r)
+    assert ("main", "llama-server's RPC connections open") in changed_tasks(r), changed_tasks(r)
+    assert _main_pid(lab, "main", LLAMA_UNIT) not in (0, pid)
+    verify = [e for e in r.results() if e.get("module") == "llama_verify"]
+    assert verify and verify[0]["status"] == "ok", verify
+    assert "first completion failed" not in verify[0]["msg"], verify[0]["msg"]
+    again = deploy(converged)
+    assert unchanged(again), changed_tasks(again)
+
+
 def _tunnel_sessions(lab, node: str) -> set[int]:
     out = sh(lab, node, 'pgrep -u tunnelspec-tunnel -x sshd || :')
     return {int(p) for p in out.split()}

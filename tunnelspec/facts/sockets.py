@@ -73,3 +73,33 @@ async def clients_of(conn, port: int) -> int:
     count above zero means a HELLO probe would only wait for its timeout."""
     res = await conn.run(established_command(port))
     return len([l for l in res.stdout.splitlines() if l.strip()]) if res.rc == 0 else 0
+
+
+# ---- connections whose peer has closed (CLOSE-WAIT) -------------------------------------------------
+# With a `state` filter ss prints no State column: `Recv-Q Send-Q Local Peer Process`, e.g.
+# `1 0 127.0.0.1:41234 127.0.0.1:15052 users:(("llama-server",pid=2211,fd=17))`.
+CLOSE_WAIT_COMMAND = ["ss", "-Htnp", "state", "close-wait"]
+
+
+@dataclass(frozen=True)
+class PeerClosed:
+    local_port: int
+    peer: str
+    peer_port: int
+    pids: tuple[int, ...]
+
+
+def parse_close_wait(text: str) -> list[PeerClosed]:
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) < 4 or not parts[0].isdigit():
+            continue
+        try:
+            _, lport = _split_endpoint(parts[2])
+            peer, pport = _split_endpoint(parts[3])
+        except ValueError:
+            continue
+        pids = tuple(int(pid) for _, pid in _PROC.findall(" ".join(parts[4:])))
+        out.append(PeerClosed(lport, peer, pport, pids))
+    return out
