@@ -155,7 +155,8 @@ def test_tuning_flag_passed_through(lab, deployed):
               "p=json.load(urllib.request.urlopen('http://127.0.0.1:8080/props',timeout=10))\n"
               "s=json.load(urllib.request.urlopen('http://127.0.0.1:8080/slots',timeout=10))\n"
               "print(json.dumps({'props':p['default_generation_settings']['params'],"
-              "'slot':(s[0].get('params') or {}) if s else {}}))")
+              # the slot that served the last completion (llama-server picks any idle one)
+              "'slot':next((x['params'] for x in s if x.get('params')), {})}))")
     doc = json.loads(sh(lab, "main", "python3", "-c", script).strip().splitlines()[-1])
     print("props speculative:", {k: v for k, v in doc["props"].items() if "spec" in k or "draft" in k})
     print("slot speculative:", {k: v for k, v in doc["slot"].items() if "spec" in k or "draft" in k})

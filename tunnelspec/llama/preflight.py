@@ -49,7 +49,12 @@ def record_path(cluster) -> Path:
 
 
 def save_record(cluster, label: str, help_text: str) -> None:
-    """Best effort: a controller that cannot write its cache only loses the early check."""
+    """Best effort: a controller that cannot write its cache only loses the early check.
+    The cache root itself is never created: an ephemeral home (a CI runner's, a container's) has
+    none, and a CI run leaves nothing on the runner's disk (docs/ci.md); the record would not
+    outlive the runner anyway."""
+    if not os.environ.get("XDG_CACHE_HOME") and not os.path.isdir(os.path.join(os.path.expanduser("~"), ".cache")):
+        return
     path = record_path(cluster)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
