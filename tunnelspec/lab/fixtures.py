@@ -80,17 +80,22 @@ def ensure_fixtures(fixtures_dir: str = FIXTURES_DIR, downloads_dir: str = DOWNL
     """Create (once) and return the fixtures; later calls read the stamp and return at once."""
     root = Path(fixtures_dir)
     stamp = root / STAMP_NAME
-    cached = _read_stamp(stamp)
+    return made_once(root, stamp, _read_stamp, lambda: _create(root, stamp, downloads_dir))
+
+
+def made_once(root: Path, stamp: Path, read_stamp, create):
+    """What `read_stamp(stamp)` returns when a finished fixture is there, else `create()`'s result.
+    The lab and a test session may both ask at once: one creates, the other waits and reuses."""
+    cached = read_stamp(stamp)
     if cached is not None:
         return cached
     root.mkdir(parents=True, exist_ok=True)
-    # The lab and a test session may both ask at once: one builds, the other waits and reuses.
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        cached = _read_stamp(stamp)
+        cached = read_stamp(stamp)
         if cached is not None:
             return cached
-        return _create(root, stamp, downloads_dir)
+        return create()
 
 
 def _create(root: Path, stamp: Path, downloads_dir: str) -> Fixtures:

@@ -15,7 +15,6 @@ use only (two sdists, 41 MB): the default lab does not need them.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from tunnelspec.errors import LabError
 from tunnelspec.lab import gguf_tiny
-from tunnelspec.lab.fixtures import DOWNLOADS_DIR, FIXTURES_DIR, HOST_MOUNT, _git, sha256_file
+from tunnelspec.lab.fixtures import DOWNLOADS_DIR, FIXTURES_DIR, HOST_MOUNT, _git, made_once, sha256_file
 
 
 @dataclass(frozen=True)
@@ -91,26 +90,21 @@ def ensure_upstream_fixtures(fixtures_dir: str = FIXTURES_DIR, downloads_dir: st
     """Create (once) and return them; later calls read the stamp."""
     root = Path(fixtures_dir)
     stamp = root / STAMP_NAME
-    cached = _read_stamp(stamp)
-    if cached is not None:
-        return cached
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        cached = _read_stamp(stamp)
-        if cached is not None:
-            return cached
-        stamp.unlink(missing_ok=True)
-        sdists = {src.name: ensure_sdist(src, downloads_dir) for src in TREE_SOURCES}
-        trees = build_repo(sdists, root / REPO_NAME)
-        model = root / MODEL_RELPATH
-        sha = gguf_tiny.write_tiny_llama(model, ascii=True)
-        fx = UpstreamFixtures(f"{HOST_MOUNT}/{REPO_NAME}", str(root / REPO_NAME), f"{HOST_MOUNT}/{MODEL_RELPATH}",
-                              str(model), sha, tuple(trees))
-        tmp = stamp.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"recipe": RECIPE_VERSION, **asdict(fx)}, indent=2, sort_keys=True))
-        os.replace(tmp, stamp)
-        return fx
+    return made_once(root, stamp, _read_stamp, lambda: _create(root, stamp, downloads_dir))
+
+
+def _create(root: Path, stamp: Path, downloads_dir: str) -> UpstreamFixtures:
+    stamp.unlink(missing_ok=True)
+    sdists = {src.name: ensure_sdist(src, downloads_dir) for src in TREE_SOURCES}
+    trees = build_repo(sdists, root / REPO_NAME)
+    model = root / MODEL_RELPATH
+    sha = gguf_tiny.write_tiny_llama(model, ascii=True)
+    fx = UpstreamFixtures(f"{HOST_MOUNT}/{REPO_NAME}", str(root / REPO_NAME), f"{HOST_MOUNT}/{MODEL_RELPATH}",
+                          str(model), sha, tuple(trees))
+    tmp = stamp.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"recipe": RECIPE_VERSION, **asdict(fx)}, indent=2, sort_keys=True))
+    os.replace(tmp, stamp)
+    return fx
 
 
 def _read_stamp(stamp: Path) -> UpstreamFixtures | None:

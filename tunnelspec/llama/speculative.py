@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunnelspec.llama.flags import ServerHelp
+from tunnelspec.llama.flags import ServerHelp, _is_number
 
 # The draft-model kinds tunnelspec deploys (a draft on the remote device). The ngram kinds need no
 # draft model and are not tunnelspec's job.
@@ -112,9 +112,3 @@ def split_modes(h: ServerHelp) -> list[str]:
     return h.values(flag) if flag else []
 
 
-def _is_number(arg: str) -> bool:
-    try:
-        float(arg)
-        return True
-    except ValueError:
-        return False
