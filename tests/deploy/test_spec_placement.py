@@ -18,7 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from test_server_lifecycle import completion_on_main
+
 from tunnelspec.lab import gguf_tiny
+from tunnelspec.llama.props import spec_types
 
 from engine.helpers import tunnelspec
 
@@ -150,7 +153,9 @@ def test_tuning_flag_passed_through(lab, deployed):
     kv = re.findall(r"llama_kv_cache: size = .*?K \((\w+)\)", journal)
     print(f"KV cache K types (target, then draft): {kv}")
     assert kv[:1] == ["f16"] and "f32" in kv[1:], kv
-    # /props and /slots: what llama-server itself reports (see docs/speculative.md).
+    # /props and /slots: what llama-server itself reports (see docs/speculative.md). A slot carries
+    # the params of its last task: one completion first, as verify does.
+    assert completion_on_main(lab), "no completion on main"
     script = ("import json,urllib.request\n"
               "p=json.load(urllib.request.urlopen('http://127.0.0.1:8080/props',timeout=10))\n"
               "s=json.load(urllib.request.urlopen('http://127.0.0.1:8080/slots',timeout=10))\n"
@@ -160,7 +165,8 @@ def test_tuning_flag_passed_through(lab, deployed):
     doc = json.loads(sh(lab, "main", "python3", "-c", script).strip().splitlines()[-1])
     print("props speculative:", {k: v for k, v in doc["props"].items() if "spec" in k or "draft" in k})
     print("slot speculative:", {k: v for k, v in doc["slot"].items() if "spec" in k or "draft" in k})
-    assert doc["slot"].get("speculative.types") == "draft-simple"
+    # The slot lists the default entry too ("none,draft-simple"): read it as verify does.
+    assert spec_types(None, [{"params": doc["slot"]}])["slots"] == "draft-simple", doc["slot"]
 
 
 def test_a_setting_the_build_lacks_is_refused_before_any_host_is_touched(lab, deployed, model, tmp_path):
