@@ -116,30 +116,36 @@ def _create(root: Path, stamp: Path, downloads_dir: str) -> Fixtures:
         model_local=str(model_path),
         model_sha256=model_sha,
     )
-    _write_stamp(stamp, fx)
+    write_stamp(stamp, RECIPE_VERSION, fx)
     return fx
 
 
 def _read_stamp(stamp: Path) -> Fixtures | None:
+    return read_stamp(stamp, RECIPE_VERSION, lambda data: Fixtures(**data))
+
+
+def read_stamp(stamp: Path, recipe: int, make):
+    """The fixture `make(data)` builds from a stamp of this `recipe`, else None (no stamp, another
+    recipe, a stamp of another shape, or files that vanished: someone cleaned the cache by hand)."""
     try:
         data = json.loads(stamp.read_text())
     except (OSError, ValueError):
         return None
-    if data.pop("recipe", None) != RECIPE_VERSION:
+    if data.pop("recipe", None) != recipe:
         return None
     try:
-        fx = Fixtures(**data)
+        fx = make(data)
     except TypeError:
         return None
-    # A stamp whose files vanished (someone cleaned the cache by hand) is no stamp.
     if not (Path(fx.repo_local).is_dir() and Path(fx.model_local).is_file()):
         return None
     return fx
 
 
-def _write_stamp(stamp: Path, fx: Fixtures) -> None:
+def write_stamp(stamp: Path, recipe: int, fx) -> None:
+    """Written last, to a temp name then renamed: a crash never leaves a stamp of a half-made fixture."""
     tmp = stamp.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"recipe": RECIPE_VERSION, **asdict(fx)}, indent=2, sort_keys=True))
+    tmp.write_text(json.dumps({"recipe": recipe, **asdict(fx)}, indent=2, sort_keys=True))
     os.replace(tmp, stamp)
 
 

@@ -15,19 +15,19 @@ use only (two sdists, 41 MB): the default lab does not need them.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunnelspec.errors import LabError
 from tunnelspec.lab import gguf_tiny
-from tunnelspec.lab.fixtures import DOWNLOADS_DIR, FIXTURES_DIR, HOST_MOUNT, _git, made_once, sha256_file
+from tunnelspec.lab.fixtures import (DOWNLOADS_DIR, FIXTURES_DIR, HOST_MOUNT, _git, made_once, read_stamp,
+                                     sha256_file, write_stamp)
 
 
 @dataclass(frozen=True)
@@ -101,27 +101,15 @@ def _create(root: Path, stamp: Path, downloads_dir: str) -> UpstreamFixtures:
     sha = gguf_tiny.write_tiny_llama(model, ascii=True)
     fx = UpstreamFixtures(f"{HOST_MOUNT}/{REPO_NAME}", str(root / REPO_NAME), f"{HOST_MOUNT}/{MODEL_RELPATH}",
                           str(model), sha, tuple(trees))
-    tmp = stamp.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"recipe": RECIPE_VERSION, **asdict(fx)}, indent=2, sort_keys=True))
-    os.replace(tmp, stamp)
+    write_stamp(stamp, RECIPE_VERSION, fx)
     return fx
 
 
 def _read_stamp(stamp: Path) -> UpstreamFixtures | None:
-    try:
-        data = json.loads(stamp.read_text())
-    except (OSError, ValueError):
-        return None
-    if data.pop("recipe", None) != RECIPE_VERSION:
-        return None
-    try:
-        data["trees"] = tuple(Tree(**t) for t in data.get("trees", ()))
-        fx = UpstreamFixtures(**data)
-    except TypeError:
-        return None
-    if not (Path(fx.repo_local).is_dir() and Path(fx.model_local).is_file()):
-        return None
-    return fx
+    def make(data):
+        return UpstreamFixtures(**{**data, "trees": tuple(Tree(**t) for t in data.get("trees", ()))})
+
+    return read_stamp(stamp, RECIPE_VERSION, make)
 
 
 def ensure_sdist(src: TreeSource, downloads_dir: str = DOWNLOADS_DIR) -> Path:
