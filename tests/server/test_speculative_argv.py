@@ -1,6 +1,7 @@
 """Pure: speculative type, draft tuning flags and target placement turned into llama-server argv,
-against the real `--help` of every lab build captured in tests/*/data (the fixture tree; more
-builds join when their help text is captured there as llama-server-help-<build>.txt)."""
+against the real `--help` of every build captured in tests/*/data: the lab's trees (b11434, the
+default; b9093) and the 0c1e57098 tree the lab deployed before; more builds join when their help
+text is captured there as llama-server-help-<build>.txt."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ from tunnelspec.llama.speculative import DRAFT_TYPES, spec_support, split_modes
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 DATA = Path(__file__).resolve().parents[1]
 # Real `llama-server --help` texts captured from built binaries: name → (path, build label).
-HELPS = {"fixture": (DATA / "server/data/llama-server-help.txt", "0.5.0-dev (build 0, commit 8c22f3ff0)")}
+HELPS = {"0c1e57098": (DATA / "server/data/llama-server-help.txt", "0.5.0-dev (build 0, commit 8c22f3ff0)")}
 for extra in sorted(DATA.glob("*/data/llama-server-help-b*.txt")):
-    HELPS.setdefault(extra.stem.removeprefix("llama-server-help-"), (extra, extra.stem))
+    # The build's label as `--version` printed it (captured next to the help), as a deploy names it.
+    version = extra.with_name(extra.name.replace("-help-", "-version-"))
+    label = flags.parse_version(version.read_text()).label if version.is_file() else extra.stem
+    HELPS.setdefault(extra.stem.removeprefix("llama-server-help-"), (extra, label))
 
 
 def real_help(name: str) -> flags.ServerHelp:
@@ -51,7 +55,7 @@ llama_draft_model=/m/draft.gguf
 BY_PORT = {15052: ["RPC0"], 15053: ["RPC1"]}
 
 
-def argv_of(c: Cluster, build: str = "fixture", by_port=None) -> list[str]:
+def argv_of(c: Cluster, build: str = "b11434", by_port=None) -> list[str]:
     return build_server_argv(c, real_help(build), by_port or BY_PORT, "/b/llama-server",
                              "/m/target.gguf", "/m/draft.gguf").argv
 
@@ -61,8 +65,9 @@ def value(argv: list[str], flag: str) -> str:
 
 
 # ---- speculative type ------------------------------------------------------------------------
-def test_fixture_build_offers_every_draft_type():
-    s = spec_support(real_help("fixture"))
+@pytest.mark.parametrize("build", ["b11434", "0c1e57098"])
+def test_new_builds_offer_every_draft_type(build):
+    s = spec_support(real_help(build))
     assert s.types == DRAFT_TYPES and not s.implicit and s.flag == "--spec-type"
 
 
@@ -103,8 +108,8 @@ def test_every_type_on_every_build(tmp_path, build, spec_type):
 
 
 def test_type_the_build_lacks_names_build_and_types(tmp_path):
-    # The fixture's own help with draft-dspark missing from the --spec-type list: the shape of b10001.
-    text = HELPS["fixture"][0].read_text().replace("draft-dflash,draft-dspark,", "draft-dflash,")
+    # b11434's own help with draft-dspark missing from the --spec-type list: the shape of b10001.
+    text = HELPS["b11434"][0].read_text().replace("draft-dflash,draft-dspark,", "draft-dflash,")
     h = flags.parse_help(text, build="b10001-like")
     c = make_cluster(tmp_path, "spec_type=draft-dspark")
     with pytest.raises(TaskFailed) as e:
@@ -162,7 +167,7 @@ def test_owned_flags_refused_naming_the_variable(tmp_path, extra, var):
 
 def test_tuning_flag_the_build_lacks_refused_naming_the_build(tmp_path):
     c = make_cluster(tmp_path, 'llama_server_extra_args="--spec-draft-ctx-size 256"')  # removed after b10001
-    with pytest.raises(TaskFailed, match=r"llama_server_extra_args: --spec-draft-ctx-size .*0\.5\.0-dev"):
+    with pytest.raises(TaskFailed, match=r"llama_server_extra_args: --spec-draft-ctx-size .*build 11434"):
         argv_of(c)
 
 
@@ -196,7 +201,7 @@ def test_proportions_by_name_on_every_build(tmp_path, build):
 
 
 def test_split_mode_the_build_lacks(tmp_path):
-    text = HELPS["fixture"][0].read_text().replace("{none,layer,row,tensor}", "{none,layer,row}")
+    text = HELPS["b11434"][0].read_text().replace("{none,layer,row,tensor}", "{none,layer,row}")
     c = make_cluster(tmp_path, "llama_split_mode=tensor")
     with pytest.raises(TaskFailed, match=r"llama_split_mode tensor .*old-tree.*none, layer, row"):
         build_server_argv(c, flags.parse_help(text, "old-tree"), BY_PORT, "x", "/t", "/d")
