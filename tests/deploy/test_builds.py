@@ -197,6 +197,25 @@ def test_b9093_second_deploy_changes_nothing(lab, inventories):
     assert_converged(inventories["b9093"])
 
 
+def test_type_b9093_lacks_is_refused_before_any_host_is_touched(lab, inventories, tmp_path):
+    """b9093's --spec-type lists no draft types: `spec_type=draft-eagle3` is refused at exit 2 from
+    the build's own --help (main's current build, read-only: the cache is fresh), naming the build
+    and the types it has, and no host changes."""
+    pid = sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip()
+    units = "ls -la --time-style=full-iso /etc/systemd/system/ | sha256sum"
+    before = {h: sh(lab, h, "sh", "-c", units) for h in ("main", *NODES)}
+    inv = tmp_path / "b9093-eagle3.ini"
+    inv.write_text(inventories["b9093"].read_text().replace("[all:vars]\n", "[all:vars]\nspec_type=draft-eagle3\n"))
+    r = tunnelspec("deploy", str(inv), env={"XDG_CACHE_HOME": str(tmp_path / "cache")}, timeout=300)
+    assert r.rc == 2, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "draft-eagle3" in r.stderr and "9093" in r.stderr and "no host was changed" in r.stderr, r.stderr
+    assert "draft model alone" in r.stderr or "ngram" in r.stderr, r.stderr  # what the build has
+    assert re.search(r"b9093-eagle3\.ini:\d+:", r.stderr), r.stderr
+    assert "TASK" not in r.stdout and "PLAY" not in r.stdout, r.stdout
+    assert {h: sh(lab, h, "sh", "-c", units) for h in ("main", *NODES)} == before
+    assert sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() == pid
+
+
 def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories):
     res, _ = _move(lab, inventories["b11434"], "b11434")
     builds = by_module(res, "llama_build")
