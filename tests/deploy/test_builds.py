@@ -47,18 +47,9 @@ def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
 
 
 def write_inventory(lab, path: Path, upstream, tree: str) -> Path:
-    """The lab's inventory pinned to upstream tree `tree` (repo, commit, real build number) with the
-    printable-ASCII tiny model as target and draft."""
-    t = upstream.tree(tree)
-    text = Path(lab.inventory).read_text()
-    for var, value in (("llama_repo", upstream.repo), ("llama_commit", t.commit),
-                       ("llama_model", upstream.model), ("llama_draft_model", upstream.model)):
-        text = re.sub(rf"^{var}=.*$", f"{var}={value}", text, flags=re.M)
-    text = re.sub(r"^llama_build_number=.*\n", "", text, flags=re.M)
-    # b9093's --spec-draft-p-min defaults to 0.75: a flat (random) draft would propose nothing.
-    extra = ["spec_draft_p_min=0", f"llama_build_number={t.build_number}"]
-    text = text.replace("[all:vars]\n", "[all:vars]\n" + "".join(f"{v}\n" for v in extra))
-    path.write_text(text)
+    from tunnelspec.lab.upstream_fixtures import pinned_inventory
+
+    path.write_text(pinned_inventory(Path(lab.inventory).read_text(), upstream, tree))
     return path
 
 

@@ -20,7 +20,9 @@ from tunnelspec.errors import LabError
 from tunnelspec.lab import cgroups
 from tunnelspec.lab.keys import ensure_keypair, write_private
 
-CCACHE_DIR = Path("/var/cache/tunnelspec/ccache")
+# The ccache every lab host shares (bind-mounted). TUNNELSPEC_LAB_CCACHE points a lab at another
+# directory: an empty one measures cold builds (benchmarks/builds.py).
+CCACHE_DIR = Path(os.environ.get("TUNNELSPEC_LAB_CCACHE") or "/var/cache/tunnelspec/ccache")
 FIXTURES_DIR = Path("/var/cache/tunnelspec/fixtures")
 CCACHE_IN_HOST = "/var/cache/ccache"
 FIXTURES_IN_HOST = "/srv/tunnelspec-fixtures"

@@ -15,6 +15,7 @@ is `▁` plus the printable ASCII byte tokens (b9093's /completion answers 500 o
 
 from __future__ import annotations
 
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,3 +98,17 @@ def build_repo(sdists: dict[str, Path], bare_dest: Path) -> list[Tree]:
         git(work, "checkout", "-q", "-B", MAIN_BRANCH, trees[-1].commit)
         publish_bare(work, Path(tmp), [t.name for t in trees], bare_dest)
     return trees
+
+
+def pinned_inventory(lab_inventory: str, fx: UpstreamFixtures, tree: str) -> str:
+    """The lab's inventory text pinned to tree `tree` of the upstream repo (repo, commit, its real
+    build number) with the printable-ASCII tiny model as target and draft. b9093's
+    `--spec-draft-p-min` defaults to 0.75, so a flat (random) draft would propose nothing: 0 for all."""
+    t = fx.tree(tree)
+    text = lab_inventory
+    for var, value in (("llama_repo", fx.repo), ("llama_commit", t.commit),
+                       ("llama_model", fx.model), ("llama_draft_model", fx.model)):
+        text = re.sub(rf"^{var}=.*$", f"{var}={value}", text, flags=re.M)
+    text = re.sub(r"^llama_build_number=.*\n", "", text, flags=re.M)
+    extra = ["spec_draft_p_min=0", f"llama_build_number={t.build_number}"]
+    return text.replace("[all:vars]\n", "[all:vars]\n" + "".join(f"{v}\n" for v in extra))
