@@ -4,8 +4,8 @@
     flock /tmp/tunnelspec-lab.lock python benchmarks/builds.py --trees b9093 --json
 
 Two passes on fresh labs (new host overlays: no build directory survives between passes), both
-with their own ccache directory (TUNNELSPEC_LAB_CCACHE, empty at the start; the machine's shared
-ccache is not touched):
+with one ccache directory of their own, empty at the start (what TUNNELSPEC_LAB_CCACHE sets for a
+lab; the machine's shared ccache is not touched):
   cold  every tree deployed in turn on one lab: the first build of each tree compiles everything
   warm  the same deploys on a new lab with the ccache the cold pass filled
 For each tree and host the `llama_build` task's own duration is reported (main builds llama-server
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -38,7 +37,7 @@ DEPLOY_TIMEOUT_S = 3600
 TREES = ("b11434", "b9093")
 
 
-def deploy(inventory: Path) -> tuple[float, list[dict], int]:
+def deploy(inventory: Path) -> tuple[float, list[dict]]:
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "tunnelspec", "deploy", str(inventory), "--format", "json",
                         "--forks", "1"], capture_output=True, text=True, timeout=DEPLOY_TIMEOUT_S,
@@ -53,17 +52,16 @@ def deploy(inventory: Path) -> tuple[float, list[dict], int]:
     if p.returncode != 0:
         failed = [e.get("msg") for e in events if e.get("status") == "failed"]
         raise SystemExit(f"deploy of {inventory} failed (rc={p.returncode}): {failed or p.stderr[-2000:]}")
-    return wall, events, p.returncode
+    return wall, events
 
 
 def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log) -> list[dict]:
-    os.environ["TUNNELSPEC_LAB_CCACHE"] = str(ccache_dir)
-    # Imported here: the lab reads TUNNELSPEC_LAB_CCACHE when its host module loads.
-    from tunnelspec.lab import host as lab_host
     from tunnelspec.lab import Lab
+    from tunnelspec.lab import host as lab_host
     from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures, pinned_inventory
 
-    lab_host.CCACHE_DIR = ccache_dir  # the same value, for a second pass in this process
+    # What TUNNELSPEC_LAB_CCACHE sets when the lab's host module loads, set for this process's labs.
+    lab_host.CCACHE_DIR = ccache_dir
     upstream = ensure_upstream_fixtures()
     lab = Lab(LAB_DIR)
     lab.up(["main", "rpc-a", "rpc-b"])
@@ -72,7 +70,7 @@ def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log) -> list[d
         for tree in trees:
             inv = Path(LAB_DIR) / f"builds-{tree}.ini"
             inv.write_text(pinned_inventory(Path(lab.inventory).read_text(), upstream, tree))
-            wall, events, _ = deploy(inv)
+            wall, events = deploy(inv)
             builds = {e["host"]: e for e in events if e.get("event") == "task_result"
                       and e.get("module") == "llama_build"}
             row = {"pass": name, "tree": tree, "deploy_s": round(wall, 1),

