@@ -171,3 +171,33 @@ def test_build_refuses_known_vulnerable_pins(number, allowed, expect):
     else:
         note = task._advisory_note(ctx)
         assert (expect in note) if expect else note == ""
+
+
+def test_ccache_env_hits_across_callers_with_other_locales(tmp_path):
+    """A real ccache and compiler: the same file compiled under the build's env from a shell with
+    LANG=C.UTF-8 (the controller) and from one without any locale (an SSH session on a host) is one
+    cache entry — ccache hashes LANG/LC_*, so the build env pins them."""
+    import os
+    import shutil
+    import subprocess
+
+    if not (shutil.which("ccache") and shutil.which("gcc")):
+        pytest.skip("needs ccache and gcc")
+    (tmp_path / "a.c").write_text("int f(void) { return 1; }\n")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LANG", "LC_", "CCACHE_"))}
+    base["CCACHE_DIR"] = str(tmp_path / "cache")
+
+    def compile_with(extra: dict[str, str]) -> None:
+        env = {**base, **extra}
+        argv = ["env", *bp.ccache_env(str(tmp_path)), "ccache", "gcc", "-c", "a.c", "-o", "a.o"]
+        subprocess.run(argv, cwd=tmp_path, env=env, check=True, timeout=60, capture_output=True)
+
+    def hits() -> int:
+        out = subprocess.run(["ccache", "--print-stats"], env=base, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        stats = dict(line.split("\t", 1) for line in out.splitlines() if "\t" in line)
+        return int(stats["direct_cache_hit"]) + int(stats["preprocessed_cache_hit"])
+
+    compile_with({"LANG": "C.UTF-8", "LC_MESSAGES": "en_US.UTF-8"})
+    compile_with({})
+    assert hits() == 1

@@ -55,9 +55,16 @@ _OPTION = re.compile(r"^\s*option\s*\(\s*([A-Za-z0-9_]+)", re.M)
 
 def ccache_env(root: str) -> list[str]:
     """`env` assignments that let hosts share ccache hits: paths below `root` are hashed relative
-    to the build directory, compilers compared by content (not mtime), `__DATE__` ignored."""
+    to the build directory, compilers compared by content (not mtime), `__DATE__` ignored, and one
+    locale: ccache hashes LANG, LC_ALL, LC_CTYPE and LC_MESSAGES (they change compiler messages), and
+    an SSH session and a desktop shell rarely agree on them."""
     return [f"CCACHE_BASEDIR={root}", "CCACHE_COMPILERCHECK=content", "CCACHE_NOHASHDIR=1",
-            "CCACHE_SLOPPINESS=time_macros"]
+            "CCACHE_SLOPPINESS=time_macros", *LOCALE_ENV]
+
+
+# The compiler's locale for every build (the C locale exists everywhere; sources are read as UTF-8
+# whatever the locale).
+LOCALE_ENV = ("LANG=C", "LC_ALL=C", "LC_CTYPE=C", "LC_MESSAGES=C")
 
 
 def keyed_options(commit: str, build_number: int | None, backend: str, extra: list[str]) -> list[str]:
