@@ -47,7 +47,13 @@ class SshdHost:
                 self.proc.wait(5)
 
 
-def start_sshd(base: Path, name: str, client_pub: str) -> SshdHost:
+def start_sshd(base: Path, name: str, client_pub: str, extra_config: tuple[str, ...] = (),
+               setenv: dict | None = None, user_keys: bool = False) -> SshdHost:
+    """`setenv`: more variables for the sessions (e.g. a PATH without some tool: a host lacking it);
+    sshd takes the first SetEnv line only, so they join SHLVL's. `extra_config`: sshd_config lines
+    appended. `user_keys`: also each user's own ~/.ssh/authorized_keys (sshd reads it as that user,
+    who cannot read this root-only directory): a test logs in as a real non-root user by writing
+    the client key there; its account must not be locked (UsePAM no: a `!` password refuses keys)."""
     d = base / name
     d.mkdir(parents=True)
     root = d / "root"
@@ -62,13 +68,14 @@ def start_sshd(base: Path, name: str, client_pub: str) -> SshdHost:
         port = free_port()
         cfg = d / "sshd_config"
         cfg.write_text("\n".join([
-            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hk}", f"AuthorizedKeysFile {ak}",
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hk}", f"AuthorizedKeysFile {ak}" + (" %h/.ssh/authorized_keys" if user_keys else ""),
             f"PidFile {d}/sshd.pid", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "MaxStartups 100:30:200",
             "MaxSessions 100", "LogLevel ERROR", "AllowTcpForwarding yes",
             # root's ~/.bashrc on these machines runs `pyenv init` (~0.3 s) for every command sshd
             # runs through bash; SHLVL=1 makes Debian's bash skip it, like a login would.
-            "SetEnv SHLVL=1", ""]))
+            " ".join(["SetEnv SHLVL=1", *(f"{k}={v}" for k, v in (setenv or {}).items())]),
+            *extra_config, ""]))
         proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stdout=subprocess.DEVNULL,
                                 stderr=open(d / "sshd.log", "w"))
         deadline = time.monotonic() + 10
@@ -88,12 +95,13 @@ def start_sshd(base: Path, name: str, client_pub: str) -> SshdHost:
 class SshdCluster:
     """N hosts + the files a user would have: a client key, known_hosts, an inventory."""
 
-    def __init__(self, base: Path, n: int, prefix: str = "node"):
+    def __init__(self, base: Path, n: int, prefix: str = "node", extra_config: tuple[str, ...] = (),
+                 setenv: dict | None = None, user_keys: bool = False):
         self.base = base
         base.mkdir(parents=True, exist_ok=True)
         self.key = base / "id_ed25519"
         self.client_pub = keygen(self.key)
-        self.hosts = [start_sshd(base, f"{prefix}{i}", self.client_pub) for i in range(n)]
+        self.hosts = [start_sshd(base, f"{prefix}{i}", self.client_pub, tuple(extra_config), setenv, user_keys) for i in range(n)]
         self.known_hosts = base / "known_hosts"
         self.known_hosts.write_text("".join(h.known_hosts_line() + "\n" for h in self.hosts))
 

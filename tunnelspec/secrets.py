@@ -41,7 +41,8 @@ def mask_text(text: str, secrets: Iterable[str]) -> str:
 
 # How a user marks a variable as secret: by its name (inventory, play vars or -e). Its value is then
 # masked in every message, diff and JSON event. `no_log: true` on a task hides its whole result.
-SECRET_NAME_SUFFIXES = ("_secret", "_password", "_passphrase", "_token", "api_key", "_private_key")
+# `_pass`: Ansible's `ansible_become_pass` and `ansible_sudo_pass` (connection/become.py).
+SECRET_NAME_SUFFIXES = ("_secret", "_password", "_pass", "_passphrase", "_token", "api_key", "_private_key")
 
 
 def is_secret_name(name: object) -> bool:

@@ -89,8 +89,29 @@ class Connection(abc.ABC):
     async def close(self) -> None:
         ...
 
-    def _wrap_become(self, argv: list[str]) -> list[str]:
-        return argv
+    # ---- become (connection/become.py): set by a subclass when the login is not root ----------
+    _becomer = None            # become.Become, or None: commands run as the login
+
+    @property
+    def become_user(self) -> str | None:
+        return self._becomer.user if self._becomer is not None else None
+
+    async def _exec_login(self, argv: list[str], input: bytes | None) -> tuple[int, bytes, bytes]:
+        return await self._exec(argv, input, None)
+
+    async def check_become(self) -> None:
+        """Decide now how sudo is used (otherwise at the first command that needs root). Raises
+        become.BecomeError naming the host and the login when sudo cannot give root."""
+        if self._becomer is not None:
+            await self._becomer.ensure(self._exec_login)
+
+    async def _as_root(self, argv: list[str]) -> tuple[list[str], bytes]:
+        """argv wrapped in sudo when this connection becomes root, and what its stdin must start
+        with (the become password line, or nothing)."""
+        if self._becomer is None:
+            return argv, b""
+        await self._becomer.ensure(self._exec_login)
+        return self._becomer.wrap(argv), self._becomer.stdin_prefix()
 
     async def spawn(self, argv) -> "Spawned":
         """A long-lived command whose stdin stays open until `Spawned.close()` or until this
@@ -138,8 +159,10 @@ class Connection(abc.ABC):
         return await self._run(argv, None, None, check, True)
 
     @abc.abstractmethod
-    async def _stream(self, argv: list[str], on_line, timeout: float | None) -> tuple[int, str]:
-        """Run argv, calling on_line(str) for each line of stdout+stderr; returns (rc, last output)."""
+    async def _stream(self, argv: list[str], on_line, timeout: float | None,
+                      stdin: bytes | None = None) -> tuple[int, str]:
+        """Run argv, calling on_line(str) for each line of stdout+stderr; returns (rc, last output).
+        `stdin`: written to the command's stdin, then EOF (the become password line)."""
 
     async def run_stream(self, argv, on_line, *, timeout: float | None = None, check: bool = False,
                          become: bool = True) -> Result:
@@ -153,12 +176,12 @@ class Connection(abc.ABC):
             testhooks.command_done()
 
     async def _run_stream(self, argv, on_line, timeout, check, become) -> Result:
-        real = reveal_argv(argv)
+        real, stdin = reveal_argv(argv), b""
         if become:
-            real = self._wrap_become(real)
+            real, stdin = await self._as_root(real)
         try:
-            rc, tail = await (asyncio.wait_for(self._stream(real, on_line, timeout), timeout)
-                              if timeout else self._stream(real, on_line, None))
+            rc, tail = await (asyncio.wait_for(self._stream(real, on_line, timeout, stdin or None), timeout)
+                              if timeout else self._stream(real, on_line, None, stdin or None))
         except asyncio.TimeoutError:
             raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
         res = Result(list(argv), rc, tail, "")
@@ -177,10 +200,12 @@ class Connection(abc.ABC):
             testhooks.command_done()
 
     async def _run(self, argv, input, timeout, check, become) -> Result:
-        real = reveal_argv(argv)
+        real, prefix = reveal_argv(argv), b""
         if become:
-            real = self._wrap_become(real)
+            real, prefix = await self._as_root(real)
         data = input.encode() if isinstance(input, str) else input
+        if prefix:
+            data = prefix + (data or b"")
         try:
             rc, out, err = await asyncio.wait_for(self._exec(real, data, timeout), timeout) \
                 if timeout else await self._exec(real, data, None)

@@ -6,6 +6,7 @@ import dataclasses
 import getpass
 import os
 
+from tunnelspec.connection.become import password_from
 from tunnelspec.connection.base import ConnectOptions, ConnectSession, Connection, expand_user_path
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.errors import UsageError
@@ -39,8 +40,9 @@ async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_di
     """`session`: shared by the connections of one run (a fresh one when not given)."""
     kind = str(host_vars.get("ansible_connection", "ssh"))
     become = truthy(host_vars.get("ansible_become", False))
+    password = password_from(host_vars) if become else None
     if kind == "local":
-        return LocalConnection(name, become=become)
+        return LocalConnection(name, become=become, become_password=password)
     if not is_ssh(host_vars):
         raise UsageError(f"{name}: ansible_connection={kind} is not supported (use ssh or local)")
     # Imported here, not at the top: a run starts its TCP connects (connection/preconnect.py) before
@@ -53,4 +55,4 @@ async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_di
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
     local_opts = dataclasses.replace(opts, known_hosts=spec)
     return await SSHConnection.open(name, address, port, user, [key] if key else [], become, local_opts, pin,
-                                    session if session is not None else ConnectSession())
+                                    session if session is not None else ConnectSession(), become_password=password)

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import getpass
 import os
 
+from tunnelspec.connection import relay
 from tunnelspec.connection.base import Connection, Spawned, reveal_argv
+from tunnelspec.connection.become import Become
 
 
 class LocalConnection(Connection):
-    def __init__(self, name: str, become: bool = False):
+    def __init__(self, name: str, become: bool = False, become_password=None):
         self.name = name
         self.is_root = os.geteuid() == 0
         self._become = become and not self.is_root
-
-    def _wrap_become(self, argv):
-        return ["sudo", "-n", "--", *argv] if self._become else argv
+        if self._become:
+            self._becomer = Become(name, getpass.getuser(), become_password)
 
     async def _exec(self, argv, input, timeout):
         proc = await asyncio.create_subprocess_exec(
@@ -29,13 +31,16 @@ class LocalConnection(Connection):
             raise
         return proc.returncode, out, err
 
-    async def _stream(self, argv, on_line, timeout):
+    async def _stream(self, argv, on_line, timeout, stdin=None):
         from collections import deque
 
-        proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
-                                                    stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         tail: deque[str] = deque(maxlen=60)
+        if stdin is not None:
+            proc.stdin.write(stdin)
+            proc.stdin.close()       # EOF after the password line, as over SSH
         try:
             async for raw in proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
@@ -51,13 +56,20 @@ class LocalConnection(Connection):
     async def spawn(self, argv):
         # Its own session, so a signal to the controller's group does not reach it; it still ends
         # with the controller: its stdin is a pipe from this process, EOF when the controller dies.
-        proc = await asyncio.create_subprocess_exec(*self._wrap_become(reveal_argv(argv)),
+        real, prefix = await self._as_root(reveal_argv(argv))
+        proc = await asyncio.create_subprocess_exec(*real,
                                                     stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        if prefix:
+            proc.stdin.write(prefix)
         return _LocalSpawned(proc)
 
     async def open_connection(self, host, port):
-        return await asyncio.open_connection(host, port)
+        if self._becomer is None:
+            return await asyncio.open_connection(host, port)
+        # As root, like every command of a become connection (connection/relay.py).
+        argv, prefix = await self._as_root(relay.relay_argv(host, port))
+        return await relay.open_local(argv, prefix, f"{self.name} as root", host, port)
 
     async def close(self):
         return None

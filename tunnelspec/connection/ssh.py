@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncssh
 
-from tunnelspec.connection import credentials
+from tunnelspec.connection import credentials, relay
+from tunnelspec.connection.become import Become
 from tunnelspec.connection.base import Connection, ConnectOptions, ConnectSession, Spawned, quote, reveal_argv
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
@@ -30,17 +31,20 @@ class _Client(asyncssh.SSHClient):
 
 
 class SSHConnection(Connection):
-    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, user: str, become: bool):
+    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, user: str, become: bool,
+                 become_password=None):
         self.name = name
         self._conn = conn
         self.user = user
         self.is_root = user == "root"
         self._become = become and not self.is_root
+        if self._become:
+            self._becomer = Become(name, user, become_password)
 
     @classmethod
     async def open(cls, name: str, address: str, port: int, user: str, key_files: list[str],
                    become: bool, opts: ConnectOptions, pin_path: str | None,
-                   session: ConnectSession) -> "SSHConnection":
+                   session: ConnectSession, become_password=None) -> "SSHConnection":
         known_text = load_known_hosts_text(opts.known_hosts)
         policy = HostKeyPolicy(name, address, port, known_text, opts.accept_new_host_keys, pin_path)
         client_keys, encrypted = credentials.client_keys(name, key_files, opts.private_key)
@@ -81,10 +85,7 @@ class SSHConnection(Connection):
             raise HostUnreachable(f"{name} ({address}:{port}): cannot connect: {e}") from None
         if policy.pinned_line:
             session.new_host_keys.append((name, policy.pinned_line.strip()))
-        return cls(name, conn, user, become)
-
-    def _wrap_become(self, argv):
-        return ["sudo", "-n", "--", *argv] if self._become else argv
+        return cls(name, conn, user, become, become_password)
 
     async def _exec(self, argv, input, timeout):
         try:
@@ -94,7 +95,7 @@ class SSHConnection(Connection):
         rc = proc.exit_status if proc.exit_status is not None else 255
         return rc, proc.stdout or b"", proc.stderr or b""
 
-    async def _stream(self, argv, on_line, timeout):
+    async def _stream(self, argv, on_line, timeout, stdin=None):
         from collections import deque
 
         tail: deque[str] = deque(maxlen=60)
@@ -102,6 +103,9 @@ class SSHConnection(Connection):
             # stderr merged into stdout so progress and errors arrive in order.
             proc = await self._conn.create_process(quote(argv), stderr=asyncssh.STDOUT,
                                                    encoding="utf-8", errors="replace")
+            if stdin is not None:
+                proc.stdin.write(stdin.decode())
+                proc.stdin.write_eof()
             async for line in proc.stdout:
                 line = line.rstrip("\n")
                 tail.append(line)
@@ -117,13 +121,22 @@ class SSHConnection(Connection):
         return key.export_public_key().decode().strip() if key is not None else None
 
     async def open_connection(self, host, port):
-        return await self._conn.open_connection(host, port)
+        if self._becomer is None:
+            return await self._conn.open_connection(host, port)
+        # As root: a channel would be opened by the login's sshd session (connection/relay.py).
+        argv, prefix = await self._as_root(relay.relay_argv(host, port))
+        try:
+            return await relay.open_ssh(self._conn, quote(argv), prefix, f"{self.name} as root", host, port)
+        except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as e:
+            raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
 
     async def spawn(self, argv):
-        real = self._wrap_become(reveal_argv(argv))
+        real, prefix = await self._as_root(reveal_argv(argv))
         try:
             proc = await self._conn.create_process(quote(real), stderr=asyncssh.STDOUT,
                                                    encoding="utf-8", errors="replace")
+            if prefix:
+                proc.stdin.write(prefix.decode())
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:
             raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
         return _SshSpawned(proc)
