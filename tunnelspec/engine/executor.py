@@ -165,12 +165,19 @@ class Run:
         self._preconnect(playbook)
         lock = None
         try:
+            # Read-only preflight plays (facts, refusals) run before the lock: a host tunnelspec cannot
+            # serve is refused in the run's first seconds, and never waits for another run's lock.
+            preflight = [p for p in playbook.plays if p.preflight]
+            for play in preflight:
+                await self.run_play(play)
             if self.options.lock and not self.options.check:
                 from tunnelspec.engine.runlock import RunLock
 
+                hosts = [h for play in playbook.plays for h in self.select(play.hosts)
+                         if not (self.hosts[h].failed or self.hosts[h].unreachable)]
                 lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
-                await lock.acquire([h for play in playbook.plays for h in self.select(play.hosts)])
-            for play in playbook.plays:
+                await lock.acquire(hosts)
+            for play in playbook.plays[len(preflight):]:
                 await self.run_play(play)
         finally:
             if lock is not None:

@@ -31,3 +31,10 @@ def same_value(args: dict, hostvars: dict[str, dict]) -> str:
         rows = "\n".join(f"  {h:<20} {v}" for h, v in sorted(values.items()))
         raise TaskFailed(f"{args.get('message', var + ' differs between hosts')}:\n{rows}")
     return f"{var} equal on {len(values)} host(s)"
+
+
+@register_gate("all_hosts")
+def all_hosts(args: dict, hostvars: dict[str, dict]) -> str:
+    """Every host of the play got through it (the executor fails them all otherwise): one host
+    refused stops every host, before any of them changes."""
+    return f"{len(hostvars)} host(s) passed"

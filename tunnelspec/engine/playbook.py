@@ -10,7 +10,7 @@ from tunnelspec.errors import PlaybookError
 from tunnelspec.tasks import TASKS, load_all
 
 _TASK_KEYS = {"name", "when", "tags", "notify", "register", "listen", "no_log"}
-_PLAY_KEYS = {"name", "hosts", "tasks", "handlers", "vars", "tags", "gate", "serial_gate"}
+_PLAY_KEYS = {"name", "hosts", "tasks", "handlers", "vars", "tags", "gate", "serial_gate", "preflight"}
 
 
 @dataclass
@@ -39,6 +39,9 @@ class Play:
     gate: dict | None
     file: str
     line: int
+    # Read-only plays that run before the run lock (engine/runlock.py): facts and refusals. They come
+    # first in a playbook, and every task in them must be read-only.
+    preflight: bool = False
 
 
 @dataclass
@@ -141,9 +144,16 @@ def load_playbook(path: str | Path) -> Playbook:
             if not isinstance(gate, dict) or gate.get("kind") not in GATES:
                 raise PlaybookError(f"gate must be a mapping with kind one of {sorted(GATES)}", file,
                                     p.key_lines.get("gate", line))
+        preflight = p.get("preflight", False)
+        if not isinstance(preflight, bool):
+            raise PlaybookError("preflight must be true or false", file, p.key_lines.get("preflight", line))
+        if preflight and (handlers or any(t.notify for t in tasks)):
+            raise PlaybookError("a preflight play is read-only: no handlers, no notify", file, line)
+        if preflight and plays and not plays[-1].preflight:
+            raise PlaybookError("a preflight play must come before every other play", file, line)
         plays.append(Play(name=str(p.get("name") or p["hosts"]), hosts=str(p["hosts"]), tasks=tasks,
                           handlers=handlers, vars=dict(p.get("vars") or {}), tags=tags, gate=gate,
-                          file=file, line=line or 0))
+                          file=file, line=line or 0, preflight=preflight))
     return Playbook(str(path), plays)
 
 

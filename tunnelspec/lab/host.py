@@ -68,8 +68,43 @@ def unmount(path: Path) -> None:
         subprocess.run(["umount", "--lazy", str(path)], check=False)
 
 
-def personalise(spec: HostSpec, root: Path, client_pub: str) -> str:
-    """Own machine-id, hostname, host key and root's authorized_keys; returns the host pub key."""
+@dataclass(frozen=True)
+class LoginUser:
+    """A sudoer the lab's inventory logs in as (`lab up --login-user`), instead of root."""
+
+    name: str
+    password: str | None = None     # None: passwordless sudo (NOPASSWD)
+
+
+def _chroot(root: Path, argv: list[str], input: str | None = None) -> None:
+    res = subprocess.run(["chroot", str(root), *argv], input=input, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise LabError(f"{argv[0]} in {root} failed: {res.stderr.strip()[-500:]}")
+
+
+def add_login_user(root: Path, login: LoginUser, client_pub: str) -> None:
+    """The login user in the host's tree (before boot): a home, the lab key, sudo rights."""
+    if subprocess.run(["chroot", str(root), "getent", "passwd", login.name],
+                      capture_output=True).returncode != 0:
+        _chroot(root, ["useradd", "--create-home", "--shell", "/bin/bash", login.name])
+    if login.password is not None:
+        # On stdin, never on an argv (chpasswd hashes it with the host's default method).
+        _chroot(root, ["chpasswd"], input=f"{login.name}:{login.password}\n")
+    rule = "ALL=(ALL:ALL) ALL" if login.password is not None else "ALL=(ALL:ALL) NOPASSWD: ALL"
+    sudoers = root / "etc/sudoers.d" / f"tunnelspec-lab-{login.name}"
+    sudoers.write_text(f"# tunnelspec lab: the login user\n{login.name} {rule}\n")
+    sudoers.chmod(0o440)
+    _chroot(root, ["install", "-d", "-m", "700", "-o", login.name, "-g", login.name, f"/home/{login.name}/.ssh"])
+    keys = root / "home" / login.name / ".ssh" / "authorized_keys"
+    keys.write_text(client_pub + "\n")
+    keys.chmod(0o600)
+    _chroot(root, ["chown", f"{login.name}:{login.name}", f"/home/{login.name}/.ssh/authorized_keys"])
+
+
+def personalise(spec: HostSpec, root: Path, client_pub: str, apt_source: str = "",
+                login: LoginUser | None = None) -> str:
+    """Own machine-id, hostname, host key, root's authorized_keys, the package source (the lab's
+    repository on the bridge) and the login user; returns the host pub key."""
     key_path = spec.home / "ssh_host_ed25519_key"
     host_pub = ensure_keypair(key_path, f"root@{spec.name}")
     mid = spec.home / "machine-id"
@@ -85,6 +120,11 @@ def personalise(spec: HostSpec, root: Path, client_pub: str) -> str:
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     os.chmod(ssh_dir, 0o700)
     write_private(ssh_dir / "authorized_keys", (client_pub + "\n").encode())
+    if apt_source:
+        (root / "etc/apt/sources.list").write_text("# tunnelspec lab: Debian's files, served on the lab bridge\n"
+                                                   + apt_source)
+    if login is not None:
+        add_login_user(root, login, client_pub)
     return host_pub
 
 

@@ -1,7 +1,16 @@
-"""The lab's Debian image: built once with debootstrap, customised, cached by content key.
+"""The lab's Debian images, one per release: built once with debootstrap, customised, cached by
+content key, each with the package repository its hosts install from.
 
-The key hashes the package list and the customisation script, so changing either builds a new
-image; an unchanged key reuses `/var/cache/tunnelspec/image-<key>.tar.zst` and its unpacked tree.
+An image holds what a freshly installed server has (systemd, openssh-server, sudo) and no build
+toolchain: every lab deploy installs its prerequisites (prereqs.py) the way it does on a user's
+bare host. Lab hosts have no route out, so the packages come from a repository served on the lab
+bridge's own address (lab/aptrepo.py): the very files of Debian's archive — its signed `InRelease`,
+its `Packages` index and the `.deb`s the prerequisites need — fetched once when the image is built,
+so apt on the hosts verifies Debian's signature and every hash as it would against a mirror.
+
+The key hashes the release, the package lists and the customisation, so changing any of them builds
+a new image; an unchanged key reuses `/var/cache/tunnelspec/image-<key>.tar.zst` (and its repo
+`/var/cache/tunnelspec/apt/<key>`) and the unpacked tree.
 """
 
 from __future__ import annotations
@@ -18,23 +27,30 @@ from tunnelspec.errors import LabError
 
 CACHE_DIR = Path("/var/cache/tunnelspec")
 IMAGES_DIR = Path("/var/lib/tunnelspec-lab/images")
-SUITE = "bookworm"
+REPO_DIR = CACHE_DIR / "apt"
 MIRROR = "http://deb.debian.org/debian"
+# Debian releases a lab host can run (`lab up --release HOST=CODENAME`): between them they bracket
+# the Ubuntu LTS releases (OpenSSH 8.4 / 9.2 / 10.0, systemd 247 / 252 / 257, gcc 10 / 12 / 14).
+RELEASES = ("bullseye", "bookworm", "trixie")
+DEFAULT_RELEASE = "bookworm"
 
 PACKAGES = (
     # systemd as PID 1 with logind/dbus so `systemctl` over SSH behaves as on a real host
     "systemd", "systemd-sysv", "dbus", "libpam-systemd", "dbus-user-session",
     "openssh-server", "iproute2", "netbase", "procps", "util-linux", "coreutils", "sudo", "curl",
     "ca-certificates",
-    # llama.cpp CPU build (-DLLAMA_CURL=OFF, so no libcurl-dev) and our tasks
-    "git", "cmake", "g++", "make", "ccache", "libgomp1", "python3",
-    # tunnelspec's local isolation (loopback port owner rules); the lab has no route to a mirror,
-    # so deploy's "install nftables where missing" cannot fetch it there.
-    "nftables",
 )
 
+
+def repo_packages() -> tuple[str, ...]:
+    """What the lab's repository offers: every apt package a prerequisite names."""
+    from tunnelspec import prereqs
+
+    return tuple(prereqs.apt_packages_all())
+
+
 # Bump when CUSTOMISE_FILES or _customise() change: it is part of the content key.
-CUSTOMISE_VERSION = "4"
+CUSTOMISE_VERSION = "5"
 
 # Paths are inside the image. Host keys and machine-id are deliberately absent: every host gets
 # its own, written into its overlay before boot.
@@ -57,6 +73,10 @@ CUSTOMISE_FILES = {
     ),
     "etc/environment": "CCACHE_DIR=/var/cache/ccache\n",
     "etc/systemd/journald.conf.d/tunnelspec-lab.conf": "[Journal]\nStorage=persistent\n",
+    # The lab's repository has no translations; each host's sources.list is written at boot
+    # (host.personalise): it names the lab bridge's address.
+    "etc/apt/apt.conf.d/99tunnelspec-lab": 'Acquire::Languages "none";\n',
+    "etc/apt/sources.list": "",
     # No DNS inside the lab: a name lookup must never leave the machine.
     "etc/resolv.conf": "",
     "etc/hostname": "",
@@ -71,10 +91,11 @@ MASKED_UNITS = (
 )
 
 
-def content_key() -> str:
+def content_key(release: str = DEFAULT_RELEASE) -> str:
     h = hashlib.sha256()
     h.update("\n".join(sorted(PACKAGES)).encode())
-    h.update(f"\0{SUITE}\0{CUSTOMISE_VERSION}\0".encode())
+    h.update(b"\0" + "\n".join(sorted(repo_packages())).encode())
+    h.update(f"\0{release}\0{CUSTOMISE_VERSION}\0".encode())
     for path in sorted(CUSTOMISE_FILES):
         h.update(f"{path}\0{CUSTOMISE_FILES[path]}\0".encode())
     h.update("\0".join(MASKED_UNITS).encode())
@@ -109,15 +130,36 @@ def _customise(root: Path) -> None:
     _run(["chroot", str(root), "systemctl", "mask", *MASKED_UNITS], "masking units")
     shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
     (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+    # No package lists: the host fetches them from the lab's repository (a 45 MB index saved).
+    shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
+    (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+    (root / "etc/apt/sources.list.d").mkdir(parents=True, exist_ok=True)
 
 
-def ensure_image(log: Callable[[str], None] = print) -> Path:
-    """Return the unpacked image directory (lowerdir for the hosts' overlays), building if needed."""
-    key = content_key()
+def release_of(key_dir: Path) -> str:
+    """The release an unpacked image was built from (written beside its `.complete` marker)."""
+    try:
+        return (key_dir / ".release").read_text().strip() or DEFAULT_RELEASE
+    except OSError:
+        return DEFAULT_RELEASE
+
+
+def ensure_image(log: Callable[[str], None] = print, release: str = DEFAULT_RELEASE) -> Path:
+    """Return the unpacked image directory (lowerdir for the hosts' overlays), building if needed;
+    its package repository (`aptrepo.repo_dir(key)`) is there too when this returns."""
+    from tunnelspec.lab import aptrepo
+
+    if release not in RELEASES:
+        raise LabError(f"unknown release {release!r}: the lab offers {', '.join(RELEASES)}")
+    key = content_key(release)
     tarball = CACHE_DIR / f"image-{key}.tar.zst"
     unpacked = IMAGES_DIR / key
-    if (unpacked / ".complete").exists():
+    if not aptrepo.is_complete(key) and tarball.exists():
+        tarball.unlink()            # image and repository are made together: both again
+    if (unpacked / ".complete").exists() and aptrepo.is_complete(key):
         return unpacked
+    if unpacked.exists():
+        shutil.rmtree(unpacked)
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     IMAGES_DIR.mkdir(parents=True, exist_ok=True)
     staging = IMAGES_DIR / f"{key}.partial"
@@ -130,20 +172,27 @@ def ensure_image(log: Callable[[str], None] = print) -> Path:
               "-xpf", str(tarball)], "unpacking the cached image")
         log(f"lab: image {key} unpacked from {tarball} in {time.monotonic() - t0:.1f} s")
     else:
-        _build(staging, tarball, key, log)
+        _build(staging, tarball, key, release, log)
+    (staging / ".release").write_text(release + "\n")
     (staging / ".complete").write_text(key + "\n")
     staging.rename(unpacked)
     return unpacked
 
 
-def _build(root: Path, tarball: Path, key: str, log: Callable[[str], None]) -> None:
+def _build(root: Path, tarball: Path, key: str, release: str, log: Callable[[str], None]) -> None:
+    from tunnelspec.lab import aptrepo
+
     t0 = time.monotonic()
-    debs = CACHE_DIR / "debootstrap-debs"
+    debs = CACHE_DIR / f"debootstrap-debs-{release}"
     debs.mkdir(parents=True, exist_ok=True)
-    log(f"lab: building image {key} with debootstrap ({len(PACKAGES)} packages) ...")
+    log(f"lab: building the {release} image {key} with debootstrap ({len(PACKAGES)} packages) ...")
     # nice: the machine's few cores are shared with builds running at the same time.
     _run(["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--cache-dir={debs}",
-          "--include=" + ",".join(PACKAGES), SUITE, str(root), MIRROR], "debootstrap")
+          "--include=" + ",".join(PACKAGES), release, str(root), MIRROR], "debootstrap")
+    t1 = time.monotonic()
+    n = aptrepo.build_repo(root, key, release, repo_packages(), log)
+    log(f"lab: {release} package repository: {n} packages for the prerequisites "
+        f"in {time.monotonic() - t1:.0f} s")
     t1 = time.monotonic()
     _customise(root)
     tmp = tarball.with_suffix(".partial")
@@ -180,6 +229,10 @@ def prune_images(keep: set[str], log: Callable[[str], None] = print) -> None:
         if tarball.name[len("image-"):-len(".tar.zst")] not in keep:
             tarball.unlink(missing_ok=True)
             log(f"lab: removed unused image archive {tarball}")
+    if REPO_DIR.is_dir():
+        for repo in REPO_DIR.iterdir():
+            if repo.is_dir() and "." not in repo.name and repo.name not in keep:
+                shutil.rmtree(repo, ignore_errors=True)
     if IMAGES_DIR.is_dir():
         for tree in IMAGES_DIR.iterdir():
             if tree.is_dir() and "." not in tree.name and tree.name not in keep:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from tunnelspec.errors import LabError
-from tunnelspec.lab import cgroups, host, network, outputs, prereq, state
-from tunnelspec.lab.host import HostSpec
+from tunnelspec.lab import aptrepo, cgroups, host, network, outputs, prereq, state
+from tunnelspec.lab.host import HostSpec, LoginUser
 from tunnelspec.lab.keys import ensure_keypair
 from tunnelspec.lab.network import LabNet
 
@@ -80,26 +80,40 @@ class Lab:
 
     # ---- up -------------------------------------------------------------------------------------
     def up(self, hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
-           deadline_s: float = 180.0) -> dict[str, float]:
-        """Bring the lab up; returns timings in seconds (image, fixtures, boot, total)."""
+           deadline_s: float = 180.0, releases: dict[str, str] | None = None,
+           login_user: str | None = None, login_password: str | None = None) -> dict[str, float]:
+        """Bring the lab up; returns timings in seconds (image, fixtures, boot, total).
+
+        `releases`: host -> Debian codename (default bookworm for every host); `login_user`: a
+        sudoer the inventory logs in as (with `login_password` for sudo, else NOPASSWD)."""
         prereq.check_platform()
         prereq.check_tools()
+        login = LoginUser(login_user, login_password) if login_user else None
         with state.locked():
-            return self._up(list(hosts), deadline_s)
+            return self._up(list(hosts), deadline_s, dict(releases or {}), login)
 
-    def _up(self, hosts: list[str], deadline_s: float) -> dict[str, float]:
+    def _up(self, hosts: list[str], deadline_s: float, releases: dict[str, str],
+            login: LoginUser | None) -> dict[str, float]:
+        from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, ensure_image, prune_images
+
         self._validate_hosts(hosts)
-        st = self._load_or_new(hosts)
+        for name, rel in releases.items():
+            if name not in hosts:
+                raise LabError(f"--release names {name!r}, which is not a lab host ({', '.join(hosts)})")
+            if rel not in RELEASES:
+                raise LabError(f"--release {name}={rel}: the lab offers {', '.join(RELEASES)}")
+        releases = {h: releases.get(h, DEFAULT_RELEASE) for h in hosts}
+        st = self._load_or_new(hosts, releases, login)
         t0 = time.monotonic()
-        from tunnelspec.lab.image import ensure_image, prune_images
-        image = ensure_image(self.log)
+        images = {rel: ensure_image(self.log, rel) for rel in dict.fromkeys(releases.values())}
         t_image = time.monotonic() - t0
         fixtures = _fixtures()
         t_fix = time.monotonic() - t0 - t_image
-        st["image"] = str(image)
+        st["images"] = {rel: str(p) for rel, p in images.items()}
         state.save(self.net.bridge, st)
-        prune_images({image.name} | {Path(h["image"]).name for s in state.all_labs()
-                                     for h in s["hosts"].values() if h.get("image")}, self.log)
+        prune_images({p.name for p in images.values()} | {Path(h["image"]).name for s in state.all_labs()
+                                                          for h in s["hosts"].values() if h.get("image")},
+                     self.log)
 
         self.dir.mkdir(parents=True, exist_ok=True)
         client_pub = ensure_keypair(self.key_file, "tunnelspec-lab-client")
@@ -107,12 +121,17 @@ class Lab:
             d.mkdir(parents=True, exist_ok=True)
         _ensure_nspawn_tmpfs()
         network.ensure_bridge(self.net)
+        st["repo_pid"] = aptrepo.serve(self.net.gateway, st.get("repo_pid"),
+                                       state.state_dir(self.net.bridge) / "apt-repo.log")
+        state.save(self.net.bridge, st)
 
         t_boot0 = time.monotonic()
         host_keys = {}
         for spec in self._specs(hosts):
-            host_keys[spec.ip] = self._ensure_host(st, spec, image, client_pub)
-        self._write_files(host_keys, fixtures)
+            rel = releases[spec.name]
+            source = aptrepo.source_line(self.net.gateway, images[rel].name, rel)
+            host_keys[spec.ip] = self._ensure_host(st, spec, images[rel], client_pub, source, login)
+        self._write_files(host_keys, fixtures, login)
         self._wait_ready(hosts, deadline_s)
         t_boot = time.monotonic() - t_boot0
         timings = {"image": t_image, "fixtures": t_fix, "boot": t_boot,
@@ -131,13 +150,21 @@ class Lab:
         if len(set(hosts)) != len(hosts):
             raise LabError(f"duplicate lab host names in {hosts}")
 
-    def _load_or_new(self, hosts: list[str]) -> dict:
+    def _load_or_new(self, hosts: list[str], releases: dict[str, str], login: LoginUser | None) -> dict:
         st = state.load(self.net.bridge)
+        login_rec = {"user": login.name, "password": login.password is not None} if login else None
         if st is None:
             st = {"dir": str(self.dir), "bridge": self.net.bridge, "subnet": str(self.net.subnet),
-                  "order": hosts, "hosts": {}}
+                  "order": hosts, "hosts": {}, "releases": releases, "login": login_rec}
             state.save(self.net.bridge, st)
             return st
+        if st.get("releases", {h: "bookworm" for h in st["order"]}) != releases and st["order"] == hosts:
+            raise LabError(f"the lab in {self.dir} runs releases "
+                           f"{','.join(f'{h}={r}' for h, r in st.get('releases', {}).items())}, not "
+                           f"{','.join(f'{h}={r}' for h, r in releases.items())}: run `tunnelspec lab down` first")
+        if st.get("login") != login_rec and st["order"] == hosts:
+            raise LabError(f"the lab in {self.dir} logs in as {(st.get('login') or {}).get('user', 'root')}, not "
+                           f"{login.name if login else 'root'}: run `tunnelspec lab down` first")
         if st["dir"] != str(self.dir):
             raise LabError(f"bridge {self.net.bridge} is used by the lab in {st['dir']}: take it "
                            f"down first or pass another bridge and subnet")
@@ -155,7 +182,8 @@ class Lab:
                          machine=self._machine(n), home=home / n)
                 for i, n in enumerate(hosts)]
 
-    def _ensure_host(self, st: dict, spec: HostSpec, image: Path, client_pub: str) -> str:
+    def _ensure_host(self, st: dict, spec: HostSpec, image: Path, client_pub: str, apt_source: str,
+                     login: LoginUser | None) -> str:
         rec = st["hosts"].setdefault(spec.name, {"ip": spec.ip, "index": spec.index, "pid": None,
                                                  "netns": spec.netns, "cgroups": []})
         state.save(self.net.bridge, st)  # recorded before anything is created
@@ -172,18 +200,19 @@ class Lab:
             rec["image"] = str(image)  # the lowerdir this host's overlay is mounted on
             state.save(self.net.bridge, st)
         root = host.mount_overlay(spec, Path(rec.get("image", image)))
-        host_pub = host.personalise(spec, root, client_pub)
+        host_pub = host.personalise(spec, root, client_pub, apt_source, login)
         rec["pid"] = host.start(spec, root, [Path(p) for p in rec["cgroups"]])
         state.save(self.net.bridge, st)
         self.log(f"lab: {spec.name} ({spec.ip}) booting, nspawn supervisor pid {rec['pid']}")
         return host_pub
 
-    def _write_files(self, host_keys: dict[str, str], fixtures) -> None:
+    def _write_files(self, host_keys: dict[str, str], fixtures, login: LoginUser | None) -> None:
         hosts = self.hosts
         self.known_hosts.write_text(outputs.known_hosts_text(host_keys))
         self.ssh_config.write_text(outputs.ssh_config_text(hosts, self.key_file, self.known_hosts))
         self.inventory.write_text(
-            outputs.inventory_text(hosts, self.key_file, self.known_hosts, fixtures))
+            outputs.inventory_text(hosts, self.key_file, self.known_hosts, fixtures,
+                                   login.name if login else None))
 
     def _wait_ready(self, hosts: list[str], deadline_s: float) -> None:
         end = time.monotonic() + deadline_s
@@ -288,6 +317,8 @@ class Lab:
                 network.remove_host_link(self.net, rec["index"], name)
                 rec["pid"] = None
                 state.save(self.net.bridge, st)
+        if st is not None:
+            aptrepo.stop(st.get("repo_pid"), self.net.gateway)
         network.remove_bridge(self.net)
         shutil.rmtree(state.state_dir(self.net.bridge), ignore_errors=True)
         for path in (self.inventory, self.known_hosts, self.ssh_config):

@@ -22,7 +22,7 @@ def known_hosts_text(host_keys: dict[str, str]) -> str:
 
 
 def inventory_text(hosts: dict[str, str], key_file: Path, known_hosts: Path,
-                   fixtures: Any) -> str:
+                   fixtures: Any, login_user: str | None = None) -> str:
     names = list(hosts)
     out = ["# Written by `tunnelspec lab up`: the lab's hosts, addressed by IP.", "[main]"]
     out.append(f"{names[0]} ansible_host={hosts[names[0]]}")
@@ -30,7 +30,8 @@ def inventory_text(hosts: dict[str, str], key_file: Path, known_hosts: Path,
     for i, name in enumerate(names[1:]):
         role = "draft" if i == 0 else "target"
         out.append(f"{name} ansible_host={hosts[name]} rpc_role={role}")
-    out += ["", "[all:vars]", "ansible_user=root", f"ansible_ssh_private_key_file={key_file}",
+    login = [f"ansible_user={login_user}", "ansible_become=true"] if login_user else ["ansible_user=root"]
+    out += ["", "[all:vars]", *login, f"ansible_ssh_private_key_file={key_file}",
             f"tunnelspec_known_hosts={known_hosts}", f"llama_build_jobs={LAB_BUILD_JOBS}",
             f"llama_repo={fixtures.repo}", f"llama_commit={fixtures.commit}"]
     if getattr(fixtures, "build_number", None) is not None:

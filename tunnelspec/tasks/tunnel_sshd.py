@@ -165,7 +165,9 @@ class TunnelSessionsRenew(Task):
         # tunnels reconnect only after their restart delay, so no new session's sleep is hit.
         user = self.p["user"]
         await ctx.conn.run(["pkill", "-KILL", "-u", user, "-x", "sleep|sh"])
-        res = await ctx.conn.run(["pgrep", "-u", user, "-x", "sshd"])
+        # OpenSSH >= 9.8 (Debian 13, Ubuntu >= 24.10) runs a session as `sshd-session`, older ones
+        # as `sshd`: both names, so the renewal works on every release.
+        res = await ctx.conn.run(["pgrep", "-u", user, "-x", "sshd|sshd-session"])
         pids = [p for p in res.stdout.split() if p.isdigit()]
         if pids:
             await ctx.conn.run(["kill", "-TERM", "--", *pids])

@@ -1,0 +1,203 @@
+"""What a host is: OS and release, kernel, init, OpenSSH, package manager, CPU, free disk, the
+tools tunnelspec runs and where they live, and what the login may do through sudo.
+
+One read-only command (`FACTS_ARGV`, a POSIX sh script that runs on Linux and macOS alike, as the
+login user: no become, so a host whose sudo is broken still tells what it is) and a pure parser
+(`parse_facts`). Gathered once per run per host (tasks/host.py); everything version-dependent on a
+host is decided from these facts, never assumed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+# Commands whose presence and path matter to some task; `command -v` on each, in one round trip.
+TOOLS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew",
+         "git", "cmake", "make", "cc", "c++", "gcc", "g++", "ccache", "python3", "ssh", "sshd",
+         "nft", "flock", "setpriv", "stdbuf", "nologin", "sudo", "systemctl", "useradd",
+         "glslc", "nvcc", "hipcc", "nvidia-smi", "vulkaninfo", "rocminfo")
+# Headers a build needs (their -dev packages carry no command to look for).
+FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/usr/include/vulkan/vulkan.h")
+# Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin).
+SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
+PACKAGE_MANAGERS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew")
+
+# $1: the directory whose file system holds builds (its nearest existing parent is measured).
+_SCRIPT = r"""
+PATH="$PATH:__SBIN__"; export PATH LC_ALL=C
+say() { printf '%s=%s\n' "$1" "$(printf '%s' "$2" | tr '\n' ' ')"; }
+say system "$(uname -s 2>/dev/null)"
+say kernel "$(uname -r 2>/dev/null)"
+say arch "$(uname -m 2>/dev/null)"
+say uid "$(id -u 2>/dev/null)"
+say user "$(id -un 2>/dev/null)"
+if [ -r /etc/os-release ]; then
+  sed -n 's/^\(ID\|VERSION_ID\|VERSION_CODENAME\|PRETTY_NAME\|ID_LIKE\)=/os_\1=/p' /etc/os-release
+fi
+command -v sw_vers >/dev/null 2>&1 && say macos "$(sw_vers -productVersion 2>/dev/null)"
+say init "$(cat /proc/1/comm 2>/dev/null)"
+[ -d /run/systemd/system ] && say systemd_booted yes
+command -v systemctl >/dev/null 2>&1 && say systemd "$(systemctl --version 2>/dev/null | head -n 1)"
+for t in __TOOLS__; do p=$(command -v "$t" 2>/dev/null) && say "tool:$t" "$p"; done
+for f in __FILES__; do [ -e "$f" ] && say "file:$f" yes; done
+say sshd_version "$( (sshd -V 2>&1 || true) | grep -o 'OpenSSH_[0-9][0-9.p]*' | head -n 1)"
+say ssh_version "$( (ssh -V 2>&1 || true) | grep -o 'OpenSSH_[0-9][0-9.p]*' | head -n 1)"
+command -v gcc >/dev/null 2>&1 && say gcc "$(gcc -dumpfullversion -dumpversion 2>/dev/null)"
+command -v cmake >/dev/null 2>&1 && say cmake "$(cmake --version 2>/dev/null | head -n 1)"
+d=$1; while [ ! -d "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
+say disk_dir "$d"
+say disk_free_kb "$(df -Pk -- "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
+say nproc "$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)"
+say mem_kb "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)"
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then
+  out=$(sudo -n true 2>&1 </dev/null); rc=$?
+  say sudo_nopasswd_rc "$rc"
+  say sudo_nopasswd_msg "$out"
+fi
+exit 0
+"""
+
+SCRIPT = _SCRIPT.replace("__SBIN__", SBIN_DIRS).replace("__TOOLS__", " ".join(TOOLS)) \
+    .replace("__FILES__", " ".join(FILES))
+
+
+def facts_argv(build_root: str) -> list[str]:
+    return ["sh", "-c", SCRIPT, "sh", build_root]
+
+
+def _version(text: str, pattern: str = r"(\d+)\.(\d+)(?:\.(\d+))?") -> tuple[int, ...] | None:
+    m = re.search(pattern, text or "")
+    if not m:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    system: str = ""                 # uname -s: Linux, Darwin, ...
+    kernel: str = ""
+    arch: str = ""
+    uid: int | None = None
+    user: str = ""
+    os_id: str = ""                  # debian, ubuntu, ... (os-release ID)
+    os_like: str = ""
+    os_version: str = ""             # VERSION_ID: 12, 24.04
+    os_codename: str = ""
+    os_pretty: str = ""
+    macos: str = ""                  # sw_vers -productVersion on a Mac
+    init: str = ""                   # PID 1's name (systemd, init, sh, sshd, ...)
+    systemd_booted: bool = False     # /run/systemd/system exists: systemd is the running manager
+    systemd_version: int | None = None
+    openssh: tuple[int, ...] | None = None       # sshd's version (the server), else ssh's
+    openssh_text: str = ""
+    gcc: tuple[int, ...] | None = None
+    cmake: tuple[int, ...] | None = None
+    package_manager: str | None = None
+    disk_dir: str = ""
+    disk_free_kb: int | None = None
+    nproc: int | None = None
+    mem_kb: int | None = None
+    tools: dict = field(default_factory=dict)    # command -> path, for the TOOLS found
+    files: tuple = ()                            # the FILES present
+    sudo_nopasswd: bool | None = None            # `sudo -n true` worked (None: root, or no sudo)
+    sudo_msg: str = ""
+
+    # ---- derived --------------------------------------------------------------------------
+    @property
+    def is_linux(self) -> bool:
+        return self.system == "Linux"
+
+    @property
+    def has_systemd(self) -> bool:
+        return self.init == "systemd" and self.systemd_booted
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    @property
+    def sshd_session_name(self) -> str:
+        """The per-connection process name: `sshd-session` since OpenSSH 9.8."""
+        return "sshd-session" if self.openssh and self.openssh >= (9, 8) else "sshd"
+
+    def describe_os(self) -> str:
+        if self.system == "Darwin":
+            return f"macOS {self.macos}".strip()
+        if self.os_pretty:
+            return self.os_pretty
+        return f"{self.system} {self.kernel}".strip() or "unknown"
+
+    def summary(self) -> str:
+        """One line for status and logs."""
+        parts = [self.describe_os(), f"kernel {self.kernel}" if self.kernel else "", self.arch,
+                 f"systemd {self.systemd_version}" if self.has_systemd and self.systemd_version
+                 else f"init {self.init or '?'}",
+                 f"OpenSSH {'.'.join(map(str, self.openssh))}" if self.openssh else "",
+                 f"gcc {'.'.join(map(str, self.gcc))}" if self.gcc else "",
+                 f"cmake {'.'.join(map(str, self.cmake))}" if self.cmake else "",
+                 self.package_manager or "no known package manager",
+                 f"{self.disk_free_kb // 1024 // 1024} GiB free in {self.disk_dir}"
+                 if self.disk_free_kb is not None else ""]
+        return ", ".join(p for p in parts if p)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("openssh", "gcc", "cmake"):
+            d[k] = ".".join(map(str, d[k])) if d[k] else None
+        return d
+
+
+def parse_facts(text: str) -> HostFacts:
+    raw: dict[str, str] = {}
+    tools: dict[str, str] = {}
+    files: list[str] = []
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        value = value.strip()
+        if key.startswith("tool:"):
+            if value.startswith("/"):       # `command -v` of a shell builtin or alias is no path
+                tools[key[5:]] = value
+            continue
+        if key.startswith("file:"):
+            files.append(key[5:])
+            continue
+        if key.startswith("os_"):
+            value = value.strip('"').strip("'")
+        raw[key] = value
+
+    def num(key):
+        v = raw.get(key, "")
+        return int(v) if v.isdigit() else None
+
+    systemd = _version(raw.get("systemd", ""), r"systemd (\d+)")
+    ssh_text = raw.get("sshd_version") or raw.get("ssh_version") or ""
+    sudo_rc = raw.get("sudo_nopasswd_rc")
+    return HostFacts(
+        system=raw.get("system", ""), kernel=raw.get("kernel", ""), arch=raw.get("arch", ""),
+        uid=num("uid"), user=raw.get("user", ""),
+        os_id=raw.get("os_ID", ""), os_like=raw.get("os_ID_LIKE", ""),
+        os_version=raw.get("os_VERSION_ID", ""), os_codename=raw.get("os_VERSION_CODENAME", ""),
+        os_pretty=raw.get("os_PRETTY_NAME", ""), macos=raw.get("macos", ""),
+        init=raw.get("init", ""), systemd_booted=raw.get("systemd_booted") == "yes",
+        systemd_version=systemd[0] if systemd else None,
+        openssh=_version(ssh_text, r"OpenSSH_(\d+)\.(\d+)"), openssh_text=ssh_text,
+        gcc=_version(raw.get("gcc", "")), cmake=_version(raw.get("cmake", "")),
+        package_manager=next((p for p in PACKAGE_MANAGERS if p in tools), None),
+        disk_dir=raw.get("disk_dir", ""), disk_free_kb=num("disk_free_kb"),
+        nproc=num("nproc"), mem_kb=num("mem_kb"), tools=tools, files=tuple(files),
+        sudo_nopasswd=None if sudo_rc is None else sudo_rc == "0",
+        sudo_msg=raw.get("sudo_nopasswd_msg", ""),
+    )
+
+
+def facts_from_dict(d: dict) -> HostFacts:
+    """The inverse of `HostFacts.to_dict` (facts travel between tasks as registered dicts)."""
+    d = dict(d)
+    for k in ("openssh", "gcc", "cmake"):
+        d[k] = tuple(int(x) for x in d[k].split(".")) if d.get(k) else None
+    d["files"] = tuple(d.get("files") or ())
+    known = set(HostFacts.__dataclass_fields__)
+    return HostFacts(**{k: v for k, v in d.items() if k in known})

@@ -1,0 +1,116 @@
+"""What each host needs before tunnelspec can build and run llama.cpp there: one table, decided from
+the host's facts (facts/host.py) and its role in the cluster.
+
+Every entry names what is looked for (a command on the host, or a header file), the package that
+brings it per package manager, and why it is needed. The deploy's first plays use it (tasks/host.py):
+read-only before the run lock (what is missing, and whether it can be installed), then the install
+itself. The README's "What each host needs" is rendered from this table (`markdown_table`), and a
+test fails when the two differ. The lab's package repository holds every apt package named here
+(`apt_packages_all`), so a lab host starts bare and the deploy installs its toolchain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tunnelspec.facts.host import FILES, HostFacts
+
+# Package managers tunnelspec installs with. Elsewhere a preflight names what is missing and stops.
+INSTALLERS = ("apt-get",)
+
+
+@dataclass(frozen=True)
+class Need:
+    """Context a requirement is decided on (one host of one cluster)."""
+
+    role: str                  # "main" or "rpc"
+    backend: str               # llama_backend of this host: cpu, cuda, hip, vulkan, metal
+    isolation: bool            # rpc_local_isolation
+    https_repo: bool           # llama_repo is fetched over https (CA certificates needed)
+
+
+@dataclass(frozen=True)
+class Prereq:
+    what: str                  # a command name, or an absolute path of a file
+    apt: str | None            # the Debian/Ubuntu package bringing it (None: not installable by us)
+    why: str
+    when: Callable[[Need], bool] = lambda n: True
+    when_text: str = "every host"
+
+    @property
+    def is_file(self) -> bool:
+        return self.what.startswith("/")
+
+    def present(self, facts: HostFacts) -> bool:
+        return self.what in facts.files if self.is_file else self.what in facts.tools
+
+
+def _main(n: Need) -> bool:
+    return n.role == "main"
+
+
+def _rpc(n: Need) -> bool:
+    return n.role == "rpc"
+
+
+TABLE: tuple[Prereq, ...] = (
+    Prereq("git", "git", "checks out the pinned llama.cpp commit and applies the patch stack"),
+    Prereq("cmake", "cmake", "configures the llama.cpp build"),
+    Prereq("make", "make", "runs the build cmake generates"),
+    Prereq("g++", "g++", "compiles llama.cpp (C++17)"),
+    Prereq("ccache", "ccache", "makes rebuilds and other hosts' builds of the same tree cheap"),
+    Prereq("python3", "python3", "runs the readiness helper before llama-server and the root probe relay"),
+    Prereq("flock", "util-linux", "holds the run lock: one run at a time per cluster"),
+    Prereq("setpriv", "util-linux", "the tunnel key's forced command ends with its session"),
+    Prereq("stdbuf", "coreutils", "line-buffers the RPC server's banner into the journal"),
+    Prereq("/etc/ssl/certs/ca-certificates.crt", "ca-certificates", "git fetches llama_repo over https",
+           when=lambda n: n.https_repo, when_text="llama_repo is an https URL"),
+    Prereq("nft", "nftables", "the loopback isolation rules (only the tunnel / llama-server may connect)",
+           when=lambda n: n.isolation, when_text="rpc_local_isolation (default true)"),
+    Prereq("ssh", "openssh-client", "the persistent tunnels to the rpc nodes", when=_main, when_text="main"),
+    Prereq("/usr/include/openssl/ssl.h", "libssl-dev", "llama-server built with TLS support (LLAMA_OPENSSL)",
+           when=_main, when_text="main"),
+    Prereq("sshd", "openssh-server", "the tunnel user's restricted login", when=_rpc, when_text="rpc nodes"),
+    Prereq("glslc", "glslc", "compiles ggml's Vulkan shaders",
+           when=lambda n: n.backend == "vulkan", when_text="llama_backend=vulkan"),
+    Prereq("/usr/include/vulkan/vulkan.h", "libvulkan-dev", "the Vulkan headers and loader for ggml-vulkan",
+           when=lambda n: n.backend == "vulkan", when_text="llama_backend=vulkan"),
+    Prereq("nvcc", None, "compiles ggml-cuda (install NVIDIA's CUDA toolkit)",
+           when=lambda n: n.backend == "cuda", when_text="llama_backend=cuda"),
+    Prereq("hipcc", None, "compiles ggml-hip (install AMD's ROCm)",
+           when=lambda n: n.backend == "hip", when_text="llama_backend=hip"),
+)
+
+# The facts script looks for each file of the table: a file it does not look for would always be missing.
+assert {p.what for p in TABLE if p.is_file} <= set(FILES), "facts/host.py FILES lacks a prerequisite file"
+
+
+def needed(need: Need) -> list[Prereq]:
+    return [p for p in TABLE if p.when(need)]
+
+
+def missing(need: Need, facts: HostFacts) -> list[Prereq]:
+    return [p for p in needed(need) if not p.present(facts)]
+
+
+def packages(prereqs: list[Prereq]) -> list[str]:
+    """The apt packages for these, each once, in table order."""
+    out: list[str] = []
+    for p in prereqs:
+        if p.apt and p.apt not in out:
+            out.append(p.apt)
+    return out
+
+
+def apt_packages_all() -> list[str]:
+    return packages(list(TABLE))
+
+
+def markdown_table() -> str:
+    """The README's "What each host needs" (tests/test_readme_prereqs.py keeps them equal)."""
+    rows = ["| needs | on | Debian/Ubuntu package | why |", "|---|---|---|---|"]
+    for p in TABLE:
+        rows.append(f"| `{p.what}` | {p.when_text} | {('`' + p.apt + '`') if p.apt else '(not packaged: install it yourself)'} "
+                    f"| {p.why} |")
+    return "\n".join(rows)
