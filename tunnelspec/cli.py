@@ -249,11 +249,30 @@ _lab_dir = click.option("--dir", "lab_dir", default="lab", show_default=True,
 @_lab_dir
 @click.option("--subnet", default=None, help="Lab subnet inside 10.77.0.0/16 [10.77.0.0/24].")
 @click.option("--bridge", default=None, help="Bridge name, one per lab [tslab0].")
-def lab_up(hosts: str, lab_dir: str, subnet: str | None, bridge: str | None) -> None:
-    """Build the image (once), boot the hosts, write inventory, known_hosts, key, ssh_config."""
+@click.option("--release", "release", default="", metavar="HOST=CODENAME[,...]",
+              help="Debian release per host: bullseye, bookworm or trixie [bookworm for every host].")
+@click.option("--login-user", default=None, metavar="NAME",
+              help="Log in as NAME, a sudoer on every host (ansible_become=true), instead of root.")
+@click.option("--login-password-file", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="NAME's sudo password, from this file (default: passwordless sudo).")
+def lab_up(hosts: str, lab_dir: str, subnet: str | None, bridge: str | None, release: str,
+           login_user: str | None, login_password_file: str | None) -> None:
+    """Build the images (once), boot the hosts, write inventory, known_hosts, key, ssh_config."""
     from tunnelspec.lab import Lab
 
-    Lab(lab_dir, subnet=subnet, bridge=bridge).up([h for h in hosts.split(",") if h])
+    releases = {}
+    for item in (x for x in release.split(",") if x.strip()):
+        name, sep, rel = item.partition("=")
+        if not sep or not name.strip() or not rel.strip():
+            raise click.UsageError(f"--release takes HOST=CODENAME[,...], got {item!r}")
+        releases[name.strip()] = rel.strip()
+    if login_password_file and not login_user:
+        raise click.UsageError("--login-password-file needs --login-user")
+    from pathlib import Path
+
+    password = Path(login_password_file).read_text().rstrip("\n") if login_password_file else None
+    Lab(lab_dir, subnet=subnet, bridge=bridge).up([h for h in hosts.split(",") if h], releases=releases,
+                                                  login_user=login_user, login_password=password)
 
 
 @lab.command("status")
