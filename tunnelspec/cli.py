@@ -47,10 +47,17 @@ def main() -> None:
 def _run_options(check, diff, limit, tags, skip_tags, forks, verbose, extra_vars=(), **kw):
     from tunnelspec.engine.context import RunOptions
 
+    from tunnelspec.inventory.extra_file import read_extra_vars_file
+
     ev = {}
     for item in extra_vars:
+        if item.startswith("@"):
+            # -e @FILE: variables from a YAML or JSON mapping (Ansible's form), e.g. a become password
+            # kept out of the process list and the shell history.
+            ev.update(read_extra_vars_file(item[1:]))
+            continue
         if "=" not in item:
-            raise click.UsageError(f"-e expects KEY=VALUE, got {item!r}")
+            raise click.UsageError(f"-e expects KEY=VALUE or @FILE, got {item!r}")
         k, v = item.split("=", 1)
         ev[k] = v
     return RunOptions(check=check, diff=diff, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags),
@@ -84,7 +91,7 @@ def run_options(f):
                      help="Output: human recap or JSON lines (one event per line)."),
         click.option("--accept-new-host-keys", is_flag=True,
                      help="Pin unknown host keys on first use (reported). A changed key always fails."),
-        click.option("-e", "--extra-vars", "extra_vars", multiple=True, help="KEY=VALUE, highest precedence."),
+        click.option("-e", "--extra-vars", "extra_vars", multiple=True, help="KEY=VALUE or @FILE (YAML/JSON), highest precedence."),
         click.option("-v", "--verbose", count=True),
     ]
     for o in reversed(opts):

@@ -114,3 +114,7 @@ def markdown_table() -> str:
         rows.append(f"| `{p.what}` | {p.when_text} | {('`' + p.apt + '`') if p.apt else '(not packaged: install it yourself)'} "
                     f"| {p.why} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())
