@@ -203,8 +203,11 @@ class Run:
             live = [h for h in hosts if not (self.hosts[h].failed or self.hosts[h].unreachable)]
             if len(live) != len(hosts):
                 # A gate over a partial set of hosts proves nothing: stop the rest too.
+                stopped = sorted(set(hosts) - set(live))
+                msg = f"not all hosts reached the gate: {', '.join(stopped)} stopped before it"
+                self.emit(events.gate(play.name, "failed", msg))
                 for h in live:
-                    self._fail(h, f"gate {play.gate['kind']}", "not all hosts reached the gate", play)
+                    self._fail(h, play.gate.get("name", f"gate {play.gate['kind']}"), msg, play)
                 return
             hv = {h: {**self.hosts[h].vars, **self.hosts[h].facts} for h in live}
             try:
