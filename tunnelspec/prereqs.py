@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tunnelspec.facts.host import FILES, HostFacts
+from tunnelspec.facts.host import FILES, FIXED, HostFacts
 
 # Package managers tunnelspec installs with. Elsewhere a preflight names what is missing and stops.
 INSTALLERS = ("apt-get",)
@@ -84,6 +84,23 @@ TABLE: tuple[Prereq, ...] = (
 
 # The facts script looks for each file of the table: a file it does not look for would always be missing.
 assert {p.what for p in TABLE if p.is_file} <= set(FILES), "facts/host.py FILES lacks a prerequisite file"
+
+
+# Tools that tunnelspec's units and the tunnel key's forced command run by absolute path.
+FIXED_PATHS = {"python3": "/usr/bin/python3", "setpriv": "/usr/bin/setpriv", "stdbuf": "/usr/bin/stdbuf",
+               "sshd": "/usr/sbin/sshd", "nft": "/usr/sbin/nft"}
+assert set(FIXED_PATHS.values()) <= set(FIXED), "facts/host.py FIXED lacks a path"
+
+
+def misplaced(need: Need, facts: HostFacts) -> list[str]:
+    """Needed tools that are there but not where tunnelspec runs them from (a host whose python3 is
+    only /usr/local/bin/python3, say): each a sentence naming both paths."""
+    out = []
+    for p in needed(need):
+        path = FIXED_PATHS.get(p.what)
+        if path and p.present(facts) and path not in facts.files:
+            out.append(f"{p.what} is {facts.tools[p.what]}, but tunnelspec runs {path} (install {p.apt})")
+    return out
 
 
 def needed(need: Need) -> list[Prereq]:

@@ -117,21 +117,33 @@ async def _isolation(conn, hv: dict, ports: list[int], user: str, label: str) ->
             "msg": f"rules differ from the inventory ({nft.describe(seen.table.rules)}): run deploy"}
 
 
+async def _facts(conn, root: str) -> dict:
+    """The host's facts (facts/host.py) with their one-line summary; an error is a value."""
+    from tunnelspec.tasks.host import gather as gather_facts
+
+    try:
+        f = await gather_facts(conn, root)
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return {"error": str(e)}
+    return {**f.to_dict(), "summary": f.summary()}
+
+
 async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> dict:
     try:
         conn = await connect(name, hv, opts, inv_dir)
     except Exception as e:  # noqa: BLE001 - an unreachable host is a row, not a crash
         return {"role": "?", "error": str(e)}
     try:
+        facts = await _facts(conn, cluster.main.root if name == cluster.main.name else cluster.node(name).root)
         if name == cluster.main.name:
             out = await _main_status(conn, cluster)
             out["isolation"] = await _isolation(conn, hv, [n.tunnel_port for n in cluster.rpc],
                                                 cluster.main.users.llama, "tunnel ports: llama-server only")
-            return out
+            return {**out, "facts": facts}
         node = cluster.node(name)
         out = await _rpc_status(conn, node)
         out["isolation"] = await _isolation(conn, hv, [node.rpc_port], node.users.tunnel, "rpc port: tunnel user only")
-        return out
+        return {**out, "facts": facts}
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
@@ -156,6 +168,9 @@ def render(report: dict) -> str:
             continue
         lines.append(f"{name:<10} {h['role']:<14} commit {_short(h['commit'])} tree {_short(h['tree'])} "
                      f"build {h['build'] or '-'}")
+        if "facts" in h:
+            f = h["facts"]
+            lines.append(f"{'':<10} host: {f.get('summary') or 'facts unreadable: ' + f.get('error', '?')}")
         if "rpc" in h:
             r = h["rpc"]
             lines.append(f"{'':<10} rpc-server: {h['unit']}, RPC v{r['version'] or '?'}, {r['state']}"

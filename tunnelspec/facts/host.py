@@ -19,6 +19,10 @@ TOOLS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew",
          "glslc", "nvcc", "hipcc", "nvidia-smi", "vulkaninfo", "rocminfo")
 # Headers a build needs (their -dev packages carry no command to look for).
 FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/usr/include/vulkan/vulkan.h")
+# Where tunnelspec's unit files and the tunnel key's forced command name these tools: the absolute
+# paths every Debian and Ubuntu release puts them at (`prereqs.FIXED_PATHS` checks them).
+FIXED = ("/usr/bin/python3", "/usr/bin/setpriv", "/usr/bin/stdbuf", "/usr/sbin/sshd", "/usr/sbin/nft",
+         "/usr/sbin/nologin")
 # Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin).
 SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
 PACKAGE_MANAGERS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew")
@@ -59,7 +63,7 @@ exit 0
 """
 
 SCRIPT = _SCRIPT.replace("__SBIN__", SBIN_DIRS).replace("__TOOLS__", " ".join(TOOLS)) \
-    .replace("__FILES__", " ".join(FILES))
+    .replace("__FILES__", " ".join(FILES + FIXED))
 
 
 def facts_argv(build_root: str) -> list[str]:

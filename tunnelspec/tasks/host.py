@@ -137,6 +137,9 @@ class Prerequisites(Task):
         f = facts_of(ctx) or await gather(ctx.conn, self.p["root"])
         missing = prereqs.missing(_need(ctx, self.p), f)
         if not missing:
+            elsewhere = prereqs.misplaced(_need(ctx, self.p), f)
+            if elsewhere:
+                raise TaskFailed(f"{ctx.host}: " + "; ".join(elsewhere))
             return ok(f"{len(prereqs.needed(_need(ctx, self.p)))} prerequisites present")
         names = ", ".join(p.what for p in missing)
         pkgs = prereqs.packages(missing)
