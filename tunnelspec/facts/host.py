@@ -55,7 +55,7 @@ say disk_free_kb "$(df -Pk -- "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
 say nproc "$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)"
 say mem_kb "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)"
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then
-  out=$(sudo -n true 2>&1 </dev/null); rc=$?
+  out=$(sudo -k -n true 2>&1 </dev/null); rc=$?
   say sudo_nopasswd_rc "$rc"
   say sudo_nopasswd_msg "$out"
 fi

@@ -94,7 +94,7 @@ class Lab:
 
     def _up(self, hosts: list[str], deadline_s: float, releases: dict[str, str],
             login: LoginUser | None) -> dict[str, float]:
-        from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, ensure_image, prune_images
+        from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_image, prune_images
 
         self._validate_hosts(hosts)
         for name, rel in releases.items():
@@ -111,8 +111,10 @@ class Lab:
         t_fix = time.monotonic() - t0 - t_image
         st["images"] = {rel: str(p) for rel, p in images.items()}
         state.save(self.net.bridge, st)
-        prune_images({p.name for p in images.values()} | {Path(h["image"]).name for s in state.all_labs()
-                                                          for h in s["hosts"].values() if h.get("image")},
+        # Kept: this recipe's image of every release (another lab, or the next test, boots them) and
+        # every image a lab still mounts; removed: images of older recipes.
+        prune_images({content_key(r) for r in RELEASES} | {Path(h["image"]).name for s in state.all_labs()
+                                                            for h in s["hosts"].values() if h.get("image")},
                      self.log)
 
         self.dir.mkdir(parents=True, exist_ok=True)
