@@ -37,7 +37,7 @@ def test_empty_yaml_is_an_error_naming_the_file(tmp_path, run_tunnelspec):
     path = tmp_path / "empty.yml"
     path.write_text("# nothing yet\n")
     res = run_tunnelspec("inventory", "list", str(path))
-    assert res.returncode == 2 and f"{path}: the YAML inventory is empty" in res.stderr
+    assert res.returncode == 2 and f"{path}:1: the YAML inventory is empty" in res.stderr
 
 
 def test_yaml_origins_point_at_lines(tmp_path):

@@ -170,28 +170,43 @@ class _Parser(InventoryBuilder):
         else:
             self.pending[child] = _Pending("children", self.line, [group])
 
-def read_lines(path: pathlib.Path) -> list[str]:
+def read_bytes(path: pathlib.Path) -> bytes:
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise InventoryError("inventory file not found; check the path", str(path)) from None
     except IsADirectoryError:
         raise InventoryError("is a directory; give the path of an inventory file (INI or YAML)", str(path)) from None
     except OSError as err:
         raise InventoryError(f"cannot read: {err.strerror}", str(path)) from None
+
+
+def split_lines(data: bytes) -> list[str]:
+    """The file's lines as Ansible's ini plugin splits them: the text (bytes that are not UTF-8
+    kept as surrogates) split with str.splitlines, so \\r, \\x1c, \\x85, \\u2028... end a line
+    there as here and every line number is the one Ansible reports."""
+    return data.decode("utf-8", errors="surrogateescape").splitlines()
+
+
+def _is_utf8(line: str) -> bool:
     try:
-        return data.decode("utf-8").splitlines()
-    except UnicodeDecodeError:
-        pass
-    lines = []
-    for number, raw in enumerate(data.splitlines(), start=1):
-        try:
-            lines.append(raw.decode("utf-8"))
-        except UnicodeDecodeError:
-            if raw.lstrip()[:1] in (b"#", b";"):
-                lines.append("")  # a comment may hold anything, as in Ansible
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def read_lines(path: pathlib.Path, data: bytes | None = None) -> list[str]:
+    """The INI file's lines. A comment may hold anything, as in Ansible; any other line that is not
+    UTF-8 is refused with its line (Ansible would carry the undecodable bytes into names and
+    values)."""
+    lines = split_lines(read_bytes(path) if data is None else data)
+    for number, line in enumerate(lines, start=1):
+        if not _is_utf8(line):
+            if line.strip()[:1] in _COMMENT:
+                lines[number - 1] = ""
                 continue
-            raise InventoryError("line is not valid UTF-8; save the file as UTF-8", str(path), number) from None
+            raise InventoryError("line is not valid UTF-8; save the file as UTF-8", str(path), number)
     return lines
 
 

@@ -11,11 +11,12 @@ import pathlib
 import re
 
 from tunnelspec.errors import InventoryError
-from tunnelspec.inventory.ini import load_ini, read_lines
+from tunnelspec.inventory.ini import load_ini, read_bytes, read_lines, split_lines
 from tunnelspec.inventory.model import Inventory
 from tunnelspec.inventory.yaml_inv import load_yaml
 
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
+_YAML_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")  # the line breaks PyYAML counts
 _YAML_START = re.compile(r"^(?:---|%YAML|\{|[^\s\[\]#;=:]+:\s*(?:#.*)?$)")
 
 
@@ -35,10 +36,20 @@ def inventory_format(path: pathlib.Path, lines: list[str]) -> str:
 def load_inventory(path: str | pathlib.Path) -> Inventory:
     """Parse an Ansible inventory (INI or YAML). Raises InventoryError(message, file, line)."""
     path = pathlib.Path(path)
-    lines = read_lines(path)
-    if inventory_format(path, lines) == "yaml":
-        return load_yaml(path, "\n".join(lines) + "\n")
-    return load_ini(path, lines)
+    data = read_bytes(path)
+    if inventory_format(path, split_lines(data)) == "yaml":
+        return load_yaml(path, yaml_text(path, data))
+    return load_ini(path, read_lines(path, data))
+
+
+def yaml_text(path: pathlib.Path, data: bytes) -> str:
+    """The YAML file's text, as it is (PyYAML counts its lines); bytes that are not UTF-8 are refused
+    at their line (Ansible's YAML reader refuses them too)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = len(_YAML_BREAKS.findall(data[:err.start].decode("utf-8"))) + 1
+        raise InventoryError("line is not valid UTF-8; save the file as UTF-8", str(path), line) from None
 
 
 __all__ = ["InventoryError", "inventory_format", "load_inventory"]

@@ -9,6 +9,7 @@ the connections and the typed cluster model (cluster.py) all read through it.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import pathlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,18 @@ ANSIBLE_INTERNAL_VARS = frozenset(
         "playbook_dir", "play_hosts", "role_name", "role_names", "role_path", "role_uuid",
     }
 )
+
+
+def _as_json(value: Any) -> Any:
+    """A value as ansible-inventory's JSON shows it: YAML dates and timestamps in ISO form
+    (`2020-01-01`, `2001-12-14T21:59:43.100000-05:00`), tuples (YAML !!omap pairs) as lists."""
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_json(v) for v in value]
+    return value
 
 
 @dataclass
@@ -187,7 +200,7 @@ class Inventory:
         hostvars = {}
         parsed = dataclasses.replace(self, extra_vars={})  # what the file says, as ansible-inventory shows it
         for name in self.hosts:
-            merged = {k: v for k, v in parsed.host_vars(name).items() if k not in ANSIBLE_INTERNAL_VARS}
+            merged = {k: _as_json(v) for k, v in parsed.host_vars(name).items() if k not in ANSIBLE_INTERNAL_VARS}
             if merged:
                 hostvars[name] = merged
         result["_meta"] = {"hostvars": hostvars}

@@ -13,6 +13,7 @@ setting that would quietly not be deployed.
 from __future__ import annotations
 
 import pathlib
+import re
 from collections.abc import Hashable
 from typing import Any
 
@@ -24,6 +25,22 @@ from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
 from tunnelspec.inventory.model import Inventory
 
 _SECTIONS = ("vars", "children", "hosts")
+_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+def _is_text(value: Any) -> bool:
+    """No string anywhere in the value holds a surrogate code point."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_is_text(k) and _is_text(v) for k, v in value.items())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_is_text(v) for v in value)
+    return True
 
 
 def _line(node: yaml.Node) -> int:
@@ -33,20 +50,36 @@ def _line(node: yaml.Node) -> int:
 class _YamlParser(InventoryBuilder):
     def __init__(self, path: pathlib.Path, text: str):
         super().__init__(path)
-        # SafeLoader: the same YAML 1.1 types as Ansible's loader (yes/no are booleans, 010 octal)
-        # and no Python object tags.
-        self.loader = yaml.SafeLoader(text)
+        self.text = text
         self._seen: dict[int, dict] = {}
+        # SafeLoader: the same YAML 1.1 types as Ansible's loader (yes/no are booleans, 010 octal)
+        # and no Python object tags. Its reader checks the whole text first (control characters).
+        try:
+            self.loader = yaml.SafeLoader(text)
+        except yaml.reader.ReaderError as err:
+            raise self._reader_error(err) from None
 
     def close(self) -> None:
         self.loader.dispose()
 
+    def _reader_error(self, err: yaml.reader.ReaderError) -> InventoryError:
+        # PyYAML's line breaks: \r\n, \r, \n, \x85, \u2028, \u2029.
+        line = len(_BREAKS.findall(self.text, 0, err.position)) + 1 if isinstance(err.position, int) else 1
+        char = err.character if isinstance(err.character, str) else chr(err.character)
+        return InventoryError(f"invalid YAML: character {char!r} (U+{ord(char):04X}) is not allowed in YAML; "
+                              "remove it or write it as an escape in a double-quoted string", self.file, line)
+
     # ---- nodes -----------------------------------------------------------------------------
     def _value(self, node: yaml.Node) -> Any:
         try:
-            return self.loader.construct_object(node, deep=True)
+            value = self.loader.construct_object(node, deep=True)
         except yaml.MarkedYAMLError as err:
             raise self._yaml_error(err) from None
+        if not _is_text(value):
+            # "\ud800" escapes make strings that are not Unicode text; Ansible fails on them.
+            raise InventoryError("a string holds a lone surrogate (an escape like \"\\ud800\"), which is not "
+                                 "Unicode text; write the character itself", self.file, _line(node))
+        return value
 
     def _pairs(self, node: yaml.MappingNode) -> dict[Any, tuple[yaml.Node, yaml.Node]]:
         """key -> (key node, value node), merge keys (`<<: *x`) applied.
@@ -71,6 +104,33 @@ class _YamlParser(InventoryBuilder):
         self._seen[id(node)] = pairs
         return pairs
 
+    def _variable(self, name: Any, node: yaml.Node) -> Any:
+        """A variable's value, refused (at its line) when Ansible could not show it either."""
+        if not isinstance(name, str) or not name:
+            # Ansible 2.19 accepts it with a deprecation ("invalid name"; refused from 2.23).
+            raise self.error(f"variable name {name!r} must be a non-empty string; quote it (\"'{name}':\")")
+        value = self._value(node)
+        self._check_value(name, value)
+        return value
+
+    def _check_value(self, name: Any, value: Any) -> None:
+        if isinstance(value, bytes):
+            # ansible-inventory --list fails on it ("not JSON serializable"), no deploy can use it.
+            raise self.error(f"variable '{name}' is a !!binary value, which Ansible cannot show or template; "
+                             "write the text itself, or the base64 as a plain string")
+        if isinstance(value, (set, frozenset)):
+            # Ansible keeps a set in no particular order: the same file would give different lists.
+            raise self.error(f"variable '{name}' is a !!set, which has no order; write a list ([a, b])")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, (str, int, float, bool, type(None))):
+                    raise self.error(f"variable '{name}' has a mapping key {key!r} of type {type(key).__name__}; "
+                                     "Ansible cannot show it (ansible-inventory fails): quote the key")
+                self._check_value(name, item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                self._check_value(name, item)
+
     @staticmethod
     def _is_null(node: yaml.Node) -> bool:
         return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
@@ -87,7 +147,9 @@ class _YamlParser(InventoryBuilder):
                     f"{err.context_mark.line + 1})"
         if err.problem and "'\\t'" in err.problem:
             what += "; indent with spaces, YAML does not allow tabs there"
-        line = mark.line + 1 if mark else None
+        # The end of a file without a final newline is still its last line.
+        last = len(_BREAKS.findall(self.text)) + 1
+        line = min(mark.line + 1, last) if mark else 1
         return InventoryError(f"invalid YAML: {what}", self.file, line)
 
     # ---- document --------------------------------------------------------------------------
@@ -96,11 +158,15 @@ class _YamlParser(InventoryBuilder):
             root = self.loader.get_single_node()
         except yaml.MarkedYAMLError as err:
             raise self._yaml_error(err) from None
-        except yaml.YAMLError as err:  # e.g. a reader error (control characters)
-            raise InventoryError(f"invalid YAML: {err}", self.file) from None
+        except yaml.reader.ReaderError as err:  # a control character met while scanning
+            raise self._reader_error(err) from None
+        except yaml.YAMLError as err:
+            raise InventoryError(f"invalid YAML: {err}", self.file, 1) from None
         if root is None or self._is_null(root):
+            # Ansible refuses it too ("Parsed empty YAML file"); line 1 is where the inventory goes.
             raise InventoryError(
-                "the YAML inventory is empty; start with 'all:' and put groups under 'children:'", self.file
+                "the YAML inventory is empty; start with 'all:' and put groups under 'children:'", self.file,
+                _line(root) if root is not None else 1,
             )
         self.line = _line(root)
         if not isinstance(root, yaml.MappingNode):
@@ -147,8 +213,8 @@ class _YamlParser(InventoryBuilder):
     def _section(self, group: str, key: str, pairs: dict) -> None:
         if key == "vars":
             for var, (vkey, vnode) in pairs.items():
-                value = None if vnode is None else self._value(vnode)
                 self.line = _line(vkey)
+                value = self._variable(var, vnode)
                 self._set_var(self.inv.groups[group], var, value)
         elif key == "children":
             for child, (ckey, cnode) in pairs.items():
@@ -177,7 +243,10 @@ class _YamlParser(InventoryBuilder):
                 raise self.error(f"the variables of host '{pattern}' must be a mapping (name: value), "
                                  f"not {self._kind(node)}")
             variables = self._pairs(node)
-        values = [(var, vkey, self._value(vnode)) for var, (vkey, vnode) in variables.items()]
+        values = []
+        for var, (vkey, vnode) in variables.items():
+            self.line = _line(vkey)
+            values.append((var, vkey, self._variable(var, vnode)))
         for host_name in names:
             self.line = _line(key_node)
             self._add_host(host_name, group, port)
