@@ -60,6 +60,8 @@ os.environ.setdefault("ANSIBLE_INVENTORY_UNPARSED_FAILED", "1")
 class Ansible:
     """`ansible-inventory -i FILE --list` in this process (the same InventoryCLI code)."""
 
+    _initialised = False  # ansible's vault context is set up once per process
+
     def __init__(self):
         from ansible import constants as C
         from ansible.cli.inventory import InventoryCLI
@@ -68,7 +70,6 @@ class Ansible:
         self.C = C
         self.InventoryCLI = InventoryCLI
         self.warnings: list[str] = []
-        self._initialised = False
         collected = self.warnings
 
         def warning(_self, msg, *a, **kw):
@@ -103,8 +104,8 @@ class Ansible:
         cli = self.InventoryCLI(["ansible-inventory", "-i", str(path), "--list"])
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             cli.parse()
-            if not self._initialised:  # the vault context can be set up once per process
-                self._initialised = True
+            if not Ansible._initialised:
+                Ansible._initialised = True
                 cli.loader, cli.inventory, cli.vm = cli._play_prereqs()
             else:
                 cli.loader = DataLoader()
@@ -281,41 +282,62 @@ def _names(draw, pool, lo, hi, fresh=None):
 
 @st.composite
 def ini_inventory(draw) -> str:
-    ws = st.sampled_from(["", "", "", " ", "  ", "\t", " \t "])
-    comment = st.sampled_from(["", "", "", "", " # c", "\t; c", " #", "#x=1"])
+    """Mostly coherent inventories (sections for declared groups, children that exist), with every
+    kind of line, value and whitespace; a few incoherent lines on purpose."""
+    ws = st.sampled_from(["", "", "", "", " ", "  ", "\t", " \t "])
+    comment = st.sampled_from(["", "", "", "", "", " # c", " #", "  #x=1", "\t; c"])
+    groups = _names(draw, [g for g in GROUPS if g not in ("all", "ungrouped")], 0, 4)
+    order = list(groups)
     lines: list[str] = []
+
+    def host_line():
+        name = draw(st.one_of(st.sampled_from(HOSTS), st.sampled_from(RANGES))) + draw(st.sampled_from(PORTS))
+        if draw(st.integers(0, 15)) == 0:
+            name = draw(st.sampled_from(BAD_RANGES))
+        parts = [name]
+        for var in _names(draw, VARS, 0, 3, _pick(VARS)):
+            value = draw(_pick(INI_VALUES))
+            if " " in value or draw(st.integers(0, 20)) == 0:
+                value = draw(st.sampled_from(["'", '"'])).join(["", draw(st.sampled_from(SPACED_VALUES)), ""])
+            parts.append(f"{var}={value}")
+        return draw(ws) + (" " * draw(st.integers(1, 2))).join(parts) + draw(comment)
+
+    def var_line():
+        eq = draw(st.sampled_from(["=", " = ", "= ", " =", "=", ": "]))
+        value = draw(st.one_of(_pick(INI_VALUES), _pick(INI_VALUES), st.sampled_from(SPACED_VALUES)))
+        return draw(ws) + f"{draw(_pick(VARS))}{eq}{value}" + draw(comment)
+
+    if draw(st.booleans()):  # hosts before any section: ungrouped
+        lines += [host_line() for _ in range(draw(st.integers(1, 2)))]
+    declared: list[str] = []
     for _ in range(draw(st.integers(1, 7))):
-        kind = draw(st.sampled_from(["hosts", "hosts", "hosts", "vars", "children", "children", "comment", "blank"]))
-        group = draw(st.sampled_from(GROUPS))
+        kind = draw(st.sampled_from(["hosts", "hosts", "vars", "children", "comment", "blank"]))
         if kind == "comment":
             lines.append(draw(ws) + draw(st.sampled_from(["#", ";"])) + draw(st.text(max_size=10)))
             continue
         if kind == "blank":
             lines.append(draw(ws))
             continue
-        header = f"[{group}]" if kind == "hosts" else f"[{group}:{kind}]"
-        if kind == "hosts" and not lines and draw(st.booleans()):
-            header = None  # hosts before any section: ungrouped
-        if header:
-            lines.append(draw(ws) + header + draw(comment))
+        if kind == "hosts" or not declared:
+            group = order.pop(0) if order else draw(st.sampled_from(GROUPS))
+            kind = "hosts" if kind == "hosts" or draw(st.booleans()) else kind
+        else:
+            group = draw(st.sampled_from(declared + ["all", "ungrouped"]))
+        if draw(st.integers(0, 12)) == 0:
+            group = draw(st.sampled_from(GROUPS))  # maybe never declared, maybe 'all'
+        lines.append(draw(ws) + (f"[{group}]" if kind == "hosts" else f"[{group}:{kind}]") + draw(comment))
+        if kind == "hosts":
+            declared.append(group)
         for _ in range(draw(st.integers(0, 4))):
             if kind == "hosts":
-                name = draw(st.one_of(st.sampled_from(HOSTS), st.sampled_from(RANGES))) + draw(st.sampled_from(PORTS))
-                if draw(st.integers(0, 15)) == 0:
-                    name = draw(st.sampled_from(BAD_RANGES))
-                parts = [name]
-                for var in _names(draw, VARS, 0, 3, _pick(VARS)):
-                    value = draw(_pick(INI_VALUES))
-                    if " " in value or draw(st.integers(0, 20)) == 0:
-                        value = draw(st.sampled_from(["'", '"'])).join(["", draw(st.sampled_from(SPACED_VALUES)), ""])
-                    parts.append(f"{var}={value}")
-                lines.append(draw(ws) + (" " * draw(st.integers(1, 2))).join(parts) + draw(comment))
+                lines.append(host_line())
             elif kind == "vars":
-                eq = draw(st.sampled_from(["=", " = ", "= ", " =", "=", ": "]))
-                value = draw(st.one_of(_pick(INI_VALUES), st.sampled_from(SPACED_VALUES)))
-                lines.append(draw(ws) + f"{draw(_pick(VARS))}{eq}{value}" + draw(comment))
+                lines.append(var_line())
             else:
-                lines.append(draw(ws) + draw(st.sampled_from(GROUPS)) + draw(comment))
+                kids = [g for g in declared + ["ungrouped"] if g != group] or GROUPS
+                if draw(st.integers(0, 10)) == 0:
+                    kids = GROUPS
+                lines.append(draw(ws) + draw(st.sampled_from(kids)) + draw(comment))
     return "\n".join(lines) + draw(st.sampled_from(["\n", "", "\n\n", "\r\n"]))
 
 

@@ -78,11 +78,16 @@ class InventoryBuilder:
             if name != "all" and not group.parents:
                 self._add_child("all", name)
         ungrouped = self.inv.groups["ungrouped"]
-        for name, host in self.inv.hosts.items():
+        for name, host in list(self.inv.hosts.items()):
             if "ungrouped" in host.groups:
-                if set(host.groups) - {"all", "ungrouped"}:
+                # Ansible counts the groups above the host's groups too: a host of `ungrouped` made a
+                # child of `web` ([web:children] ungrouped) leaves `ungrouped`, and with it the
+                # inventory (ansible-inventory --list shows it nowhere).
+                if set(self.inv.host_groups(name)) - {"all", "ungrouped"}:
                     host.groups.remove("ungrouped")
                     ungrouped.hosts.remove(name)
+                    if not host.groups:
+                        del self.inv.hosts[name]
             elif set(host.groups) <= {"all"}:
                 host.groups.append("ungrouped")
                 ungrouped.hosts.append(name)
