@@ -97,14 +97,17 @@ def test_template_validate_failure_keeps_old_file(host):
 def test_unknown_module_and_argument_fail_at_load_with_line(host):
     c, inv = host
     pb = c.base / "bad.yml"
-    pb.write_text("- hosts: all\n  tasks:\n    - name: ok\n      directory: {path: /tmp/x}\n"
-                  "    - name: typo\n      copyy: {dest: /tmp/y}\n")
+    # Refused at load: not even the valid first task runs (it would make {{ root }}/before on the host).
+    before = c.hosts[0].root / "before"
+    pb.write_text('- hosts: all\n  tasks:\n    - name: ok\n      directory: {path: "{{ root }}/before"}\n'
+                  '    - name: typo\n      copyy: {dest: "{{ root }}/y"}\n')
     res = tunnelspec("play", str(inv), str(pb))
     assert res.rc == 2 and f"{pb}:6" in res.stderr and "did you mean 'copy'" in res.stderr
-    pb.write_text("- hosts: all\n  tasks:\n    - copy:\n        dest: /tmp/y\n        mdoe: '0644'\n")
+    pb.write_text('- hosts: all\n  tasks:\n    - directory: {path: "{{ root }}/before"}\n'
+                  '    - copy:\n        dest: "{{ root }}/y"\n        content: "x"\n        mdoe: \'0644\'\n')
     res = tunnelspec("play", str(inv), str(pb))
-    assert res.rc == 2 and f"{pb}:5" in res.stderr and "mdoe" in res.stderr
-    assert not any(c.hosts[0].root.glob("y"))
+    assert res.rc == 2 and f"{pb}:7" in res.stderr and "mdoe" in res.stderr
+    assert not before.exists() and not (c.hosts[0].root / "y").exists()
 
 
 def test_undefined_variable_is_an_error(host):
