@@ -46,14 +46,33 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send(200, json.dumps({"x": list(range(50))}).encode(), chunked=True)
         self._send(404, b"{}")
 
+    # POST /completion answers, chosen by the prompt: (status, raw body bytes, chunked?).
+    REPLIES = {
+        "timings": (200, json.dumps({"content": "h\u00e9", "timings": {"draft_n": 13, "draft_n_accepted": 0,
+                                                                    "predicted_per_second": 41.5}}).encode(), False),
+        "chunked": (200, json.dumps({"content": "\u65e5\u672c", "timings": {"draft_n": 257}}).encode(), True),
+        "not-json": (200, b'{"content": "hi", "timings": {"draft_n": 8', False),
+        "server-error": (500, b'{"error":{"code":500,"message":"Failed to parse input at pos 0"}}', False),
+        "bad-utf8": (200, b'{"content": "\xff\xfe"}', False),
+    }
+
     def do_POST(self):
         n = int(self.headers["Content-Length"])
         req = json.loads(self.rfile.read(n))
         auth = self.headers.get("Authorization")
         if auth != "Bearer s3cret":
             return self._send(401, b'{"error":"invalid api key"}')
-        self._send(200, json.dumps({"content": "hi", "echo": req,
-                                    "timings": {"draft_n": 8, "draft_n_accepted": 8}}).encode())
+        if req["prompt"] == "echo":
+            return self._send(200, json.dumps({"echo": req}).encode())
+        if req["prompt"] == "short":  # promises more than it sends, then closes
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"content": ')
+            self.close_connection = True
+            return None
+        status, body, chunked = self.REPLIES[req["prompt"]]
+        self._send(status, body, chunked=chunked)
 
 
 @pytest.fixture
@@ -73,10 +92,36 @@ def test_wait_health_polls_through_503(server):
     assert _Handler.health_calls == 3
 
 
+def _completion(port, prompt, **kw):
+    return asyncio.run(http.completion(http.tcp_opener(port), prompt, 5, api_key="s3cret", **kw))
+
+
 def test_completion_sends_json_and_bearer_key(server):
-    body = asyncio.run(http.completion(http.tcp_opener(server), "Once", 5, api_key="s3cret"))
-    assert body["timings"]["draft_n"] == 8
-    assert body["echo"]["n_predict"] == 5 and body["echo"]["temperature"] == 0.0
+    sent = _completion(server, "echo", extra={"n_probs": 2})["echo"]
+    # What the client puts in the request (greedy, seeded, no stream, the caller's extras on top).
+    assert sent == {"prompt": "echo", "n_predict": 5, "temperature": 0.0, "top_k": 1, "seed": 1,
+                    "cache_prompt": False, "stream": False, "n_probs": 2}
+
+
+def test_completion_parses_the_reply_body(server):
+    # Values the client must read back as sent: types kept (13 an int, 41.5 a float), UTF-8 decoded,
+    # a chunked body reassembled across chunk boundaries (7-byte chunks split "日本").
+    body = _completion(server, "timings")
+    assert body == {"content": "hé", "timings": {"draft_n": 13, "draft_n_accepted": 0, "predicted_per_second": 41.5}}
+    assert type(body["timings"]["draft_n"]) is int and type(body["timings"]["predicted_per_second"]) is float
+    assert _completion(server, "chunked") == {"content": "日本", "timings": {"draft_n": 257}}
+    # Bytes that are not UTF-8 are replaced, not an exception.
+    assert _completion(server, "bad-utf8") == {"content": "\ufffd\ufffd"}
+
+
+def test_completion_errors_name_what_went_wrong(server):
+    with pytest.raises(http.HttpError, match=r"HTTP 200: body is not JSON: b'\{\"content\": \"hi\"") as e:
+        _completion(server, "not-json")
+    assert "draft_n" in str(e.value)
+    with pytest.raises(http.HttpError, match="/completion: HTTP 500: .*Failed to parse input at pos 0"):
+        _completion(server, "server-error")
+    with pytest.raises(http.HttpError, match="connection closed mid-response"):
+        _completion(server, "short")
 
 
 def test_completion_without_key_reports_status(server):
