@@ -71,6 +71,44 @@ def _run(c, tmp_path, monkeypatch):
     assert sorted(recap) == [h.name for h in c.hosts] and all(r["failed"] == 0 for r in recap.values())
 
 
+def _my_tcp_connections_to(port: int) -> list[int]:
+    """Local ports of this process's TCP sockets connected (or connecting) to 127.0.0.1:port,
+    read from the kernel (/proc), whatever code opened them."""
+    import os
+
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = []
+    with open("/proc/net/tcp") as f:
+        for row in f.read().splitlines()[1:]:
+            cols = row.split()
+            local, remote, state, inode = cols[1], cols[2], cols[3], cols[9]
+            # 01 ESTABLISHED, 02 SYN_SENT
+            if inode in inodes and state in ("01", "02") and int(remote.split(":")[1], 16) == port:
+                found.append(int(local.split(":")[1], 16))
+    return found
+
+
+def _watch_connections_before_ssh(monkeypatch) -> dict[int, list[int]]:
+    """For each SSH connection: this process's TCP connections to its port when SSHConnection.open
+    is entered, before asyncssh connects."""
+    seen: dict[int, list[int]] = {}
+    real_open = SSHConnection.open.__func__
+
+    async def watching_open(cls, name, address, port, *a, **kw):
+        seen[port] = _my_tcp_connections_to(port)
+        return await real_open(cls, name, address, port, *a, **kw)
+
+    monkeypatch.setattr(SSHConnection, "open", classmethod(watching_open))
+    return seen
+
+
 def test_run_rides_on_the_preconnected_sockets(tmp_path, sshd_cluster, monkeypatch):
     c = sshd_cluster(3)
     monkeypatch.setenv("HOME", str(tmp_path))          # no ~/.ssh/config
@@ -100,8 +138,20 @@ def test_no_preconnect_when_ssh_config_may_reroute(tmp_path, sshd_cluster, monke
     (tmp_path / ".ssh").mkdir()
     (tmp_path / ".ssh" / "config").write_text("Host elsewhere\n  HostName 192.0.2.1\n")
     monkeypatch.setenv("HOME", str(tmp_path))
-    started = []
-    real_start = Preconnect.start
-    monkeypatch.setattr(Preconnect, "start", lambda self, t: started.append(list(t)) or real_start(self, t))
+    seen = _watch_connections_before_ssh(monkeypatch)
     _run(c, tmp_path, monkeypatch)
-    assert started == []
+    # Observed in the kernel, not on Preconnect: when each SSH connection starts, nothing of this
+    # process is connected to its host yet, by whatever path it might have been opened.
+    assert sorted(seen) == sorted(h.port for h in c.hosts)
+    assert all(conns == [] for conns in seen.values()), seen
+
+
+def test_the_connection_watch_sees_preconnected_sockets(tmp_path, sshd_cluster, monkeypatch):
+    """Positive control for the check above: without an ssh_config, the same watch sees the
+    preconnected socket of every host before its SSH connection starts."""
+    c = sshd_cluster(2)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    seen = _watch_connections_before_ssh(monkeypatch)
+    _run(c, tmp_path, monkeypatch)
+    assert sorted(seen) == sorted(h.port for h in c.hosts)
+    assert all(len(conns) == 1 for conns in seen.values()), seen
