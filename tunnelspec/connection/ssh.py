@@ -107,6 +107,8 @@ class SSHConnection(Connection):
                 proc.stdin.write(stdin.decode())
                 proc.stdin.write_eof()
             async for line in proc.stdout:
+                if not line:
+                    break        # asyncssh's iterator yields "" once when EOF comes while it waits
                 line = line.rstrip("\n")
                 tail.append(line)
                 on_line(line)
