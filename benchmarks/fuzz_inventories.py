@@ -190,6 +190,10 @@ DOCUMENTED_REFUSALS = [
     ("INI line not UTF-8", _not_utf8, re.compile(r"line is not valid UTF-8")),
     # a YAML !!set: Ansible lists it in no particular order
     ("YAML !!set", lambda w, data: b"!!set" in data, re.compile(r"is a !!set")),
+    # a YAML !!binary value, or a mapping key that is not a string or number (a date): Ansible
+    # reads them, and ansible-inventory --list fails as soon as a host carries one
+    ("YAML !!binary", lambda w, data: b"!!binary" in data, re.compile(r"is a !!binary value")),
+    ("YAML mapping key not JSON", lambda w, data: True, re.compile(r"has a mapping key .* of type")),
 ]
 
 

@@ -28,6 +28,26 @@ _SECTIONS = ("vars", "children", "hosts")
 _BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 
 
+def _yaml_hint(err: yaml.MarkedYAMLError) -> str:
+    """What to do about a YAML syntax error, after what PyYAML says is wrong."""
+    problem, context = err.problem or "", err.context or ""
+    if "'\\t'" in problem:
+        return "; indent with spaces, YAML does not allow tabs there"
+    if "mapping values are not allowed" in problem:
+        return "; quote a value that holds ': ' (\"a: b\"), or check the indentation of this line"
+    if "quoted scalar" in context:
+        return "; close the quote (a quote inside the value is doubled in '...' or escaped in \"...\")"
+    if "single document" in context or "single document" in problem:
+        return "; an inventory is one YAML document: remove the second '---' and what follows, or merge it"
+    if "flow" in context:
+        return "; close the [ or { (and separate its items with ', ')"
+    if "end of stream" in problem or "<stream end>" in problem:
+        return "; the file ends in the middle of an entry: complete it or remove it"
+    if "duplicate anchor" in problem or "found undefined alias" in problem:
+        return "; give each anchor (&name) one definition before its aliases (*name)"
+    return "; check the indentation and the quoting at that line"
+
+
 def _is_text(value: Any) -> bool:
     """No string anywhere in the value holds a surrogate code point."""
     if isinstance(value, str):
@@ -145,8 +165,7 @@ class _YamlParser(InventoryBuilder):
                 err.context_mark.line != err.problem_mark.line:
             what += f" (the {err.context.split()[-1] if err.context else 'construct'} opened on line " \
                     f"{err.context_mark.line + 1})"
-        if err.problem and "'\\t'" in err.problem:
-            what += "; indent with spaces, YAML does not allow tabs there"
+        what += _yaml_hint(err)
         # The end of a file without a final newline is still its last line.
         last = len(_BREAKS.findall(self.text)) + 1
         line = min(mark.line + 1, last) if mark else 1
