@@ -193,3 +193,68 @@ def test_two_concurrent_runs_changing_one_setting(sshd_cluster, tmp_path):
     assert all((h.root / "restarts").read_text() == "two\n" for h in cluster.hosts)   # one restart each
     third = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=60)
     assert third.rc == 0 and all(h["changed"] == 0 for h in third.recap.values())
+
+
+def _path_without(tmp_path: Path, missing: str) -> Path:
+    """A directory holding every command of this machine's PATH but `missing` (links)."""
+    d = tmp_path / f"bin-without-{missing}"
+    d.mkdir()
+    for src in ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+        if not os.path.isdir(src):
+            continue
+        for name in os.listdir(src):
+            if name != missing and not (d / name).exists() and not os.path.islink(d / name):
+                os.symlink(os.path.join(src, name), d / name)
+    return d
+
+
+def test_host_without_flock_is_refused_at_once(tmp_path):
+    """A real sshd host whose sessions' PATH has no flock (sshd's SetEnv): an immediate error naming
+    the host, not a 30-minute wait (it used to print BUSY in a tight loop until --lock-timeout)."""
+    from sshd_harness import SshdCluster
+
+    bindir = _path_without(tmp_path, "flock")
+    cluster = SshdCluster(tmp_path / "sshd", 1, setenv={"PATH": str(bindir)})
+    try:
+        go = tmp_path / "go"
+        go.touch()
+        inv = cluster.inventory(all_vars={"go": str(go)})
+        pb = tmp_path / "slow.yml"
+        pb.write_text(PLAYBOOK)
+        t0 = time.monotonic()
+        r = tunnelspec("play", str(inv), str(pb), timeout=60)
+        took = time.monotonic() - t0
+        assert r.rc == 1, (r.rc, r.stdout, r.stderr)
+        assert took < 10, took
+        assert "node0" in r.stderr and "flock not found (util-linux)" in r.stderr, r.stderr
+        assert "BUSY" not in r.stdout + r.stderr and "holder not recorded" not in r.stdout + r.stderr
+        j = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=60)
+        err = [e for e in j.events if e["event"] == "error"]
+        assert j.rc == 1 and err and "flock not found (util-linux)" in err[0]["msg"], j.stdout
+        assert not (cluster.hosts[0].root / "done").exists(), "no task ran"
+    finally:
+        cluster.stop()
+
+
+def _lock_script(tmp_path: Path, fake_flock: str, wait: int) -> tuple[list[str], float]:
+    from tunnelspec.engine.runlock import _SCRIPT
+
+    fake = tmp_path / "fakebin"
+    fake.mkdir(exist_ok=True)
+    (fake / "flock").write_text("#!/bin/sh\n" + fake_flock + "\n")
+    os.chmod(fake / "flock", 0o755)
+    t0 = time.monotonic()
+    p = subprocess.run(["sh", "-c", _SCRIPT, "sh", str(tmp_path / "lock"), "{}", "tok", str(wait), "1", ""],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "PATH": f"{fake}:/usr/bin:/bin"})
+    return p.stdout.splitlines(), time.monotonic() - t0
+
+
+def test_lock_script_never_spins(tmp_path):
+    """A flock that fails at once instead of waiting its -w (busy, rc 1): the script paces itself
+    (at most about one BUSY a second) and times out; any other failure of flock ends it at once."""
+    lines, took = _lock_script(tmp_path, "exit 1", wait=3)
+    assert lines[-1].startswith("TIMEOUT"), lines
+    assert sum(l.startswith("BUSY") for l in lines) <= 6 and 2 <= took < 8, (lines, took)
+    lines, took = _lock_script(tmp_path, "exit 66", wait=30)
+    assert lines == ["FLOCKERR flock -n exited 66"] and took < 3, lines

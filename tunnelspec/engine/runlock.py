@@ -41,9 +41,13 @@ _EXIT_BUSY = 75                          # EX_TEMPFAIL: locked and not waiting, 
 # own runtime dir: it can only change what it owns, and a run of tunnelspec must not fail for it).
 # Prints BUSY <holder> while waiting, then LOCKED (or SHARED: this run holds it already), then holds
 # the lock until its stdin ends. The holder file goes before the lock does (fd 9 is still open).
+# It never spins: no flock(1) is NOFLOCK at once (a missing command would otherwise read as "busy"),
+# a flock failure other than "held by another" (rc 1) is FLOCKERR, and a wait that returned sooner
+# than its -w step is paced by a sleep.
 _SCRIPT = r"""
 set -u
 dir=$1 me=$2 token=$3 wait=$4 step=$5
+command -v flock >/dev/null 2>&1 || { echo "NOFLOCK $(uname -s 2>/dev/null) PATH=$PATH"; exit 69; }
 umask 022
 if [ "$6" = default ] && ! { mkdir -p -m 0755 -- "$dir" 2>/dev/null && [ -w "$dir" ]; }; then
   dir=${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/tunnelspec
@@ -53,14 +57,21 @@ mkdir -p -m 0755 -- "$dir" || exit 70
 info="$dir/run.holder"
 exec 9>>"$dir/run.lock" || exit 70
 holder() { head -c 2000 -- "$info" 2>/dev/null | tr -d '\n'; }
-if ! flock -n 9; then
+rc=0; flock -n 9 || rc=$?
+if [ "$rc" -ne 0 ]; then
+  [ "$rc" -eq 1 ] || { echo "FLOCKERR flock -n exited $rc"; exit 70; }
   h=$(holder)
   case $h in *"\"token\": \"$token\""*) echo SHARED; exit 0;; esac
   echo "BUSY $h"
   [ "$wait" -gt 0 ] || exit 75
   end=$(( $(date +%s) + wait ))
-  until flock -w "$step" 9; do
+  while :; do
+    t0=$(date +%s) rc=0
+    flock -w "$step" 9 || rc=$?
+    [ "$rc" -ne 0 ] || break
+    [ "$rc" -eq 1 ] || { echo "FLOCKERR flock -w exited $rc"; exit 70; }
     [ "$(date +%s)" -lt "$end" ] || { echo "TIMEOUT $(holder)"; exit 75; }
+    [ "$(date +%s)" -gt "$t0" ] || sleep 1
     echo "BUSY $(holder)"
   done
 fi
@@ -162,6 +173,11 @@ class RunLock:
                                                           f"(up to {wait_s}s, --lock-timeout)"))
                 continue
             await proc.close()
+            if word == "NOFLOCK":
+                system, _, path = rest.partition(" ")
+                raise TaskFailed(f"cannot take the run lock on {host}: flock not found (util-linux) on {host}"
+                                 f"{' (' + system + ')' if system and system != 'Linux' else ''}, {path or 'PATH unknown'}: "
+                                 "tunnelspec holds its run lock with flock(1); install util-linux")
             if word == "TIMEOUT":
                 raise RunLocked(f"{host} is still locked by {describe(holder)} after {wait_s}s (--lock-timeout); "
                                 "nothing was changed by this run")
