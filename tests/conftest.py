@@ -39,6 +39,22 @@ def lab():
     yield the_lab
     if os.environ.get("TUNNELSPEC_KEEP_LAB") != "1":
         the_lab.down()
+
+
+@pytest.fixture(scope="session")
+def lab_tools(lab):
+    """The lab's hosts with tunnelspec's prerequisites (python3, gcc, ccache, ...): the images are bare,
+    as a fresh server is, so a test that runs those tools on a host says so by using this fixture.
+    The deploy's own prerequisites play installs them (a no-op when a deploy already did)."""
+    import subprocess
+
+    from tunnelspec.engine.playbook import builtin_playbook
+
+    r = subprocess.run([sys.executable, "-m", "tunnelspec", "play", str(lab.inventory),
+                        str(builtin_playbook("prerequisites.yml"))], capture_output=True, text=True,
+                       timeout=1800, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    return lab
 # --- end of lab fixture -----------------------------------------------------------------------
 
 

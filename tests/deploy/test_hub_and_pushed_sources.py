@@ -107,7 +107,7 @@ def test_pushed_sources_without_access_to_the_fixture_repo(lab, tmp_path, llama_
             assert ev["status"] == "changed" and "sending a git bundle" in ev["msg"], ev
             assert sh(lab, host, "git", "-C", SRC, "rev-parse", "HEAD^{tree}").strip() == want_tree
             assert sh(lab, host, "git", "-C", SRC, "config", "remote.origin.url").strip() == f"controller:{repo}"
-        gate = next(e for e in first.events if e.get("event") == "gate")
+        gate = next(e for e in first.events if e.get("event") == "gate" and e.get("play") == "llama.cpp source")
         assert gate["status"] == "ok", gate
         draft_n, _ = verify_stats(first)
         assert draft_n > 0

@@ -61,7 +61,8 @@ def results(res, module: str) -> dict[str, dict]:
 
 
 def gate(res) -> dict:
-    return next(e for e in res.events if e.get("event") == "gate")
+    """The source play's tree-hash gate (the hosts play has a gate of its own before it)."""
+    return next(e for e in res.events if e.get("event") == "gate" and e.get("play") == "llama.cpp source")
 
 
 def source_tree(lab, host: str) -> str:

@@ -103,7 +103,8 @@ def _connect(lab, host: str, addr: str, port: int) -> str:
     return lab.exec(host, ["python3", "-c", CONNECT, addr, str(port)], timeout=30).stdout.strip()
 
 
-def test_loopback_listener_is_private_lab_address_listener_is_not(lab):
+def test_loopback_listener_is_private_lab_address_listener_is_not(lab_tools):
+    lab = lab_tools
     names = list(lab.hosts)
     if len(names) < 2:
         pytest.skip("needs two lab hosts")
@@ -196,7 +197,8 @@ def test_inventory_lists_main_and_rpc_hosts_by_ip(lab):
     assert oct(lab.key_file.stat().st_mode & 0o777) == "0o600"
 
 
-def test_ccache_is_shared_between_hosts(lab):
+def test_ccache_is_shared_between_hosts(lab_tools):
+    lab = lab_tools
     names = list(lab.hosts)
     if len(names) < 2:
         pytest.skip("needs two lab hosts")

@@ -116,10 +116,11 @@ def test_broken_unit_is_never_installed(lab, tmp_path):
     assert lab.exec(HOST, ["test", "-e", "/etc/systemd/system/tunnelspec-broken.service"]).returncode == 1
 
 
-def test_user_removal_waits_until_killed_processes_have_exited(lab, tmp_path):
+def test_user_removal_waits_until_killed_processes_have_exited(lab_tools, tmp_path):
     """SIGKILL is asynchronous: a process still tearing down its memory counts as the user's, and
     userdel refuses ("currently used by process N"; a CI teardown failed so on the tunnel user).
     Here the user's process holds 1 GiB of written memory, which takes a while to free."""
+    lab = lab_tools
     user = "tunnelspec-reaptest"
     add = tmp_path / "add.yml"
     add.write_text(f"- hosts: {HOST}\n  tasks:\n    - user: {{name: {user}}}\n")
