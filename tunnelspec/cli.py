@@ -47,6 +47,11 @@ def main() -> None:
 def _run_options(check, diff, limit, tags, skip_tags, forks, verbose, extra_vars=(), **kw):
     from tunnelspec.engine.context import RunOptions
 
+    return RunOptions(check=check, diff=diff, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags),
+                      forks=forks, verbose=verbose, extra_vars=_extra_vars(extra_vars), **kw)
+
+
+def _extra_vars(extra_vars) -> dict:
     from tunnelspec.inventory.extra_file import read_extra_vars_file
 
     ev = {}
@@ -60,8 +65,12 @@ def _run_options(check, diff, limit, tags, skip_tags, forks, verbose, extra_vars
             raise click.UsageError(f"-e expects KEY=VALUE or @FILE, got {item!r}")
         k, v = item.split("=", 1)
         ev[k] = v
-    return RunOptions(check=check, diff=diff, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags),
-                      forks=forks, verbose=verbose, extra_vars=ev, **kw)
+    return ev
+
+
+# -e for the commands that read hosts without running a playbook (status, logs, bench).
+_extra_vars_option = click.option("-e", "--extra-vars", "extra_vars", multiple=True,
+                                  help="KEY=VALUE or @FILE (YAML/JSON), highest precedence.")
 
 
 def _split(values) -> list[str]:
@@ -158,26 +167,27 @@ def verify_cmd(inventory_file, **kw):
     _play(inventory_file, _builtin("verify.yml"), require_cluster=True, **kw)
 
 
-def _cluster_and_opts(inventory_file, accept_new_host_keys=False):
+def _cluster_and_opts(inventory_file, accept_new_host_keys=False, extra_vars=()):
     from tunnelspec.inventory import load_inventory
     from tunnelspec.inventory.cluster import Cluster
     from tunnelspec.runner import connect_options_from_env
 
-    inv = load_inventory(inventory_file)
+    inv = load_inventory(inventory_file).with_extra_vars(_extra_vars(extra_vars))
     return inv, Cluster.from_inventory(inv), connect_options_from_env(accept_new_host_keys)
 
 
 @main.command("status")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
-def status_cmd(inventory_file, fmt):
+@_extra_vars_option
+def status_cmd(inventory_file, fmt, extra_vars):
     """One screen: sources, builds, services, tunnels, RPC versions/devices, llama-server health, draft acceptance."""
     import asyncio
     import json
 
     from tunnelspec import status
 
-    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     report = asyncio.run(status.gather(inv, cluster, opts))
     click.echo(json.dumps(report, sort_keys=True) if fmt == "json" else status.render(report))
     sys.exit(status.status_exit_code(report))
@@ -190,12 +200,13 @@ def status_cmd(inventory_file, fmt):
 @click.option("--since", default=None,
               help="Journal lines since this time (journalctl --since syntax, e.g. '1 hour ago'); "
                    "default: the current boot.")
-def logs_cmd(inventory_file, output, since):
+@_extra_vars_option
+def logs_cmd(inventory_file, output, since, extra_vars):
     """Read-only bug-report bundle: every host's tunnelspec journals, unit files, llama-server version
     and devices, load/placement lines, status; secrets masked. Unreachable hosts are listed."""
     from tunnelspec import logs
 
-    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     where, hosts = logs.run(inv, cluster, opts, output, since)
     click.echo(logs.summary(hosts, where), nl=False)
 
@@ -208,13 +219,14 @@ def logs_cmd(inventory_file, output, since):
 @click.option("--same-placement", is_flag=True,
               help="Baseline keeps the deployed target placement (RPC target nodes); stops llama-server meanwhile.")
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
-def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, fmt):
+@_extra_vars_option
+def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, fmt, extra_vars):
     """Tokens/s and draft acceptance: the deployed remote draft vs. no speculation, same prompt."""
     import json
 
     from tunnelspec import bench
 
-    inv, cluster, opts = _cluster_and_opts(inventory_file)
+    inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     kw = {"n_predict": n_predict, "runs": runs, "same_placement": same_placement}
     if prompt:
         kw["prompt"] = prompt
