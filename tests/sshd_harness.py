@@ -68,7 +68,8 @@ def start_sshd(base: Path, name: str, client_pub: str, extra_config: tuple[str, 
         port = free_port()
         cfg = d / "sshd_config"
         cfg.write_text("\n".join([
-            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hk}", f"AuthorizedKeysFile {ak}" + (" %h/.ssh/authorized_keys" if user_keys else ""),
+            f"Port {port}", "ListenAddress 127.0.0.1", f"HostKey {hk}",
+            f"AuthorizedKeysFile {ak}" + (" %h/.ssh/authorized_keys" if user_keys else ""),
             f"PidFile {d}/sshd.pid", "PermitRootLogin prohibit-password", "PasswordAuthentication no",
             "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "MaxStartups 100:30:200",
             "MaxSessions 100", "LogLevel ERROR", "AllowTcpForwarding yes",
@@ -101,7 +102,8 @@ class SshdCluster:
         base.mkdir(parents=True, exist_ok=True)
         self.key = base / "id_ed25519"
         self.client_pub = keygen(self.key)
-        self.hosts = [start_sshd(base, f"{prefix}{i}", self.client_pub, tuple(extra_config), setenv, user_keys) for i in range(n)]
+        self.hosts = [start_sshd(base, f"{prefix}{i}", self.client_pub, tuple(extra_config), setenv, user_keys)
+                      for i in range(n)]
         self.known_hosts = base / "known_hosts"
         self.known_hosts.write_text("".join(h.known_hosts_line() + "\n" for h in self.hosts))
 

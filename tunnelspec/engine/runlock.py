@@ -175,9 +175,10 @@ class RunLock:
             await proc.close()
             if word == "NOFLOCK":
                 system, _, path = rest.partition(" ")
-                raise TaskFailed(f"cannot take the run lock on {host}: flock not found (util-linux) on {host}"
-                                 f"{' (' + system + ')' if system and system != 'Linux' else ''}, {path or 'PATH unknown'}: "
-                                 "tunnelspec holds its run lock with flock(1); install util-linux")
+                where = f" ({system})" if system and system != "Linux" else ""
+                raise TaskFailed(f"cannot take the run lock on {host}: flock not found (util-linux) on {host}{where}, "
+                                 f"{path or 'PATH unknown'}: tunnelspec holds its run lock with flock(1); "
+                                 "install util-linux")
             if word == "TIMEOUT":
                 raise RunLocked(f"{host} is still locked by {describe(holder)} after {wait_s}s (--lock-timeout); "
                                 "nothing was changed by this run")
