@@ -78,18 +78,18 @@ class Ansible:
         def error_as_warning(_self, msg, exception=None, *a, **kw):
             collected.append(f"{msg}: {exception}")
 
-        # Warnings are data here (they tell "Ansible skipped this" apart from "Ansible read it").
         def deprecated(_self, msg, *a, **kw):
             collected.append(f"deprecated: {msg}")
 
         def vvv(_self, msg, *a, **kw):
             collected.append(f"vvv: {msg}")
 
-        Display.warning = warning
-        Display.deprecated = deprecated
-        Display.vvv = vvv
-        Display.error_as_warning = error_as_warning
-        Display.display = lambda *a, **kw: None
+        # Warnings are data here (they tell "Ansible skipped this" apart from "Ansible read it");
+        # the patches hold only while list() runs, so other users of ansible in this process (the
+        # pattern tests) see it as it was.
+        self._patches = {(Display, "warning"): warning, (Display, "deprecated"): deprecated,
+                         (Display, "vvv"): vvv, (Display, "error_as_warning"): error_as_warning,
+                         (Display, "display"): lambda *a, **kw: None}
 
     def list(self, path: pathlib.Path, plugin: str) -> dict:
         """The --list JSON, or raises the AnsibleError that makes the CLI fail."""
@@ -97,9 +97,25 @@ class Ansible:
         from ansible.parsing.dataloader import DataLoader
         from ansible.vars.manager import VariableManager
 
-        self.C.INVENTORY_ENABLED = [plugin]
-        self.C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
-        self.C.INVENTORY_UNPARSED_IS_FAILED = True
+        settings = {"INVENTORY_ENABLED": [plugin], "INVENTORY_ANY_UNPARSED_IS_FAILED": True,
+                    "INVENTORY_UNPARSED_IS_FAILED": True}
+        saved = {(self.C, k): getattr(self.C, k) for k in settings}
+        saved.update({key: key[0].__dict__[key[1]] for key in self._patches})
+        for k, v in settings.items():
+            setattr(self.C, k, v)
+        for (owner, name), v in self._patches.items():
+            setattr(owner, name, v)
+        try:
+            return self._list(path)
+        finally:
+            for (owner, name), v in saved.items():
+                setattr(owner, name, v)
+
+    def _list(self, path: pathlib.Path) -> dict:
+        from ansible.inventory.manager import InventoryManager
+        from ansible.parsing.dataloader import DataLoader
+        from ansible.vars.manager import VariableManager
+
         del self.warnings[:]
         cli = self.InventoryCLI(["ansible-inventory", "-i", str(path), "--list"])
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

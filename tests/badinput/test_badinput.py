@@ -12,6 +12,7 @@ CLI was given it (so `@:5:` means "names line 5 of this file").
 
 from __future__ import annotations
 
+import re
 import selectors
 import shutil
 import socket
@@ -141,6 +142,8 @@ def test_corpus_is_big_enough():
     assert len(INVENTORIES) + len(PLAYBOOKS) + len(OPTION_CASES) >= 30
     for f in INVENTORIES + PLAYBOOKS:
         assert _expects(f), f"{f.name} has no '# expect:' line"
+    for f in INVENTORIES:  # each names its exact line: `@:` alone would pass with any line
+        assert any(re.fullmatch(r"@:\d+:", e) for e in _expects(f)), f"{f.name} expects no exact @:LINE:"
 
 
 def test_honeypot_sees_a_real_run(tmp_path, honeypot):

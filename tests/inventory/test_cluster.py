@@ -177,7 +177,8 @@ def test_rpc_node_errors(tmp_path, rpc_line, var, needle):
         # The error points at the line where the value was written.
         assert str(err).startswith(f"{path}:{line_of(path, rpc_line)}: host r2: variable {var}: ")
     else:
-        assert str(err).startswith(f"{path}: host r2: variable {var}: ")
+        # A value not written (a default) is cited at the line of its host.
+        assert str(err).startswith(f"{path}:{line_of(path, rpc_line)}: host r2: variable {var}: ")
 
 
 @pytest.mark.parametrize(

@@ -100,10 +100,12 @@ def _topology(inv: Inventory) -> tuple[str, list[str]]:
     if len(mains) != 1:
         found = ", ".join(mains) or "none"
         raise cluster_error(
-            inv, None, None, f"group [main] must have exactly one host, found {len(mains)} ({found})"
+            inv, None, None, f"group [main] must have exactly one host, found {len(mains)} ({found})",
+            line=inv.hosts[mains[1]].line if len(mains) > 1 else inv.groups["main"].line,
         )
     if "rpc" not in inv.groups or not inv.group_hosts("rpc"):
-        raise cluster_error(inv, None, None, "no host in group [rpc]; add at least one node that runs ggml-rpc-server")
+        raise cluster_error(inv, None, None, "no host in group [rpc]; add at least one node that runs ggml-rpc-server",
+                            line=inv.groups["rpc"].line if "rpc" in inv.groups else None)
     rpcs = inv.group_hosts("rpc")
     if mains[0] in rpcs:
         raise cluster_error(

@@ -34,19 +34,24 @@ KNOWN_VARS = frozenset(
 _MISSING = object()
 
 
-def cluster_error(inv: Inventory, host: str | None, var: str | None, message: str) -> ClusterError:
+def cluster_error(inv: Inventory, host: str | None, var: str | None, message: str,
+                  line: int | None = None) -> ClusterError:
     """`file:line: host H: variable V: message`, with whatever parts are known.
 
+    The line is where the variable was written; for a variable that is missing, the line of the
+    host (or the `line` given: a group's); for the inventory as a whole, line 1.
     The error keeps .host, .var, .file and .line so callers (and tests) need not parse text."""
     origin = inv.var_origin(host, var) if host in inv.hosts and var else None
     from_cli = bool(var) and var in inv.extra_vars
+    if not origin and not from_cli:
+        if line is None and host in inv.hosts:
+            line = inv.hosts[host].line
+        origin = (str(inv.path), line or 1)
     parts = []
     if origin:
         parts.append(f"{origin[0]}:{origin[1]}:")
-    elif from_cli:
-        parts.append(f"-e {var}:")   # given on the command line, not written in the inventory
     else:
-        parts.append(f"{inv.path}:")
+        parts.append(f"-e {var}:")   # given on the command line, not written in the inventory
     if host:
         parts.append(f"host {host}:")
     if var:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tunnelspec.inventory.fields import HostVars
+from tunnelspec.inventory.fields import cluster_error, HostVars
 
 SPLIT_MODES = ("none", "layer", "row", "tensor")
 _PAIR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*$")
@@ -68,8 +68,11 @@ def parse_placement(main: HostVars, nodes: list[tuple[HostVars, str, float | Non
         # A draft node without a share stays draft-only; a target node without one is an omission.
         missing = [hv.host for hv, role, share in nodes if role == "target" and share is None]
         if missing:
-            raise main.fail(None, f"rpc_target_share is set on {', '.join(h for h, _ in weights)} but not on "
-                            f"target node(s) {', '.join(missing)}; give every target node a share (0 = no layers)")
+            # At the line of the first target node without a share: that is where one is missing.
+            raise cluster_error(main.inv, main.host, None,
+                                f"rpc_target_share is set on {', '.join(h for h, _ in weights)} but not on "
+                                f"target node(s) {', '.join(missing)}; give every target node a share (0 = no layers)",
+                                line=main.inv.hosts[missing[0]].line)
         missing_local = list(local_devices)
         if missing_local:
             raise main.fail("llama_target_devices",

@@ -129,6 +129,8 @@ class _YamlParser(InventoryBuilder):
         if not isinstance(name, str) or not name:
             # Ansible 2.19 accepts it with a deprecation ("invalid name"; refused from 2.23).
             raise self.error(f"variable name {name!r} must be a non-empty string; quote it (\"'{name}':\")")
+        if node is None:  # `vars: name` (one name, no value), as Ansible reads it
+            return None
         value = self._value(node)
         self._check_value(name, value)
         return value
