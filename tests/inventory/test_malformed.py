@@ -53,6 +53,7 @@ HINTS = {
     "empty_document.yml": "start with 'all:' and put groups under 'children:'",
     "group_as_list.yml": "must be a mapping (with hosts:, children: or vars:) or empty",
     "group_priority_not_int.yml": "must be an integer (e.g. ansible_group_priority=10)",
+    "group_priority_infinite.yml": "must be an integer (e.g. ansible_group_priority=10)",
     "host_not_string.yml": "quote numbers",
     "host_vars_as_list.yml": "must be a mapping (name: value)",
     "hosts_as_list.yml": "write each entry as 'name:' on its own line under 'hosts:'",

@@ -63,7 +63,7 @@ class InventoryBuilder:
         if isinstance(target, Group) and key == "ansible_group_priority":
             try:
                 target.priority = int(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: .inf
                 raise self.error(
                     f"ansible_group_priority must be an integer (e.g. ansible_group_priority=10), "
                     f"got {value!r}"
