@@ -19,6 +19,7 @@ KNOWN_VARS = frozenset(
         "rpc_port", "tunnel_port", "rpc_role", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache",
         "llama_repo", "llama_commit", "llama_patches", "llama_build_number", "llama_force_clean",
         "llama_backend", "llama_cmake_args", "llama_build_jobs", "tunnelspec_root",
+        "llama_cuda_architectures",  # host_sections.py BuildSettings (llama_build: else nvidia-smi's)
         "llama_model", "llama_draft_model", "llama_server_host", "llama_server_port",
         "llama_server_public_bind", "llama_server_api_key_file", "llama_server_extra_args",
         "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl", "spec_draft_p_min", "spec_type",

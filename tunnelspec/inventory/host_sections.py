@@ -14,6 +14,7 @@ from tunnelspec.inventory.fields import HostVars, is_full_sha
 from tunnelspec.inventory.placement import node_share
 from tunnelspec.inventory.values import USER_NAME
 from tunnelspec.llama import controller_repo
+from tunnelspec.llama.devices import static_target_default
 from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
 from tunnelspec.models import hub
 
@@ -70,6 +71,8 @@ class BuildSettings:
     cmake_args: tuple[str, ...]
     jobs: int | None
     force_clean: bool
+    # llama_cuda_architectures as CMake wants it ("86;89"); None: detected on the host (nvidia-smi)
+    cuda_architectures: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,30 @@ def build_of(hv: HostVars) -> BuildSettings:
         cmake_args=args,
         jobs=hv.integer("llama_build_jobs", None, minimum=1),
         force_clean=hv.boolean("llama_force_clean", False),
+        cuda_architectures=_cuda_architectures(hv, args),
     )
+
+
+# One CMake CUDA architecture: 89, 90a, 120a-real, 86-virtual, or CMake's own words.
+_CUDA_ARCH = re.compile(r"^(\d{2,3}[af]?(-real|-virtual)?|native|all|all-major)$")
+
+
+def _cuda_architectures(hv: HostVars, cmake_args: tuple[str, ...]) -> str | None:
+    """llama_cuda_architectures (`89`, `86,89`, `"86;89"`) → "86;89"; None when unset (the build then
+    targets the GPUs nvidia-smi reports on the host). Read on every host, used where the backend is cuda."""
+    value = hv.raw("llama_cuda_architectures", None)
+    if value is None:
+        return None
+    items = value if isinstance(value, list) else re.split(r"[,;\s]+", str(value))
+    archs = [str(a).strip() for a in items if str(a).strip()]
+    bad = [a for a in archs if not _CUDA_ARCH.match(a)]
+    if not archs or bad:
+        raise hv.fail("llama_cuda_architectures", f"{(bad or [value])[0]!r} is not a CUDA architecture; give "
+                      "compute capabilities without the dot, e.g. 89 (RTX 40xx), 90 (H100/H200), 86,89")
+    if any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in cmake_args):
+        raise hv.fail("llama_cuda_architectures", "is also given as -DCMAKE_CUDA_ARCHITECTURES in llama_cmake_args; "
+                      "keep one of the two")
+    return ";".join(archs)
 
 
 def source_of(hv: HostVars) -> SourcePin:
@@ -304,6 +330,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         raise hv.fail("spec_type", f"must be one of {', '.join(DRAFT_TYPES)} (a draft model on the remote device); "
                       f"got {spec_type!r}")
     model, draft_model = _model(hv, "llama_model"), _model(hv, "llama_draft_model")
+    build = build_of(hv)
     if spec_type == "draft-mtp" and draft_model is not None and draft_model == model:
         raise hv.fail("spec_type", "draft-mtp with llama_draft_model = llama_model is MTP without a separate file: "
                       "llama.cpp then runs the MTP heads on the target's devices and ignores the draft device; "
@@ -320,12 +347,14 @@ def main_host_of(hv: HostVars) -> MainHost:
         public_bind=public,
         api_key_file=key_file,
         extra_args=extra,
-        target_devices=",".join(hv.csv("llama_target_devices")) or "none",
+        # Unset: main's accelerator (its backend's first device, CUDA0 / ROCm0 / Vulkan0 / MTL0), the CPU
+        # (`none`) for the cpu backend; `none` stays available explicitly (llama/devices.py).
+        target_devices=",".join(hv.csv("llama_target_devices")) or static_target_default(build.backend),
         spec_draft_n_max=hv.integer("spec_draft_n_max", None, minimum=1),
         spec_draft_ngl=str(ngl),
         spec_type=spec_type,
         spec_draft_p_min=p_min,
-        build=build_of(hv),
+        build=build,
         root=root_of(hv),
         users=users_of(hv),
     )

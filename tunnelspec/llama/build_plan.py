@@ -73,6 +73,44 @@ def keyed_options(commit: str, build_number: int | None, backend: str, extra: li
             *BACKEND_OPTIONS[backend], *extra]
 
 
+# ---- CUDA architectures --------------------------------------------------------------------------
+CUDA_ARCH_VAR = "CMAKE_CUDA_ARCHITECTURES"
+
+
+def cmake_sets(extra: list[str], name: str) -> str | None:
+    """The value `-D<name>[:TYPE]=VALUE` in `extra` gives, else None."""
+    for arg in extra:
+        if arg.startswith("-D"):
+            key, _, value = arg[2:].partition("=")
+            if key.split(":", 1)[0] == name:
+                return value
+    return None
+
+
+def cuda_arch_plan(backend: str, extra: list[str], inventory_archs: str | None,
+                   detected: list[str] | None, gpus: str = "") -> tuple[list[str], str]:
+    """(options to add, what the build step says) for CMAKE_CUDA_ARCHITECTURES.
+
+    The inventory wins (`-DCMAKE_CUDA_ARCHITECTURES` in llama_cmake_args, or llama_cuda_architectures);
+    otherwise the architectures of the GPUs nvidia-smi reports on the host (8.9 → 89; several GPUs →
+    their distinct list). Never `native`: it would need the GPU at configure time and resolve behind
+    the build key (a build directory keyed without the architecture it was compiled for), and where
+    the tree cannot use it (CMake < 3.24, GGML_NATIVE=OFF) ggml builds its long default list — tens
+    of minutes for GPUs the host does not have. Explicit architectures are part of the build key, show
+    in the build step, and compile once per architecture."""
+    if backend != "cuda":
+        return [], ""
+    given = cmake_sets(extra, CUDA_ARCH_VAR)
+    if given is not None:
+        return [], f"CUDA architectures {given} (llama_cmake_args)"
+    if inventory_archs:
+        return [f"-D{CUDA_ARCH_VAR}={inventory_archs}"], f"CUDA architectures {inventory_archs} (llama_cuda_architectures)"
+    if not detected:
+        raise ValueError("no CUDA architecture: nvidia-smi reported no GPU; set llama_cuda_architectures")
+    archs = ";".join(detected)
+    return [f"-D{CUDA_ARCH_VAR}={archs}"], f"CUDA architectures {archs} (nvidia-smi: {gpus or 'detected'})"
+
+
 def option_names(cmake_text: str) -> set[str]:
     """Names declared with `option(NAME ...)` in CMakeLists text."""
     return set(_OPTION.findall(cmake_text or ""))

@@ -7,6 +7,11 @@ finished build for the key is reused without compiling (e.g. after a patch is re
 apply: cmake configure + build under `nice`, ccache when present, progress from cmake's `[ 42%]`;
 on main, `llama-server --version` must name the pinned commit before the stamp is written.
 
+With backend cuda, `nvidia-smi` is probed first (read-only, before anything is configured): no driver or
+no GPU is an error naming the host, and unless the inventory sets the architectures
+(llama_cuda_architectures, or -DCMAKE_CUDA_ARCHITECTURES in llama_cmake_args) the build targets the
+compute capabilities it reports (8.9 → 89); the build step names them (docs/accelerators.md).
+
 Refuses known-vulnerable pinned builds (tunnelspec/llama/advisories.py) unless
 --allow-vulnerable-llama; an unknown build number is a warning in the message.
 
@@ -24,6 +29,7 @@ import time
 from tunnelspec.errors import TaskFailed
 from tunnelspec.llama import advisories
 from tunnelspec.llama import build_plan as bp
+from tunnelspec.llama import devices
 from tunnelspec.llama.flags import parse_version
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
@@ -73,6 +79,8 @@ class LlamaBuild(Task):
                        help="GPU backend (`llama_backend`): cpu, cuda, hip, vulkan or metal."),
         "cmake_args": Arg((list, str), default=[],
                           help="Extra `-DNAME=VALUE` cache entries (a list, or a string split like a shell line)."),
+        "cuda_architectures": Arg(str, help="CMake CUDA architectures (`89`, `86;89`) for backend cuda; default: the "
+                                  "host's llama_cuda_architectures, else what its nvidia-smi reports."),
         "jobs": Arg(int, help="Parallel build jobs (default: the host's cores)."),
         "keep_builds": Arg(int, default=3,
                            help="Build directories kept per host (the current one included); least recently used go first."),
@@ -82,10 +90,38 @@ class LlamaBuild(Task):
     def src(self) -> str:
         return posixpath.join(self.p["root"], "src", "llama.cpp")
 
-    def _options(self) -> list[str]:
+    def _extra(self) -> list[str]:
         extra = self.p["cmake_args"] or []
-        extra = shlex.split(extra) if isinstance(extra, str) else [str(a) for a in extra]
+        return shlex.split(extra) if isinstance(extra, str) else [str(a) for a in extra]
+
+    def _options(self) -> list[str]:
+        extra = [*self._extra(), *getattr(self, "_cuda_options", [])]
         return bp.keyed_options(self.p["commit"], self.p["build_number"], self.p["backend"], extra)
+
+    def probes(self) -> list[list[str]]:
+        return [devices.NVIDIA_SMI_PROBE] if self.p["backend"] == "cuda" else []
+
+    def _inventory_archs(self, ctx) -> str | None:
+        if self.p["cuda_architectures"]:
+            return self.p["cuda_architectures"]
+        cluster = ctx.cluster
+        if cluster is None:
+            return None
+        if cluster.main.name == ctx.host:
+            return cluster.main.build.cuda_architectures
+        node = next((n for n in cluster.rpc if n.name == ctx.host), None)
+        return node.build.cuda_architectures if node else None
+
+    async def _cuda_plan(self, ctx) -> tuple[list[str], str]:
+        """backend cuda: the driver must answer (read-only nvidia-smi, before any configure), and the
+        architectures come from the inventory or from the GPUs it reports."""
+        res = await ctx.conn.probe(devices.NVIDIA_SMI_PROBE)
+        gpus = devices.parse_nvidia_smi(res.stdout + res.stderr, res.rc, ctx.host)
+        try:
+            return bp.cuda_arch_plan("cuda", self._extra(), self._inventory_archs(ctx),
+                                     devices.cuda_architectures(gpus), devices.describe_gpus(gpus))
+        except ValueError as e:
+            raise TaskFailed(f"{ctx.host}: {e}") from None
 
     def _advisory_note(self, ctx) -> str:
         result = advisories.check(self.p["build_number"], rdma=False)
@@ -100,12 +136,17 @@ class LlamaBuild(Task):
         return f"; {result.message}" if result.verdict == advisories.MITIGATED else ""
 
     async def check(self, ctx):
+        # The GPU before anything else (--check and a first run included): no driver, no build.
+        self._cuda_options, self._cuda_note = [], ""
+        if self.p["backend"] == "cuda":
+            self._cuda_options, cuda_note = await self._cuda_plan(ctx)
+            self._cuda_note = f"; {cuda_note}"
         if not self.p["tree"]:
             if ctx.check_mode:
-                return change("would build once the source play has applied")
+                return change(f"would build once the source play has applied{self._cuda_note}")
             raise TaskFailed("no proven source tree for this host: the source play did not run in this "
                              "invocation (e.g. --tags build alone); run with --tags source,build")
-        note = self._advisory_note(ctx)
+        note = self._advisory_note(ctx) + self._cuda_note
         options = self._options()
         key = bp.build_key(self.p["tree"], options)
         self._key, self._dir = key, posixpath.join(self.p["root"], "build", key)
@@ -169,7 +210,7 @@ class LlamaBuild(Task):
         # Another run building the same key on this host waits for it (then finds the stamp valid).
         lock = ["flock", "-w", LOCK_WAIT, d + ".lock"]
         prefix = [*lock, "nice", "-n", "10", "env", *bp.ccache_env(self.p["root"])]
-        ctx.progress(f"configure build/{self._key}")
+        ctx.progress(f"configure build/{self._key}{self._cuda_note}")
         await ctx.conn.run_stream([*prefix, "cmake", "-S", self.src, "-B", d, *options], lambda line: None,
                                   timeout=BUILD_TIMEOUT, check=True)
         last = [-100]
