@@ -66,6 +66,13 @@ def _values(right) -> tuple | None:
     return None
 
 
+def _flags(mask) -> list:
+    """The flags of a mask as nft prints it: a list (nftables 1.0.x) or {"|": [...]} (0.9.x, 1.1.x)."""
+    if isinstance(mask, dict) and isinstance(mask.get("|"), list):
+        mask = mask["|"]
+    return [f for f in mask if isinstance(f, str)] if isinstance(mask, list) else []
+
+
 def _rule(expr: list, comment: str | None) -> PortRule | None:
     """One live rule as a PortRule when it is exactly our shape, else None."""
     seen = {"oif": False, "port": None, "syn": False, "uids": None, "reject": False}
@@ -78,7 +85,7 @@ def _rule(expr: list, comment: str | None) -> PortRule | None:
             elif left == {"payload": {"protocol": "tcp", "field": "dport"}} and op == "==" and isinstance(right, int):
                 seen["port"] = right
             elif "&" in left and op == "==" and right == "syn":
-                seen["syn"] = sorted(left["&"][1]) == ["ack", "syn"] if isinstance(left["&"][1], list) else False
+                seen["syn"] = sorted(_flags(left["&"][1])) == ["ack", "syn"]
             elif left == {"meta": {"key": "skuid"}} and op == "!=":
                 seen["uids"] = _values(right)
             else:
