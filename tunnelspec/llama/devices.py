@@ -128,7 +128,8 @@ class NodeLog:
 # initialize CUDA: no CUDA-capable device is detected`; ggml-vulkan: `ggml_vulkan: No devices found.`).
 _HINTS = re.compile(r"failed to initialize (?:CUDA|ROCm|MUSA)|ggml_vulkan: No devices found|"
                     r"CUDA driver version is insufficient|no CUDA-capable device|hipErrorNoDevice|"
-                    r"ERROR_INCOMPATIBLE_DRIVER|ErrorIncompatibleDriver|Permission denied.*/dev/",
+                    r"ERROR_INCOMPATIBLE_DRIVER|ErrorIncompatibleDriver|Permission denied.*/dev/|"
+                    r"error while loading shared libraries",
                     re.I)
 
 
@@ -266,6 +267,13 @@ def check_requested(node: str, requested, available) -> str:
 
 
 # ---- the main host's own devices -------------------------------------------------------------------
+def parse_list_devices(text: str) -> list[Device]:
+    """`llama-server --list-devices`: the device lines after "Available devices:" (local and RPC)."""
+    lines = (text or "").splitlines()
+    at = next((i for i, line in enumerate(lines) if line.strip().lower() == "available devices:"), None)
+    return _device_block(lines, at + 1) if at is not None else []
+
+
 def default_target_devices(backend: str, listed: list[Device]) -> str:
     """The -dev value for main's target when llama_target_devices is not set: every local device of
     main's backend, from `llama-server --list-devices` (run without --rpc, or with it: RPC devices
