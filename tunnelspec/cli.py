@@ -388,9 +388,10 @@ _tunnel_limit = click.option("--limit", "-l", "nodes", default="", help="Only th
 _tunnel_fmt = click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 
 
-def _tunnel_play(inventory_file, name, fmt, extra, lock, lock_timeout, no_wait):
+def _tunnel_play(inventory_file, name, fmt, extra, lock, lock_timeout, no_wait, user_extra=()):
+    # The user's -e first, the command's own after: the command's variables are its meaning.
     _play(inventory_file, _builtin(name), fmt, False, require_cluster=True, check=False, diff=False, limit=None,
-          tags=(), skip_tags=(), forks=20, verbose=0, extra_vars=tuple(extra), lock=lock,
+          tags=(), skip_tags=(), forks=20, verbose=0, extra_vars=(*user_extra, *extra), lock=lock,
           lock_timeout=lock_timeout, no_wait=no_wait)
 
 
@@ -398,30 +399,33 @@ def _tunnel_play(inventory_file, name, fmt, extra, lock, lock_timeout, no_wait):
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_limit
 @_tunnel_fmt
+@_extra_vars_option
 @lock_options
-def tunnel_open(inventory_file, nodes, fmt, lock_timeout, no_wait):
+def tunnel_open(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
     """Install, start and check the tunnels (HELLO through each one); start llama-server again if
     closing the tunnels stopped it (deployed, enabled, and all of its tunnels open)."""
     _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [],
-                 "tunnel open", lock_timeout, no_wait)
+                 "tunnel open", lock_timeout, no_wait, extra_vars)
 
 
 @tunnel.command("close")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_limit
 @_tunnel_fmt
+@_extra_vars_option
 @lock_options
-def tunnel_close(inventory_file, nodes, fmt, lock_timeout, no_wait):
+def tunnel_close(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
     """Stop and disable the tunnel units (keys and files stay)."""
     _tunnel_play(inventory_file, "tunnel-close.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [],
-                 "tunnel close", lock_timeout, no_wait)
+                 "tunnel close", lock_timeout, no_wait, extra_vars)
 
 
 @tunnel.command("status")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_limit
 @_tunnel_fmt
-def tunnel_status_cmd(inventory_file, nodes, fmt):
+@_extra_vars_option
+def tunnel_status_cmd(inventory_file, nodes, fmt, extra_vars):
     """Per tunnel: unit state, local port, remote RPC version and devices (or busy)."""
     import asyncio
     import json
@@ -429,7 +433,8 @@ def tunnel_status_cmd(inventory_file, nodes, fmt):
     from tunnelspec.runner import connect_options_from_env
     from tunnelspec.tunnel_status import format_status, tunnel_status
 
-    rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env()))
+    rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env(),
+                                     extra_vars=_extra_vars(extra_vars)))
     click.echo(json.dumps(rows) if fmt == "json" else format_status(rows))
     sys.exit(0 if all(r["state"] == "active" and r["rpc"] in ("ok", "busy") for r in rows) else 1)
 
@@ -442,13 +447,14 @@ def keys() -> None:
 @keys.command("rotate")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @_tunnel_fmt
+@_extra_vars_option
 @lock_options
-def keys_rotate(inventory_file, fmt, lock_timeout, no_wait):
+def keys_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
     """Replace the tunnel key on main and its authorized_keys line on every node; restart tunnels."""
     from tunnelspec.keys import new_rotation_token
 
     _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"],
-                 "keys rotate", lock_timeout, no_wait)
+                 "keys rotate", lock_timeout, no_wait, extra_vars)
 
 
 # ---- end of command groups -------------------------------------------------------------------

@@ -12,13 +12,14 @@ from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.tunnel_ssh import probe_tunnel, selected_nodes, unit_name
 
 
-async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeout: float = 3.0) -> list[dict]:
+async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeout: float = 3.0,
+                        extra_vars: dict | None = None) -> list[dict]:
     """One row per selected tunnel (see the module's docstring)."""
     from tunnelspec.connection import connect
     from tunnelspec.inventory import load_inventory
     from tunnelspec.inventory.cluster import Cluster
 
-    inv = load_inventory(inventory_path)
+    inv = load_inventory(inventory_path).with_extra_vars(extra_vars or {})
     cluster = Cluster.from_inventory(inv)
     conn = await connect(cluster.main.name, inv.host_vars(cluster.main.name), connect_options, inv.path.parent)
 

@@ -110,6 +110,7 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
     chk = run_cli(outputs, "deploy", inv, "-e", pw, "--check", "--format", "json")
     assert chk.rc == 3, chk.stdout[-4000:] + chk.stderr[-2000:]
     facts = {e["host"]: e["msg"] for e in chk.results() if e["module"] == "host_facts"}
+    print("\nfacts:\n" + "\n".join(f"  {h}: {m}" for h, m in facts.items()))
     for host, want in EXPECT.items():
         msg = facts[host]
         assert f"Debian GNU/Linux {want['os_version']} ({RELEASES[host]})" in msg, msg
@@ -138,6 +139,9 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
         took = time.monotonic() - t0
     assert dep.rc == 0, dep.stdout[-6000:] + dep.stderr[-2000:]
     print(f"\nmixed deploy from bare hosts: {took:.0f} s")
+    for e in dep.results("changed"):
+        if e["task"] in ("prerequisites installed", "llama.cpp binaries for the host's role"):
+            print(f"  {e['host']}: {e['task']}: {e.get('duration', 0):.0f} s")
     installed = {e["host"] for e in dep.results("changed") if e["task"] == "prerequisites installed"}
     assert installed == set(RELEASES)
     ver = next(e for e in dep.results() if e["module"] == "llama_verify")
