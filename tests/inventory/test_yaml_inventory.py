@@ -131,3 +131,33 @@ def test_yaml_inventory_error_is_usage_error(tmp_path):
     with pytest.raises(InventoryError) as info:
         load_inventory(path)
     assert info.value.exit_code == 2 and info.value.line == 2
+
+
+# ---- the YAML reader: libyaml, as Ansible -----------------------------------------------------
+def test_yaml_is_read_by_libyaml_like_ansible():
+    """Ansible's AnsibleLoader parses with libyaml's CParser whenever PyYAML has it; so does
+    tunnelspec (the pure-Python scanner refuses `w<TAB>eb:`, libyaml reads the group `w\\teb`)."""
+    from ansible.module_utils.common.yaml import HAS_LIBYAML
+
+    from tunnelspec.inventory import yaml_inv
+
+    assert HAS_LIBYAML == yaml.__with_libyaml__
+    assert yaml_inv._LOADER is (yaml.CSafeLoader if HAS_LIBYAML else yaml.SafeLoader)
+    if not HAS_LIBYAML:
+        pytest.skip("PyYAML without libyaml: Ansible and tunnelspec both use the pure-Python reader")
+
+
+@pytest.mark.skipif(not yaml.__with_libyaml__, reason="PyYAML without libyaml")
+def test_libyaml_marks_give_lines_after_multibyte_text(tmp_path):
+    # libyaml reports a control character at its offset in UTF-8 bytes: the line must still be the
+    # character's line when multi-byte characters come before it (and past libyaml's first chunk).
+    path = tmp_path / "inv.yml"
+    path.write_text("all:\n  vars:\n    a: " + "é" * 3000 + "\n    b: ü\n    c: x\x07y\n", encoding="utf-8")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert info.value.line == 5 and "U+0007" in str(info.value)
+    path.write_text("all:\n  hosts:\n    hé\tst:\n      v: \"é\" \n    h2:\n      v: [a, b\n", encoding="utf-8")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    # the unclosed flow at the end of the file is cited where it opened
+    assert info.value.line == 6 and "close the [ or {" in str(info.value)

@@ -5,6 +5,12 @@ line it was written on: the cluster checks then cite `file:line` exactly as for 
 hosts and values come out in the order and with the types of Ansible's `yaml` plugin, into the
 same Inventory model, so precedence is the INI one.
 
+The YAML is read by libyaml (`yaml.CSafeLoader`), as Ansible's loader reads it whenever PyYAML has
+libyaml (`ansible.module_utils.common.yaml.HAS_LIBYAML`); the pure-Python scanner differs on a few
+inputs (a tab inside a plain scalar, `w\teb:`, is a name for libyaml and a syntax error for it).
+Without libyaml both fall back to the pure-Python reader alike. Its nodes carry marks (line,
+column) all the same.
+
 Where Ansible only warns and skips (an unknown key in a group, a group that is not a mapping),
 we stop with `file:line`: a silently skipped key in a deployment inventory is a node or a
 setting that would quietly not be deployed.
@@ -25,14 +31,22 @@ from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
 from tunnelspec.inventory.model import Inventory
 
 _SECTIONS = ("vars", "children", "hosts")
+# The reader Ansible's AnsibleLoader uses: libyaml's CParser when PyYAML was built with it.
+_LOADER: type = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
 _BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 
 
-def _yaml_hint(err: yaml.MarkedYAMLError) -> str:
-    """What to do about a YAML syntax error, after what PyYAML says is wrong."""
+def _yaml_hint(err: yaml.MarkedYAMLError, text: str) -> str:
+    """What to do about a YAML syntax error, after what libyaml (or PyYAML's scanner) says is wrong."""
     problem, context = err.problem or "", err.context or ""
-    if "'\\t'" in problem:
+    mark = err.problem_mark
+    at = text[mark.index] if mark is not None and 0 <= mark.index < len(text) else ""
+    if "'\\t'" in problem or "tab character" in problem or (at == "\t" and "cannot start any token" in problem):
         return "; indent with spaces, YAML does not allow tabs there"
+    if "invalid Unicode character escape" in problem:
+        # libyaml refuses "\ud800" (a surrogate half) and escapes past U+10FFFF; so does Ansible.
+        return ("; a \\u or \\U escape must name a character (not a surrogate half, nothing past "
+                "U+10FFFF): write the character itself")
     if "mapping values are not allowed" in problem:
         return "; quote a value that holds ': ' (\"a: b\"), or check the indentation of this line"
     if "quoted scalar" in context:
@@ -41,9 +55,9 @@ def _yaml_hint(err: yaml.MarkedYAMLError) -> str:
         return "; an inventory is one YAML document: remove the second '---' and what follows, or merge it"
     if "flow" in context:
         return "; close the [ or { (and separate its items with ', ')"
-    if "end of stream" in problem or "<stream end>" in problem:
+    if "end of stream" in problem or "<stream end>" in problem or (mark is not None and mark.index >= len(text)):
         return "; the file ends in the middle of an entry: complete it or remove it"
-    if "duplicate anchor" in problem or "found undefined alias" in problem:
+    if "duplicate anchor" in problem + context or "found undefined alias" in problem:
         return "; give each anchor (&name) one definition before its aliases (*name)"
     return "; check the indentation and the quoting at that line"
 
@@ -72,10 +86,11 @@ class _YamlParser(InventoryBuilder):
         super().__init__(path)
         self.text = text
         self._seen: dict[int, dict] = {}
-        # SafeLoader: the same YAML 1.1 types as Ansible's loader (yes/no are booleans, 010 octal)
-        # and no Python object tags. Its reader checks the whole text first (control characters).
+        # The safe constructor: the same YAML 1.1 types as Ansible's loader (yes/no are booleans,
+        # 010 octal) and no Python object tags. libyaml's reader meets control characters while
+        # parsing; the pure-Python one checks the whole text here.
         try:
-            self.loader = yaml.SafeLoader(text)
+            self.loader = _LOADER(text)
         except yaml.reader.ReaderError as err:
             raise self._reader_error(err) from None
 
@@ -83,8 +98,12 @@ class _YamlParser(InventoryBuilder):
         self.loader.dispose()
 
     def _reader_error(self, err: yaml.reader.ReaderError) -> InventoryError:
-        # PyYAML's line breaks: \r\n, \r, \n, \x85, \u2028, \u2029.
-        line = len(_BREAKS.findall(self.text, 0, err.position)) + 1 if isinstance(err.position, int) else 1
+        # YAML's line breaks: \r\n, \r, \n, \x85, \u2028, \u2029. libyaml gives the offset in the
+        # UTF-8 bytes it reads, the pure-Python reader in characters.
+        position = err.position if isinstance(err.position, int) else None
+        if position is not None and _LOADER is not yaml.SafeLoader:
+            position = len(self.text.encode("utf-8")[:position].decode("utf-8", "ignore"))
+        line = len(_BREAKS.findall(self.text, 0, position)) + 1 if position is not None else 1
         char = err.character if isinstance(err.character, str) else chr(err.character)
         return InventoryError(f"invalid YAML: character {char!r} (U+{ord(char):04X}) is not allowed in YAML; "
                               "remove it or write it as an escape in a double-quoted string", self.file, line)
@@ -160,14 +179,15 @@ class _YamlParser(InventoryBuilder):
     def _yaml_error(self, err: yaml.MarkedYAMLError) -> InventoryError:
         mark = err.problem_mark or err.context_mark
         what = " ".join(p for p in (err.context, err.problem) if p)
-        if err.context_mark is not None and err.problem and "end of stream" in err.problem:
+        at_end = err.problem_mark is not None and err.problem_mark.index >= len(self.text)
+        if err.context_mark is not None and err.problem and ("end of stream" in err.problem or at_end):
             # The end of the file is no place to fix: point at what was left open.
             mark = err.context_mark
         elif err.context_mark is not None and err.problem_mark is not None and \
                 err.context_mark.line != err.problem_mark.line:
             what += f" (the {err.context.split()[-1] if err.context else 'construct'} opened on line " \
                     f"{err.context_mark.line + 1})"
-        what += _yaml_hint(err)
+        what += _yaml_hint(err, self.text)
         # The end of a file without a final newline is still its last line.
         last = len(_BREAKS.findall(self.text)) + 1
         line = min(mark.line + 1, last) if mark else 1
