@@ -201,18 +201,20 @@ def test_killed_tunnel_heals_without_manual_step(lab, first_deploy):
                         "tunnelspec-tunnel-rpc-a.service").strip())
     assert tunnel_pid > 0
     sh(lab, "main", "kill", "-KILL", str(tunnel_pid))
-    deadline = time.monotonic() + 60
+    # What is proven: systemd alone brings the tunnel and llama-server back and a completion drafts on
+    # rpc-a again. How fast is not asserted (a loaded 2-core machine varies it several-fold): the
+    # bound only catches a heal that never comes. Each attempt is bounded by completion_on_main.
+    t0 = time.monotonic()
+    deadline = t0 + 180
     body = None
-    for _ in range(120):
+    while time.monotonic() < deadline:
         body = completion_on_main(lab)
         if body and body["timings"].get("draft_n_accepted", 0) > 0 and main_pid(lab) not in (0, before):
             break
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.5)  # poll interval of the deadline loop above
-    assert body and body["timings"]["draft_n_accepted"] > 0, body
-    assert time.monotonic() <= deadline + 25  # the last attempt may have started just before the deadline
+        time.sleep(0.5)
+    assert body and body["timings"]["draft_n_accepted"] > 0, f"not healed within 180 s: {body}"
     assert main_pid(lab) != before  # llama-server was restarted by systemd, not by us
+    print(f"\nhealed in {time.monotonic() - t0:.1f} s (not asserted)")
 
 
 def _active(lab, unit: str) -> str:
