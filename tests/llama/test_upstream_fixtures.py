@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-import time
+from pathlib import Path
 
 import pytest
 
@@ -24,18 +24,39 @@ def git(cwd, *args) -> str:
                           timeout=120).stdout.strip()
 
 
+def files_state(*paths) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime in ns) of each path and of everything under it: a call that downloads,
+    rebuilds the repo, rewrites the model or the stamp, or takes the creation lock changes it."""
+    state = {}
+    for path in map(Path, paths):
+        for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else ())]:
+            if p.exists() or p.is_symlink():
+                st = p.lstat()
+                state[str(p)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return state
+
+
 @pytest.fixture(scope="module")
 def upstream():
     return uf.ensure_upstream_fixtures()
 
 
-def test_fresh_repo_has_the_pinned_shas_and_is_cached(upstream, tmp_path):
+def test_fresh_repo_has_the_pinned_shas_and_is_cached(upstream, tmp_path, monkeypatch):
+    """Built afresh: the pinned SHAs and the machine's model. Asked again, it is cached: no download,
+    no rebuild, every file as it was (how fast that is is not asserted)."""
     fresh = uf.ensure_upstream_fixtures(str(tmp_path / "fx"))
     assert {t.name: t.commit for t in fresh.trees} == PINNED == {t.name: t.commit for t in upstream.trees}
     assert fresh.model_sha256 == upstream.model_sha256
-    started = time.monotonic()
+    sdists = [Path(uf.DOWNLOADS_DIR) / src.sdist_file for src in uf.TREE_SOURCES]
+    before = files_state(tmp_path / "fx", *sdists)
+
+    def refuse(*a, **kw):
+        raise AssertionError("a cached ensure_upstream_fixtures() went on to download / create")
+
+    monkeypatch.setattr(uf, "ensure_sdist", refuse)
+    monkeypatch.setattr(uf, "build_repo", refuse)
     assert uf.ensure_upstream_fixtures(str(tmp_path / "fx")) == fresh
-    assert time.monotonic() - started < 1.0
+    assert files_state(tmp_path / "fx", *sdists) == before
 
 
 @pytest.mark.parametrize("name,proto,target,ui", [
