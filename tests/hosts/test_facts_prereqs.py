@@ -110,3 +110,23 @@ def test_readme_lists_what_each_host_needs_from_the_table():
     """The README's "What each host needs" is the table, rendered: it cannot drift from the code."""
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert prereqs.markdown_table() in readme, "README.md: paste the output of `python -m tunnelspec.prereqs`"
+
+
+@pytest.mark.parametrize("capture, version, codename, systemd, openssh, session", [
+    ("bullseye-ops-bare.txt", "11", "bullseye", 247, (8, 4), "sshd"),
+    ("bookworm-ops-bare.txt", "12", "bookworm", 252, (9, 2), "sshd"),
+    ("trixie-ops-bare.txt", "13", "trixie", 257, (10, 0), "sshd-session"),
+])
+def test_bare_hosts_of_three_releases_as_a_sudoer(capture, version, codename, systemd, openssh, session):
+    """Captured from the lab's bare images (`lab up --release … --login-user ops` with a sudo password),
+    as the login user: what the deploy's first play sees before it installs anything."""
+    f = facts(capture)
+    assert (f.os_version, f.os_codename, f.systemd_version, f.openssh) == (version, codename, systemd, openssh)
+    assert f.has_systemd and f.sshd_session_name == session and f.user == "ops" and not f.is_root
+    assert f.gcc is None and f.cmake is None and "git" not in f.tools        # bare: no toolchain
+    assert f.sudo_nopasswd is False and "password is required" in f.sudo_msg
+    assert "ansible_become_password" in refusals(f, become=True, has_password=False, build=True)[0]
+    assert refusals(f, become=True, has_password=True, build=True) == []
+    rpc = prereqs.Need(role="rpc", backend="cpu", isolation=True, https_repo=False)
+    assert prereqs.packages(prereqs.missing(rpc, f)) == ["git", "cmake", "make", "g++", "ccache", "python3", "nftables"]
+    assert prereqs.misplaced(rpc, f) == []

@@ -38,6 +38,7 @@ CASES = {
     "llama_force_clean": ({"llama_force_clean": "true"}, lambda c: c.rpc[0].build.force_clean),
     "llama_backend": ({"llama_backend": "vulkan"}, lambda c: c.main.build.backend),
     "llama_cmake_args": ({"llama_cmake_args": "-DGGML_NATIVE=OFF"}, lambda c: c.rpc[0].build.cmake_args),
+    "llama_cuda_architectures": ({"llama_cuda_architectures": "89"}, lambda c: c.rpc[0].build.cuda_architectures),
     "llama_build_jobs": ({"llama_build_jobs": "2"}, lambda c: c.main.build.jobs),
     "tunnelspec_root": ({"tunnelspec_root": "/srv/ts"}, lambda c: (c.main.root, c.rpc[0].root)),
     "llama_model": ({"llama_model": "/m/other.gguf"}, lambda c: c.main.model),
