@@ -2,6 +2,7 @@
 
     flock /tmp/tunnelspec-lab.lock python benchmarks/builds.py                 # b11434 and b9093
     flock /tmp/tunnelspec-lab.lock python benchmarks/builds.py --trees b9093 --json
+    flock /tmp/tunnelspec-lab.lock python benchmarks/builds.py --trees b11434 --release bullseye
 
 Two passes on fresh labs (new host overlays: no build directory survives between passes), both
 with one ccache directory of their own, empty at the start (what TUNNELSPEC_LAB_CCACHE sets for a
@@ -55,7 +56,7 @@ def deploy(inventory: Path) -> tuple[float, list[dict]]:
     return wall, events
 
 
-def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log) -> list[dict]:
+def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log, release: str = "bookworm") -> list[dict]:
     from tunnelspec.lab import Lab
     from tunnelspec.lab import host as lab_host
     from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures, pinned_inventory
@@ -64,7 +65,8 @@ def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log) -> list[d
     lab_host.CCACHE_DIR = ccache_dir
     upstream = ensure_upstream_fixtures()
     lab = Lab(LAB_DIR)
-    lab.up(["main", "rpc-a", "rpc-b"])
+    hosts = ["main", "rpc-a", "rpc-b"]
+    lab.up(hosts, releases={h: release for h in hosts})
     rows = []
     try:
         for tree in trees:
@@ -73,11 +75,15 @@ def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log) -> list[d
             wall, events = deploy(inv)
             builds = {e["host"]: e for e in events if e.get("event") == "task_result"
                       and e.get("module") == "llama_build"}
-            row = {"pass": name, "tree": tree, "deploy_s": round(wall, 1),
+            installs = {e["host"]: e for e in events if e.get("event") == "task_result"
+                        and e.get("task") == "prerequisites installed" and e.get("status") == "changed"}
+            row = {"pass": name, "tree": tree, "release": release, "deploy_s": round(wall, 1),
+                   "install_s": {h: round(e.get("duration", 0.0), 1) for h, e in sorted(installs.items())},
                    "build_s": {h: round(e.get("duration", 0.0), 1) for h, e in sorted(builds.items())},
                    "status": {h: e.get("status") for h, e in sorted(builds.items())}}
             rows.append(row)
-            log(f"{name:5} {tree:7} deploy {row['deploy_s']:7.1f} s  build " +
+            log(f"{name:5} {release:8} {tree:7} deploy {row['deploy_s']:7.1f} s  install " +
+                "  ".join(f"{h} {s:5.1f} s" for h, s in row["install_s"].items()) + "  build " +
                 "  ".join(f"{h} {s:6.1f} s" for h, s in row["build_s"].items()))
     finally:
         lab.down()
@@ -87,6 +93,7 @@ def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log) -> list[d
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--trees", default=",".join(TREES), help="comma-separated: b11434,b9093")
+    ap.add_argument("--release", default="bookworm", help="Debian release of every lab host (bullseye, bookworm, trixie)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     trees = tuple(t for t in args.trees.split(",") if t)
@@ -96,7 +103,8 @@ def main() -> int:
     log = (lambda m: print(m, file=sys.stderr)) if args.json else print
     ccache = Path(tempfile.mkdtemp(prefix="tunnelspec-bench-ccache-", dir="/var/tmp"))
     try:
-        rows = one_pass("cold", ccache, trees, log) + one_pass("warm", ccache, trees, log)
+        rows = (one_pass("cold", ccache, trees, log, args.release)
+                + one_pass("warm", ccache, trees, log, args.release))
     finally:
         shutil.rmtree(ccache, ignore_errors=True)
     if args.json:
