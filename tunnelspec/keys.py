@@ -20,7 +20,7 @@ from tunnelspec.secrets import Secret
 
 # The tunnel's session runs this instead of anything the client asks for. A session (rather than
 # `ssh -N`, forward only) is what keeps small RPC messages from stalling: see docs/design.md, deploy step 6, and
-# tests/deploy/test_rpc_tunnel.py::test_stall_p95 for the measurement on this build of OpenSSH.
+# benchmarks/tunnel.py --only rtt for the measurement on this build of OpenSSH.
 # `exec` + setpriv's parent-death signal: sleep's parent is then the sshd session process itself, and
 # sleep dies with it. A plain `sleep infinity` outlived every session that sshd dropped (a cut link
 # reaped by ClientAlive, a reset after it came back): two orphaned processes per link flap, forever.
