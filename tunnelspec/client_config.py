@@ -49,7 +49,7 @@ def client_config(*, main: str, port: int, public_bind: bool, tls_names=(), ca_f
                "tls_names": [], "ca_file": None, "ca_sha256": None,
                "ssh_forward": f"ssh -N -L {port}:{LOOPBACK}:{port} {main}"}
     cfg["main"] = main
-    cfg["api_key"] = ({"host": main, "path": api_key_file, "read_with": f"ssh {main} sudo cat {api_key_file}"}
+    cfg["api_key"] = ({"host": main, "path": api_key_file, "read_with": f"export LLAMA_API_KEY=$(ssh {main} sudo cat {api_key_file})"}
                       if api_key_file else None)
     return cfg
 
