@@ -76,7 +76,7 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
     wanted = [str(s.value) for s in parse_names(names)] if names else [own[0]]
     builder = (v.PolicyBuilder().store(v.Store(roots)).time(now)
                .extension_policies(ca_policy=v.ExtensionPolicy.webpki_defaults_ca(),
-                                   ee_policy=v.ExtensionPolicy.permit_all()))
+                                   ee_policy=_EE_POLICY))
     for i, name in enumerate(wanted):
         subject = _subject(name)
         try:
@@ -89,6 +89,11 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
             raise CertError(f"does not chain to a CA certificate of {ca_file} for {name!r}: {e}", cert_file) from None
     return OwnCert(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain).decode(),
                    Secret(key_data.decode()), _read(ca_file).decode(), ca_file, tuple(own))
+
+
+# The issuing CAs must be real CAs (web PKI rules for them: basicConstraints, keyCertSign); the server
+# certificate itself may carry whatever extensions a private PKI adds, as long as it has a SAN.
+_EE_POLICY = v.ExtensionPolicy.permit_all().require_present(x509.SubjectAlternativeName, v.Criticality.AGNOSTIC, None)
 
 
 def _subject(name: str):
