@@ -37,7 +37,12 @@ def pinned_context(ca_pem: str | None = None, *, ca_file: str | Path | None = No
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if ca_file is not None:
         ca_pem = Path(ca_file).read_text()
-    ctx.load_verify_locations(cadata=ca_pem)
+    try:
+        ctx.load_verify_locations(cadata=ca_pem)
+    except (ValueError, ssl.SSLError) as e:
+        raise ValueError(f"no CA certificate to pin in {ca_file or 'the PEM text'}: {e}") from None
+    if not ctx.get_ca_certs():
+        raise ValueError(f"no CA certificate to pin in {ca_file or 'the PEM text'}")
     ctx.verify_flags |= ssl.VERIFY_X509_STRICT
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     return ctx
