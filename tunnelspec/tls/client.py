@@ -22,7 +22,10 @@ from pathlib import Path
 from tunnelspec.llama.http import Opener
 
 CHUNK = 65536
-HANDSHAKE_TIMEOUT = 20.0
+# A plain-HTTP llama-server never answers a ClientHello (cpp-httplib waits for a request line that
+# never comes, up to --timeout, 600 s): the handshake needs its own limit, shorter than a request's,
+# so that the error says what happened instead of "no answer".
+HANDSHAKE_TIMEOUT = 8.0
 
 
 class TlsError(ConnectionError):
@@ -193,7 +196,8 @@ async def wrap_stream(reader, writer, ctx: ssl.SSLContext, server_name: str,
         await asyncio.wait_for(_handshake(obj, incoming, outgoing, reader, writer), timeout)
     except asyncio.TimeoutError:
         writer.close()
-        raise TlsError(f"TLS: no handshake with {server_name!r} within {timeout:g}s") from None
+        raise TlsError(f"TLS: no handshake with {server_name!r} within {timeout:g}s "
+                       "(a plain-HTTP server waits silently; or the server is overloaded)") from None
     except (ssl.SSLError, EOFError, ConnectionError, OSError) as e:
         writer.close()
         raise _explain(e, server_name) from e
@@ -210,12 +214,13 @@ def _sni(server_name: str) -> str:
         return name
 
 
-def tls_opener(opener: Opener, ctx: ssl.SSLContext, server_name: str) -> Opener:
+def tls_opener(opener: Opener, ctx: ssl.SSLContext, server_name: str,
+               timeout: float = HANDSHAKE_TIMEOUT) -> Opener:
     """An Opener speaking TLS over the streams `opener` gives (e.g. http.ssh_opener(conn, port))."""
 
     async def open_():
         reader, writer = await opener()
-        return await wrap_stream(reader, writer, ctx, server_name)
+        return await wrap_stream(reader, writer, ctx, server_name, timeout)
 
     return open_
 
@@ -231,6 +236,9 @@ def tcp_tls_opener(host: str, port: int, ctx: ssl.SSLContext, server_name: str |
                                                  ssl_handshake_timeout=timeout)
         except (ssl.SSLError, EOFError) as e:
             raise _explain(e, name) from e
+        except (asyncio.TimeoutError, ConnectionAbortedError):  # asyncio: "SSL handshake is taking longer…"
+            raise TlsError(f"TLS: no handshake with {name!r} within {timeout:g}s "
+                           "(a plain-HTTP server waits silently; or the server is overloaded)") from None
         except ConnectionResetError as e:  # a plain server that drops the ClientHello
             raise TlsError(f"TLS: {host}:{port} reset the connection during the handshake (plain HTTP?)") from e
 
