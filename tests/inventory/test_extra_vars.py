@@ -65,7 +65,9 @@ CASES = {
 # Read by the connection layer, the run lock and the pending-handler record, not the cluster model
 # (templates and those readers get -e through Inventory.host_vars like every variable).
 NOT_IN_THE_MODEL = {"tunnelspec_known_hosts", "tunnelspec_lock_dir", "tunnelspec_pending_dir",
-                    "rpc_local_isolation"}  # read by playbooks/isolation*.yml and status
+                    "rpc_local_isolation",  # read by playbooks/isolation*.yml and status
+                    "tunnelspec_install_packages",  # read by playbooks/hosts.yml, prerequisites.yml
+                    "tunnel_ssh_host", "tunnel_ssh_port"}  # read by inventory/addresses.py
 # rpc_bind has one allowed value: -e with another one is refused, naming -e (test below).
 REFUSED_OTHERWISE = {"rpc_bind"}
 

@@ -29,6 +29,8 @@ KNOWN_VARS = frozenset(
         "rpc_local_isolation",  # playbooks/isolation*.yml, status
         "tunnelspec_lock_dir",     # read by the run lock (engine/runlock.py)
         "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
+        "tunnelspec_install_packages",  # playbooks/hosts.yml, prerequisites.yml (tasks/host.py)
+        "tunnel_ssh_host", "tunnel_ssh_port",  # main's tunnel ssh to a node (inventory/addresses.py)
     }
 )
 
