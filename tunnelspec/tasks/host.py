@@ -73,13 +73,20 @@ def refusals(f: HostFacts, *, become: bool, has_password: bool, build: bool) -> 
     if "flock" not in f.tools:
         out.append("flock not found (package util-linux): tunnelspec holds its run lock with it")
     if build:
-        if f.gcc is not None and f.gcc < MIN_GCC:
-            out.append(f"gcc {_v(f.gcc)} is too old for llama.cpp (C++17: gcc >= {_v(MIN_GCC)})")
-        if f.cmake is not None and f.cmake < MIN_CMAKE:
-            out.append(f"cmake {_v(f.cmake)} is too old for llama.cpp (cmake >= {_v(MIN_CMAKE)})")
+        out += toolchain_refusals(f)
         if f.disk_free_kb is not None and f.disk_free_kb < MIN_DISK_KB:
             out.append(f"{f.disk_free_kb // 1024} MiB free in {f.disk_dir}, a build needs "
                        f"{MIN_DISK_KB // 1024} MiB")
+    return out
+
+
+def toolchain_refusals(f: HostFacts) -> list[str]:
+    """An installed compiler or cmake too old for llama.cpp (checked again after an install)."""
+    out = []
+    if f.gcc is not None and f.gcc < MIN_GCC:
+        out.append(f"gcc {_v(f.gcc)} is too old for llama.cpp (C++17: gcc >= {_v(MIN_GCC)})")
+    if f.cmake is not None and f.cmake < MIN_CMAKE:
+        out.append(f"cmake {_v(f.cmake)} is too old for llama.cpp (cmake >= {_v(MIN_CMAKE)})")
     return out
 
 
@@ -173,7 +180,7 @@ class Prerequisites(Task):
             raise TaskFailed(f"installing failed: {shlex.join(install)}\n{_tail(res.stderr or res.stdout)}")
         f = await gather(ctx.conn, self.p["root"])
         ctx.register(FACTS_KEY, f.to_dict())
-        why = [w for w in refusals(f, become=True, has_password=True, build=True) if "gcc" in w or "cmake" in w]
+        why = toolchain_refusals(f)
         if why:
             raise TaskFailed(f"{ctx.host}: the installed toolchain cannot build llama.cpp: {'; '.join(why)}")
 
