@@ -89,7 +89,9 @@ def test_probe_as_root_with_become_as_the_login_without(nopasswd):
                                  expected=(3, 6, 0))
             assert ok.status is rpc.ProbeStatus.OK and ok.version == (3, 6, 0) and len(ok.devices) == 1, ok
             bad = await rpc.probe(lambda: plain.open_connection(LOOPBACK, rpc_srv.port), timeout=5)
-            assert bad.status is rpc.ProbeStatus.CLOSED, bad
+            # Reset by the guard: sshd may report it while opening the channel (REFUSED) or after
+            # (CLOSED), whichever the race gives; never an answer.
+            assert bad.status in (rpc.ProbeStatus.CLOSED, rpc.ProbeStatus.REFUSED), bad
             assert rpc_srv.seen[0] == 0 and rpc_srv.seen[-1] == user.uid
             await no_relay_left(web.port)
             await no_relay_left(rpc_srv.port)
@@ -139,13 +141,15 @@ def test_refused_is_refused_at_once_and_a_hanging_connect_is_a_timeout(nopasswd)
                 await conn.open_connection(LOOPBACK, dead_port)
             res = await rpc.probe(lambda: conn.open_connection(LOOPBACK, dead_port), timeout=5)
             assert res.status is rpc.ProbeStatus.REFUSED, res
-            assert time.monotonic() - t0 < 3, "a refusal must not wait for a timeout"
+            # A hang bound, not a speed figure: the relay's own connect limit is 30 s, and a refusal
+            # that waited for it would take that long (a loaded 2-core machine may take seconds).
+            assert time.monotonic() - t0 < 20, "a refusal must not wait for a timeout"
 
             # The caller's timeout (how every caller opens): the relay, still connecting, ends too.
             t0 = time.monotonic()
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(conn.open_connection(LOOPBACK, hang_port), 1.5)
-            assert time.monotonic() - t0 < 3
+            assert time.monotonic() - t0 < 20          # far below the relay's own 30 s limit
             busy = await rpc.probe(lambda: conn.open_connection(LOOPBACK, hang_port), timeout=1)
             assert busy.status is rpc.ProbeStatus.BUSY and "timed out" in busy.detail, busy
             await no_relay_left(hang_port)

@@ -225,7 +225,7 @@ def test_host_without_flock_is_refused_at_once(tmp_path):
         r = tunnelspec("play", str(inv), str(pb), timeout=60)
         took = time.monotonic() - t0
         assert r.rc == 1, (r.rc, r.stdout, r.stderr)
-        assert took < 10, took
+        assert took < 45, took       # a hang bound: the spin it replaces lasted --lock-timeout (1800 s)
         assert "node0" in r.stderr and "flock not found (util-linux)" in r.stderr, r.stderr
         assert "BUSY" not in r.stdout + r.stderr and "holder not recorded" not in r.stdout + r.stderr
         j = tunnelspec("play", str(inv), str(pb), "--format", "json", timeout=60)
@@ -255,6 +255,6 @@ def test_lock_script_never_spins(tmp_path):
     (at most about one BUSY a second) and times out; any other failure of flock ends it at once."""
     lines, took = _lock_script(tmp_path, "exit 1", wait=3)
     assert lines[-1].startswith("TIMEOUT"), lines
-    assert sum(l.startswith("BUSY") for l in lines) <= 6 and 2 <= took < 8, (lines, took)
+    assert sum(l.startswith("BUSY") for l in lines) <= 6 and 2 <= took < 30, (lines, took)
     lines, took = _lock_script(tmp_path, "exit 66", wait=30)
-    assert lines == ["FLOCKERR flock -n exited 66"] and took < 3, lines
+    assert lines == ["FLOCKERR flock -n exited 66"] and took < 20, lines   # not the 30 s wait
