@@ -133,25 +133,24 @@ def _name_text(entry: x509.GeneralName) -> str:
 
 
 # ---- files ----------------------------------------------------------------------------------------
-def _write_private(path: Path, data: bytes) -> None:
-    """Create `path` 0600 (O_EXCL: never through an existing file or link) and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+def _create(path: Path, data: bytes, mode: int) -> None:
+    """Create `path` with `mode` (O_EXCL: never through an existing file or link) and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    _create(path, data, 0o600)
 
 
 def _write_public(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _create(tmp, data, 0o644)
     os.replace(tmp, path)
 
 
