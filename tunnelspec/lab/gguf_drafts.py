@@ -20,7 +20,7 @@ from pathlib import Path
 from tunnelspec.lab import gguf_tiny as t
 
 # The one token both models predict: printable ASCII ('a'), so any chat-output parser accepts it.
-TOKEN = 3 + ord("a")
+TOKEN = t.token_id("a")
 EAGLE3_TARGET_LAYERS = (0, 1, 1)
 
 

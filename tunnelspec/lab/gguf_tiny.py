@@ -20,32 +20,29 @@ FEED_FORWARD = 128
 ROPE_DIMS = 16
 RMS_EPS = 1e-5
 SEED = 20261001
+OUTPUT_SCALE = 50.0
 
-# <unk>, <s>, </s>, then one token per byte: the "llama" (SentencePiece) tokenizer falls back to
-# byte tokens, so any prompt tokenizes.
-N_VOCAB = 3 + 256
+# The vocabulary: <unk>, <s>, </s>, the SentencePiece space `▁`, then one byte token per printable
+# ASCII character (0x20-0x7E). Whatever the random weights pick decodes to valid UTF-8: some builds
+# (b9093, b10001) run an output parser on /completion text and answer 500 on invalid UTF-8, so a
+# byte vocabulary of all 256 values would make the lab's default model fail there. Prompt bytes
+# outside it tokenize to <unk>.
+PRINTABLE = range(0x20, 0x7F)
+N_VOCAB = 4 + len(PRINTABLE)
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 
 
-# The ASCII variant: <unk>, <s>, </s>, the SentencePiece space `▁`, then one byte token per printable
-# ASCII character (0x20-0x7E). Whatever the random weights pick then decodes to valid UTF-8: some
-# builds (b9093) run their chat-output parser on /completion text and answer 500 on invalid UTF-8.
-PRINTABLE = range(0x20, 0x7F)
-N_VOCAB_ASCII = 4 + len(PRINTABLE)
+def token_id(char: str) -> int:
+    """The id of a printable ASCII character's byte token."""
+    return 4 + PRINTABLE.index(ord(char))
 
 
-def _vocab(ascii: bool = False):
+def _vocab():
     import gguf
 
-    if ascii:
-        tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in PRINTABLE]
-        types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
-        return tokens, [0.0] * len(tokens), types + [gguf.TokenType.BYTE] * len(PRINTABLE)
-
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    types += [gguf.TokenType.BYTE] * 256
-    return tokens, [0.0] * len(tokens), types
+    tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in PRINTABLE]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
+    return tokens, [0.0] * len(tokens), types + [gguf.TokenType.BYTE] * len(PRINTABLE)
 
 
 def _tensors(n_vocab: int = N_VOCAB):
@@ -62,8 +59,14 @@ def _tensors(n_vocab: int = N_VOCAB):
         return np.ones(n, dtype=np.float32)
 
     head_dim = EMBED // HEADS
-    out = [("token_embd.weight", weight(n_vocab, EMBED)), ("output_norm.weight", ones(EMBED)),
-           ("output.weight", weight(n_vocab, EMBED))]
+    # A confident model: the output projection is scaled so the next-token distribution is peaked
+    # (logits of standard deviation ~8 instead of ~0.16). Builds that draft only tokens the draft is
+    # sure of (b9093: --spec-draft-p-min defaults to 0.75) then still draft with this model as its
+    # own draft. The control tokens' rows are zero, so the model practically never ends a text early.
+    embd = weight(n_vocab, EMBED)
+    output = weight(n_vocab, EMBED) * OUTPUT_SCALE
+    output[:3] = 0.0
+    out = [("token_embd.weight", embd), ("output_norm.weight", ones(EMBED)), ("output.weight", output)]
     for i in range(BLOCKS):
         b = f"blk.{i}"
         out += [
@@ -80,13 +83,12 @@ def _tensors(n_vocab: int = N_VOCAB):
     return out
 
 
-def write_tiny_llama(path: str | os.PathLike, ascii: bool = False) -> str:
-    """Write the model to `path` (atomically) and return its sha256. `ascii`: the printable-ASCII
-    vocabulary (for builds that reject invalid UTF-8 in /completion output)."""
+def write_tiny_llama(path: str | os.PathLike) -> str:
+    """Write the model to `path` (atomically) and return its sha256."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    _write(str(tmp), ascii=ascii)
+    _write(str(tmp))
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     os.replace(tmp, path)
     return digest
@@ -111,11 +113,11 @@ def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int =
     return out
 
 
-def _write(path: str, split_max_tensors: int = 0, ascii: bool = False) -> None:
+def _write(path: str, split_max_tensors: int = 0) -> None:
     import gguf
 
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
-    w.add_name("tunnelspec-tiny-llama-ascii" if ascii else "tunnelspec-tiny-llama")
+    w.add_name("tunnelspec-tiny-llama")
     w.add_context_length(CONTEXT)
     w.add_embedding_length(EMBED)
     w.add_block_count(BLOCKS)
@@ -125,7 +127,7 @@ def _write(path: str, split_max_tensors: int = 0, ascii: bool = False) -> None:
     w.add_rope_dimension_count(ROPE_DIMS)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab(ascii)
+    tokens, scores, types = _vocab()
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -133,7 +135,7 @@ def _write(path: str, split_max_tensors: int = 0, ascii: bool = False) -> None:
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
-    for name, arr in _tensors(N_VOCAB_ASCII if ascii else N_VOCAB):
+    for name, arr in _tensors():
         w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()

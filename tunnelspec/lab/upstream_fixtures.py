@@ -9,8 +9,9 @@ adapts to: the RPC server's rename (rpc-server → ggml-rpc-server), RPC protoco
 Each tree is committed on its own branch (`b9093`, `b11434`) with a fixed identity, date and message
 (`sdist_trees.commit_tree`), so the SHAs are the same on every machine, and `b11434` is the very
 commit the default fixture repo (`fixtures.py`) has on `master`. They live in their own repository
-next to the default fixtures (whose cache key they leave alone), with a tiny model whose vocabulary
-is `▁` plus the printable ASCII byte tokens (b9093's /completion answers 500 on invalid UTF-8).
+next to the default fixtures (whose cache key they leave alone). A deploy of either tree uses the
+lab's default tiny model (`fixtures.py`), whose printable-ASCII vocabulary and confident output
+serve and draft on both.
 """
 
 from __future__ import annotations
@@ -21,16 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunnelspec.errors import LabError
-from tunnelspec.lab import gguf_tiny
 from tunnelspec.lab.fixtures import FIXTURES_DIR, HOST_MOUNT, made_once, read_stamp, write_stamp
 from tunnelspec.lab.sdist_trees import (DOWNLOADS_DIR, TREE_SOURCES, commit_tree, ensure_sdist, git,
                                         publish_bare)
 
 REPO_NAME = "llama.cpp-upstream.git"
 MAIN_BRANCH = "master"  # = the newest tree
-MODEL_RELPATH = "models/tiny-llama-ascii.gguf"
 STAMP_NAME = ".tunnelspec-upstream-fixtures.json"
-RECIPE_VERSION = 1  # bump when the recipe changes
+RECIPE_VERSION = 2  # bump when the recipe changes (2: no model of its own)
 
 
 @dataclass(frozen=True)
@@ -45,9 +44,6 @@ class Tree:
 class UpstreamFixtures:
     repo: str  # bare repo path inside lab hosts
     repo_local: str
-    model: str  # the ASCII tiny model inside lab hosts
-    model_local: str
-    model_sha256: str
     trees: tuple[Tree, ...]
 
     def tree(self, name: str) -> Tree:
@@ -68,10 +64,7 @@ def _create(root: Path, stamp: Path, downloads_dir: str) -> UpstreamFixtures:
     stamp.unlink(missing_ok=True)
     sdists = {src.name: ensure_sdist(src, downloads_dir) for src in TREE_SOURCES}
     trees = build_repo(sdists, root / REPO_NAME)
-    model = root / MODEL_RELPATH
-    sha = gguf_tiny.write_tiny_llama(model, ascii=True)
-    fx = UpstreamFixtures(f"{HOST_MOUNT}/{REPO_NAME}", str(root / REPO_NAME), f"{HOST_MOUNT}/{MODEL_RELPATH}",
-                          str(model), sha, tuple(trees))
+    fx = UpstreamFixtures(f"{HOST_MOUNT}/{REPO_NAME}", str(root / REPO_NAME), tuple(trees))
     write_stamp(stamp, RECIPE_VERSION, fx)
     return fx
 
@@ -102,13 +95,11 @@ def build_repo(sdists: dict[str, Path], bare_dest: Path) -> list[Tree]:
 
 def pinned_inventory(lab_inventory: str, fx: UpstreamFixtures, tree: str) -> str:
     """The lab's inventory text pinned to tree `tree` of the upstream repo (repo, commit, its real
-    build number) with the printable-ASCII tiny model as target and draft. b9093's
-    `--spec-draft-p-min` defaults to 0.75, so a flat (random) draft would propose nothing: 0 for all."""
+    build number) — what a user changes to try another build; models and everything else as the lab
+    wrote them."""
     t = fx.tree(tree)
     text = lab_inventory
-    for var, value in (("llama_repo", fx.repo), ("llama_commit", t.commit),
-                       ("llama_model", fx.model), ("llama_draft_model", fx.model)):
+    for var, value in (("llama_repo", fx.repo), ("llama_commit", t.commit)):
         text = re.sub(rf"^{var}=.*$", f"{var}={value}", text, flags=re.M)
     text = re.sub(r"^llama_build_number=.*\n", "", text, flags=re.M)
-    extra = ["spec_draft_p_min=0", f"llama_build_number={t.build_number}"]
-    return text.replace("[all:vars]\n", "[all:vars]\n" + "".join(f"{v}\n" for v in extra))
+    return text.replace("[all:vars]\n", f"[all:vars]\nllama_build_number={t.build_number}\n")

@@ -23,6 +23,35 @@ class HttpError(Exception):
     """No HTTP answer: refused, closed, timed out or malformed."""
 
 
+class OutputParserError(HttpError):
+    """llama-server generated text and then refused it: an HTTP 500 from its output parser. Some builds
+    parse /completion text like chat output (b9093: "Failed to parse input at pos 0"; b10001: "produced
+    output that does not match the expected Content-only format"), and fail on text that is not valid
+    UTF-8 — a model whose tokens are single bytes, or a real one cut by n_predict mid-character. Not a
+    lost connection: asking again does not help."""
+
+    def __init__(self, message: str, server_message: str):
+        super().__init__(message)
+        self.server_message = server_message
+
+
+# What those builds' 500s say (matched case-insensitively in the error message).
+OUTPUT_PARSER_SIGNS = ("failed to parse input", "does not match the expected", "failed to parse output")
+
+
+def output_parser_message(status: int, body: bytes) -> str | None:
+    """The server's message when a non-200 answer is the output-parser failure, else None."""
+    if status != 500:
+        return None
+    text = body[:2000].decode(errors="replace")
+    try:
+        err = json.loads(text).get("error")
+        msg = str(err.get("message", "")) if isinstance(err, dict) else str(err or "")
+    except (ValueError, AttributeError):
+        msg = text
+    return msg.strip() if any(sign in msg.lower() for sign in OUTPUT_PARSER_SIGNS) else None
+
+
 @dataclass
 class Response:
     status: int
@@ -148,5 +177,9 @@ async def completion(opener: Opener, prompt: str, n_predict: int = 32, *, api_ke
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     r = await request(opener, "POST", "/completion", payload, timeout=timeout, headers=headers)
     if r.status != 200:
-        raise HttpError(f"/completion: HTTP {r.status}: {r.body[:300].decode(errors='replace')}")
+        text = f"/completion: HTTP {r.status}: {r.body[:300].decode(errors='replace')}"
+        parser = output_parser_message(r.status, r.body)
+        if parser is not None:
+            raise OutputParserError(text, parser)
+        raise HttpError(text)
     return r.json()

@@ -31,6 +31,18 @@ async def invocation_journal(conn, unit: str = UNIT) -> str:
     return (await conn.run(argv, timeout=60)).stdout
 
 
+def output_parser_failure(plan: dict, e) -> str:
+    """One clear message for a build that generated text and refused it (llama/http.py)."""
+    build = plan.get("build") or "this llama-server build"
+    return (f"llama-server ({build}) generated the test completion and then refused its own output "
+            f"(HTTP 500 from its output parser: {e.server_message!r}). This build checks generated text "
+            "and fails on text that is not valid UTF-8 or not in the form it expects — a model whose "
+            "tokens are single bytes (random or tiny test models), or a real one cut mid-character by "
+            "n_predict. Serving and the remote draft are not at fault. What to do: use a model whose "
+            "vocabulary decodes to whole UTF-8 characters (the lab's tiny model is printable ASCII), or "
+            "a build without this check (b11434 has none); clients asking for more tokens may not meet it.")
+
+
 async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
                         health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
                         add_secret=None) -> dict:
@@ -47,6 +59,8 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     restarted = ""
     try:
         body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+    except http.OutputParserError as e:
+        raise TaskFailed(output_parser_failure(plan, e)) from None
     except http.HttpError as e:
         # llama-server never reconnects a lost RPC connection: it notices one (an rpc-server restarted by
         # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
@@ -54,6 +68,8 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
         try:
             await http.wait_health(opener, health_timeout)
             body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+        except http.OutputParserError as e2:
+            raise TaskFailed(output_parser_failure(plan, e2)) from None
         except http.HttpError as e2:
             # Dying again is more than a lost connection: say why from its journal and unit state.
             raise TaskFailed(await server_death.describe(
@@ -63,7 +79,10 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
     if not draft_n:
         raise TaskFailed(f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
-                         "decoding is off; was --spec-type draft-simple given, and did the draft load?")
+                         "decoding is off or the draft proposed nothing. Was --spec-type given, and did the "
+                         "draft load? A build drafts only tokens the draft model is at least "
+                         "--spec-draft-p-min sure of (b9093's default is 0.75): a draft never that sure "
+                         "proposes nothing — set spec_draft_p_min lower to see it draft.")
     # The load lines reach the journal shortly after they are printed: poll with a deadline.
     loop = asyncio.get_running_loop()
     end = loop.time() + journal_timeout
