@@ -94,6 +94,27 @@ def write_tiny_llama(path: str | os.PathLike) -> str:
     return digest
 
 
+def write_byte_vocab_llama(path: str | os.PathLike) -> str:
+    """The same model with a vocabulary of all 256 byte values instead of the printable ones: its text
+    is not valid UTF-8 — what builds that parse /completion output (b9093) answer 500 to. For the
+    tests of that failure only; never a lab default."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    _write(str(tmp), vocab=_byte_vocab())
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    os.replace(tmp, path)
+    return digest
+
+
+def _byte_vocab():
+    import gguf
+
+    tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
+    return tokens, [0.0] * len(tokens), types + [gguf.TokenType.BYTE] * 256
+
+
 def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int = 2) -> list[Path]:
     """The same model as a split GGUF (`STEM-00001-of-0000N.gguf`, …, the format llama.cpp's
     gguf-split writes: every part a GGUF with split.* keys, tensors spread over the parts)."""
@@ -113,7 +134,7 @@ def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int =
     return out
 
 
-def _write(path: str, split_max_tensors: int = 0) -> None:
+def _write(path: str, split_max_tensors: int = 0, vocab=None) -> None:
     import gguf
 
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
@@ -127,7 +148,7 @@ def _write(path: str, split_max_tensors: int = 0) -> None:
     w.add_rope_dimension_count(ROPE_DIMS)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab()
+    tokens, scores, types = vocab or _vocab()
     w.add_tokenizer_model("llama")
     w.add_token_list(tokens)
     w.add_token_scores(scores)
@@ -135,7 +156,7 @@ def _write(path: str, split_max_tensors: int = 0) -> None:
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
-    for name, arr in _tensors():
+    for name, arr in _tensors(len(tokens)):
         w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
