@@ -9,6 +9,11 @@ import sys
 
 import pytest
 
+# The one sys.path entry of the suite: tests/, so that the shared helpers import as `support.*`
+# (tests/support/) from every test module; no test module imports another.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
 def pytest_collection_modifyitems(config, items):
     """The upstream-builds matrix (tests/deploy/test_builds.py) last, in its own order: it leaves
     other trees' builds on the lab's hosts, and its first step reuses the default tree's build."""
@@ -89,15 +94,14 @@ def rpc_server(llama_bin, tmp_path):
 
 
 # --- sshd fixture -----------------------------------------------------------------------------
-# Real OpenSSH sshd hosts on 127.0.0.1 (tests/sshd_harness.py). Owned by the engine tests.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Real OpenSSH sshd hosts on 127.0.0.1 (tests/support/sshd_harness.py). Owned by the engine tests.
 os.environ.setdefault("NO_COLOR", "1")
 
 
 @pytest.fixture
 def sshd_cluster(tmp_path):
     """Factory: sshd_cluster(n) → SshdCluster with n real sshd hosts on 127.0.0.1."""
-    from sshd_harness import SshdCluster
+    from support.sshd_harness import SshdCluster
 
     made = []
 

@@ -16,15 +16,13 @@ import re
 import selectors
 import shutil
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "engine"))
-from helpers import tunnelspec  # noqa: E402
+from support.cli import tunnelspec
 
 HERE = Path(__file__).parent
 INVENTORIES = sorted((HERE / "inventories").glob("*.ini"))

@@ -4,15 +4,12 @@ inventory; the key and known_hosts are handed over the way a CI secret store wou
 from __future__ import annotations
 
 import uuid
-
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import yaml
 
-from ci_helpers import ci_env, cli
+from support.ci_cli import ci_env, cli
 from tunnelspec.cli import main
 from tunnelspec.llama import advisories
 

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ci_helpers import ci_env, cli
+from support.ci_cli import ci_env, cli
 
 SMALL = str(Path(__file__).parent / "small.yml")
 

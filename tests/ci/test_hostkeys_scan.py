@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jsonschema
 
-from ci_helpers import ci_env, cli
+from support.ci_cli import ci_env, cli
 from tunnelspec.reporting.schema import EVENT_SCHEMA
 
 

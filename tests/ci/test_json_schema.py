@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jsonschema
 
-from ci_helpers import ci_env, cli
+from support.ci_cli import ci_env, cli
 from tunnelspec.reporting import SCHEMA_VERSION
 from tunnelspec.reporting.schema import EVENT_SCHEMA, EVENTS
 

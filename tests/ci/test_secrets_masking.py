@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ci_helpers import ci_env, cli
+from support.ci_cli import ci_env, cli
 
 DB_PASSWORD = "hunter2-Xq9-not-a-real-password"
 API_KEY = "sk-live-4f1b0c9e7d2a-TESTONLY"

@@ -1,5 +1,5 @@
 """Fixtures of the connection tests: sshd hosts that real non-root users can log in to, and those
-users (connection/sudo_users.py), removed at teardown."""
+users (support/sudo_users.py), removed at teardown."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture
 def user_cluster(tmp_path):
     """Factory: user_cluster(**kw) → an SshdCluster of one host that also reads ~/.ssh/authorized_keys."""
-    from sshd_harness import SshdCluster
+    from support.sshd_harness import SshdCluster
 
     made = []
 
@@ -25,8 +25,8 @@ def user_cluster(tmp_path):
 
 @pytest.fixture
 def sudo_user():
-    """Factory: sudo_user(policy, client_pub, password=None) → a real user (connection/sudo_users.py)."""
-    from connection.sudo_users import make_user, remove_user
+    """Factory: sudo_user(policy, client_pub, password=None) → a real user (support/sudo_users.py)."""
+    from support.sudo_users import make_user, remove_user
 
     made = []
 

@@ -2,7 +2,7 @@
 relay run under sudo (connection/relay.py), against real parts: OpenSSH sshd on 127.0.0.1, a real
 non-root user with a real sudoers entry, and a loopback server owned by root that reads the
 connecting socket's owner uid from the kernel (/proc/net/tcp) and resets any uid but 0, as the
-hosts' nftables rules do (connection/guarded.py).
+hosts' nftables rules do (support/guarded.py).
 
 What is proved: the probe through a become connection reaches the server as uid 0, while a plain
 connection of the same login is seen as that login and reset; the llama RPC probe and the HTTP
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from connection.guarded import GuardedServer
+from support.guarded import GuardedServer
 from tunnelspec.connection import relay
 from tunnelspec.connection.base import ConnectOptions, quote
 from tunnelspec.connection.factory import connect

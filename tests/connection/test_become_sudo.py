@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from connection.guarded import GuardedServer
+from support.guarded import GuardedServer
 from tunnelspec.connection.base import ConnectOptions
 from tunnelspec.connection.become import BecomeError
 from tunnelspec.connection.factory import connect

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 pytestmark = [pytest.mark.lab, pytest.mark.upstream_builds, pytest.mark.skipif(
     os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") == "0",

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.test_lifecycle_extra import converge
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
+from support.labdeploy import converge
 
 pytestmark = pytest.mark.lab
 

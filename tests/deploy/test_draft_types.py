@@ -17,7 +17,7 @@ import pytest
 
 from tunnelspec.lab import gguf_drafts
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 pytestmark = pytest.mark.lab
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 pytestmark = pytest.mark.lab
 

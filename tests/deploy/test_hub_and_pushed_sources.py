@@ -1,7 +1,7 @@
 """Issue 17 in the lab (real hosts, systemd, llama.cpp build, tiny models):
 
 - pinned Hugging Face models: the target is a real split GGUF (two parts) and the draft the lab's tiny
-  model, both served by the Hub stand-in on the controller's 127.0.0.1 (tests/hub_standin.py) to the
+  model, both served by the Hub stand-in on the controller's 127.0.0.1 (tests/support/hub_standin.py) to the
   real huggingface_hub client; deploy uploads them once and the completion with the draft on rpc-a's
   RPC device works; a second deploy changes nothing and downloads nothing;
 - sources pushed from the controller: with the hosts' access to the fixture repository taken away
@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from engine.helpers import tunnelspec
-from test_lifecycle_extra import MODELS_DIR, UNIT, converge, deploy, failures, inventory_copy, sh, task
-from test_server_lifecycle import verify_stats
+from tunnelspec.lab.fixtures import HOST_MOUNT, REPO_NAME
+from tunnelspec.lab.gguf_tiny import write_tiny_llama_split
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hub_standin import HubStandIn  # noqa: E402
-
-from tunnelspec.lab.fixtures import HOST_MOUNT, REPO_NAME  # noqa: E402
-from tunnelspec.lab.gguf_tiny import write_tiny_llama_split  # noqa: E402
+from support.cli import tunnelspec
+from support.hub_standin import HubStandIn
+from support.labdeploy import MODELS_DIR, UNIT, converge, deploy, failures, inventory_copy, sh, task, verify_stats
 
 pytestmark = pytest.mark.lab
 

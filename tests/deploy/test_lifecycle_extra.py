@@ -11,72 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import secrets
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from engine.helpers import tunnelspec
-from test_server_lifecycle import verify_stats
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
-from ci_helpers import ci_env, cli  # noqa: E402
+from support.ci_cli import ci_env, cli
+from support.cli import tunnelspec
+from support.labdeploy import (DEPLOY_TIMEOUT, MODELS_DIR, UNIT, converge, deploy, failures, inventory_copy,
+                               main_pid, sh, task, verify_stats)
 
 pytestmark = pytest.mark.lab
 
-UNIT = "tunnelspec-llama-server.service"
 RPC_UNIT = "tunnelspec-rpc.service"
-MODELS_DIR = "/var/lib/tunnelspec/models"
-DEPLOY_TIMEOUT = 3600  # a purged lab rebuilds (ccache makes it minutes, a cold cache ≈ 8 min)
-
-
-def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
-    return lab.exec(host, list(argv), timeout=timeout).stdout or ""
-
-
-def main_pid(lab) -> int:
-    return int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() or 0)
-
-
-def inventory_copy(lab, tmp_path: Path, name: str = "inventory.ini", *, main_vars: dict | None = None,
-                   host_vars: dict | None = None, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Path:
-    """The lab's inventory with changes: `host_vars` = {host: "k=v ..."} appended to a host's line,
-    `main_vars` in a [main:vars] section, `drop` removes lines starting with these prefixes."""
-    lines = [l for l in lab.inventory.read_text().splitlines() if not l.startswith(drop)]
-    for host, more in (host_vars or {}).items():
-        lines = [f"{l} {more}" if l.split(" ", 1)[0] == host else l for l in lines]
-    lines += list(extra)
-    if main_vars:
-        lines += ["", "[main:vars]", *(f"{k}={v}" for k, v in main_vars.items())]
-    path = tmp_path / name
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def deploy(inventory, *args: str):
-    return tunnelspec("deploy", str(inventory), "--format", "json", *args, timeout=DEPLOY_TIMEOUT)
-
-
-def failures(r) -> list:
-    """What to show when a run failed: failed/unreachable events and the tail of stderr."""
-    return [e for e in r.events if e.get("status") in ("failed", "unreachable") or e.get("event") in
-            ("unreachable", "error", "gate_failed")] + [r.stderr[-2000:]]
-
-
-def converge(inventory) -> None:
-    r = deploy(inventory)
-    assert r.rc == 0, failures(r)
-
-
-def task(result, name: str, host: str = "main") -> dict:
-    evs = [e for e in result.results() if e.get("task") == name and e.get("host") == host]
-    assert len(evs) == 1, (name, host, [(e.get("task"), e.get("host")) for e in result.results()])
-    return evs[0]
 
 
 def file_identity(lab, host: str, path: str) -> tuple[str, str, str]:

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.helpers import tunnelspec
-from test_server_lifecycle import completion_on_main, verify_stats
+from support.cli import tunnelspec
+from support.labdeploy import completion_on_main, verify_stats
 
 pytestmark = pytest.mark.lab
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy.test_lifecycle_extra import converge, inventory_copy
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
+from support.labdeploy import converge, inventory_copy
 
 pytestmark = pytest.mark.lab
 

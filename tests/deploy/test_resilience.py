@@ -23,9 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.helpers import tunnelspec
-from test_lifecycle_extra import deploy, failures, inventory_copy
-from test_server_lifecycle import completion_on_main
+from support.cli import tunnelspec
+from support.labdeploy import completion_on_main, deploy, failures, inventory_copy
 
 pytestmark = pytest.mark.lab
 

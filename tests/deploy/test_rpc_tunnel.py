@@ -14,28 +14,12 @@ import time
 
 import pytest
 
-from tunnelspec.lab.rtt_probe import SCRIPT as RTT_SCRIPT
-
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
+from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
 
 pytestmark = pytest.mark.lab
 
 PLAYBOOK = "tests/deploy/data/rpc_tunnel.yml"
-RPC_PORT = 50052
-KEY = "/etc/tunnelspec/tunnel/id_ed25519"
-KNOWN = "/etc/tunnelspec/tunnel/known_hosts"
-TUNNEL_USER = "tunnelspec-tunnel"
-NODES = {"rpc-a": 15052, "rpc-b": 15053}  # lab inventory: tunnel_port defaults 15052 + index
-
-# Measured from inside a host, on its own loopback (see tunnelspec/lab/rtt_probe.py).
-PROBE = RTT_SCRIPT
-
-
-def probe_on(lab, host: str, port: int, n: int = 0, timeout: float = 60) -> dict | None:
-    res = lab.exec(host, ["python3", "-c", PROBE, "127.0.0.1", str(port), str(n)], timeout=timeout)
-    if res.returncode != 0:
-        return None
-    return json.loads(res.stdout)
 
 
 def wait_probe(lab, host: str, port: int, deadline_s: float) -> tuple[dict, float]:
@@ -56,15 +40,6 @@ def sh(lab, host: str, script: str, *args: str, timeout: float = 60):
 def main_pid(lab, host: str, unit: str) -> int:
     res = lab.exec(host, ["systemctl", "show", "-p", "MainPID", "--value", unit])
     return int(res.stdout.strip() or 0)
-
-
-def ssh_as_tunnel_key(lab, node_ip: str, *extra: str, command: tuple = (), timeout_s: int = 6):
-    """Run OpenSSH on main with the tunnel key (as root, who can read it), bounded by `timeout`."""
-    argv = ["timeout", str(timeout_s), "ssh", "-F", "none", "-i", KEY, "-l", TUNNEL_USER,
-            "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN}",
-            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=5",
-            *extra, node_ip, *command]
-    return lab.exec("main", argv, timeout=timeout_s + 10)
 
 
 @pytest.fixture(scope="module")

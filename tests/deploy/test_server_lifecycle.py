@@ -15,45 +15,12 @@ import time
 
 import pytest
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
+from support.labdeploy import UNIT, completion_on_main, main_pid, sh, verify_stats
 
 pytestmark = pytest.mark.lab
 
-UNIT = "tunnelspec-llama-server.service"
 DEPLOY_TIMEOUT = 3600  # a cold lab builds llama.cpp on every host (≈ 8 min on 2 cores, then ccache)
-
-
-def sh(lab, host: str, *argv: str) -> str:
-    return lab.exec(host, list(argv), timeout=90).stdout or ""
-
-
-def main_pid(lab) -> int:
-    return int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() or 0)
-
-
-def completion_on_main(lab, port: int = 8080) -> dict | None:
-    """One completion made on main itself (llama-server listens on its 127.0.0.1 only)."""
-    script = (
-        "import json,sys,urllib.request\n"
-        "req=urllib.request.Request('http://127.0.0.1:%d/completion',data=json.dumps({'prompt':'Once upon a time',"
-        "'n_predict':32,'temperature':0,'top_k':1,'cache_prompt':False}).encode(),"
-        "headers={'Content-Type':'application/json'})\n"
-        "try:\n print(urllib.request.urlopen(req,timeout=20).read().decode())\n"
-        "except Exception as e:\n print(json.dumps({'error':str(e)}))\n" % port)
-    out = sh(lab, "main", "python3", "-c", script).strip()
-    try:
-        body = json.loads(out.splitlines()[-1]) if out else None
-    except ValueError:
-        return None
-    return body if body and "timings" in body else None
-
-
-def verify_stats(result) -> tuple[int, int]:
-    ev = next(e for e in result.results() if e.get("module") == "llama_verify")
-    assert ev["status"] == "ok", ev
-    m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
-    assert m, ev["msg"]
-    return int(m.group(1)), int(m.group(2))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 pytestmark = pytest.mark.lab
 

@@ -17,8 +17,8 @@ import pytest
 
 from tunnelspec.keys import TUNNEL_FORCED_COMMAND
 
-from engine.helpers import tunnelspec
-from test_rpc_tunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
+from support.cli import tunnelspec
+from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
 
 pytestmark = pytest.mark.lab
 

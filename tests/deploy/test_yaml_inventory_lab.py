@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 from tunnelspec.inventory import load_inventory
 
 pytestmark = pytest.mark.lab

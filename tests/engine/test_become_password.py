@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
                                 reason="needs root on Linux (real users, sudo)")
@@ -36,8 +36,8 @@ PLAYBOOK = """
 
 @pytest.fixture
 def pw_host(tmp_path):
-    from connection.sudo_users import make_user, remove_user
-    from sshd_harness import SshdCluster
+    from support.sudo_users import make_user, remove_user
+    from support.sshd_harness import SshdCluster
 
     cluster = SshdCluster(tmp_path / "sshd", 1, user_keys=True)
     user = None

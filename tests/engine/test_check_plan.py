@@ -4,7 +4,7 @@ nothing changing before it is what a real run meets too, and stays a failure. Re
 
 from __future__ import annotations
 
-from helpers import tunnelspec
+from support.cli import tunnelspec
 
 PLAN = """
 - name: plan

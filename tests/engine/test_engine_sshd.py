@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import make_repo, tunnelspec
+from support.cli import make_repo, tunnelspec
 
 DATA = Path(__file__).parent / "data"
 

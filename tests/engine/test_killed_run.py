@@ -5,7 +5,7 @@ nothing. Also the hook itself: a kill after the N-th command of an apply leaves 
 
 from __future__ import annotations
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 PLAYBOOK = """
 - name: app
@@ -101,7 +101,7 @@ SOURCE_PB = """
 
 
 def _repo(tmp_path):
-    from engine.helpers import make_repo
+    from support.cli import make_repo
 
     repo = tmp_path / "upstream"
     return repo, make_repo(repo)

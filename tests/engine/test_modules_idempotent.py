@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from helpers import make_repo, tunnelspec
+from support.cli import make_repo, tunnelspec
 
 PUB = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGyMz0EUsOGt4UfkMH3ayBQRj7q3bXYv1OGGf5xLsN1T tunnel"
 
@@ -30,7 +30,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory):
-    from sshd_harness import SshdCluster
+    from support.sshd_harness import SshdCluster
 
     base = tmp_path_factory.mktemp("mods")
     c = SshdCluster(base / "c", 1)

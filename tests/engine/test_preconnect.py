@@ -9,7 +9,7 @@ import json
 import socket
 from pathlib import Path
 
-from helpers import generic8_inventory
+from support.cli import generic8_inventory
 
 from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
 from tunnelspec.connection.ssh import SSHConnection

@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from helpers import generic8_inventory, make_repo
+from support.cli import generic8_inventory, make_repo
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.connection.local import LocalConnection

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import jsonschema
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 from tunnelspec.reporting.schema import EVENT_SCHEMA
 
 PLAYBOOK = """
@@ -211,7 +211,7 @@ def _path_without(tmp_path: Path, missing: str) -> Path:
 def test_host_without_flock_is_refused_at_once(tmp_path):
     """A real sshd host whose sessions' PATH has no flock (sshd's SetEnv): an immediate error naming
     the host, not a 30-minute wait (it used to print BUSY in a tight loop until --lock-timeout)."""
-    from sshd_harness import SshdCluster
+    from support.sshd_harness import SshdCluster
 
     bindir = _path_without(tmp_path, "flock")
     cluster = SshdCluster(tmp_path / "sshd", 1, setenv={"PATH": str(bindir)})

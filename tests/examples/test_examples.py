@@ -74,7 +74,7 @@ def lab_variant(example: Path, lab) -> Path:
 
 @pytest.mark.lab
 def test_seed003_example_deploy_check_in_the_lab(lab):
-    from engine.helpers import tunnelspec
+    from support.cli import tunnelspec
 
     # The lab's own deploy first (a no-op when an earlier test deployed it): the plan check reads the
     # built llama-server's --help, which a fresh lab has not built yet.

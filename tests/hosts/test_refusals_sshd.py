@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from engine.helpers import make_repo, tunnelspec
+from support.cli import make_repo, tunnelspec
 
 
 def test_hosts_without_systemd_are_refused_before_any_change(sshd_cluster, tmp_path):

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from helpers import make_repo  # noqa: E402
+from tunnelspec.errors import ClusterError
+from tunnelspec.inventory import load_inventory
+from tunnelspec.inventory.cluster import Cluster
 
-from tunnelspec.errors import ClusterError  # noqa: E402
-from tunnelspec.inventory import load_inventory  # noqa: E402
-from tunnelspec.inventory.cluster import Cluster  # noqa: E402
+from support.cli import make_repo
 
 REV = "0123456789ABCDEF0123456789abcdef01234567"
 

@@ -3,13 +3,11 @@ become the same play fails cleanly on permissions (no prompt, no hang)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from helpers import tunnelspec  # noqa: E402
+from support.cli import tunnelspec
 
 pytestmark = pytest.mark.lab
 

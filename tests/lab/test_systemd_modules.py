@@ -3,14 +3,11 @@ a changed unit reloads systemd and restarts the service (handlers); removal conv
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from helpers import tunnelspec  # noqa: E402
+from support.cli import tunnelspec
 
 pytestmark = pytest.mark.lab
 

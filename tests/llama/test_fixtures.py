@@ -11,22 +11,12 @@ import pytest
 from tunnelspec.lab import fixtures
 from tunnelspec.lab import gguf_tiny
 
+from support.files import files_state
+
 
 def git(cwd, *args) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
                           timeout=120).stdout.strip()
-
-
-def files_state(*paths) -> dict[str, tuple[int, int, int]]:
-    """(inode, size, mtime in ns) of each path and of everything under it: a call that downloads,
-    rebuilds the repo, rewrites the model or the stamp, or takes the creation lock changes it."""
-    state = {}
-    for path in map(Path, paths):
-        for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else ())]:
-            if p.exists() or p.is_symlink():
-                st = p.lstat()
-                state[str(p)] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return state
 
 
 def no_creating(monkeypatch):

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from helpers import tunnelspec  # noqa: E402
+from support.cli import tunnelspec
 
 ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
        "GIT_COMMITTER_EMAIL": "t@example.invalid", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z",
@@ -26,7 +24,7 @@ def git(repo: Path, *args: str) -> str:
 
 @pytest.fixture
 def setup(tmp_path):
-    from sshd_harness import SshdCluster
+    from support.sshd_harness import SshdCluster
 
     repo = tmp_path / "controller" / "llama.cpp"
     repo.mkdir(parents=True)

@@ -14,6 +14,8 @@ from tunnelspec.lab.sdist_trees import sha256_file
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import versions
 
+from support.files import files_state
+
 # Fixed identity and date: the same SHAs on every machine, so inventories and tests can pin them.
 PINNED = {"b9093": "05c534942ce8fcc01d06b72d859b052398fb7f0f",
           "b11434": "d4f3039b1fa47e918560a0e6f29b9dec16fc54b5"}
@@ -22,18 +24,6 @@ PINNED = {"b9093": "05c534942ce8fcc01d06b72d859b052398fb7f0f",
 def git(cwd, *args) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,
                           timeout=120).stdout.strip()
-
-
-def files_state(*paths) -> dict[str, tuple[int, int, int]]:
-    """(inode, size, mtime in ns) of each path and of everything under it: a call that downloads,
-    rebuilds the repo, rewrites the model or the stamp, or takes the creation lock changes it."""
-    state = {}
-    for path in map(Path, paths):
-        for p in [path, *(sorted(path.rglob("*")) if path.is_dir() else ())]:
-            if p.exists() or p.is_symlink():
-                st = p.lstat()
-                state[str(p)] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return state
 
 
 @pytest.fixture(scope="module")

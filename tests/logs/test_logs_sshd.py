@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import tarfile
 
-from engine.helpers import tunnelspec
+from support.cli import tunnelspec
 
 SECRET = "s3cr3t-VALUE-9f8e7d"
 SHA = "0123456789abcdef0123456789abcdef01234567"

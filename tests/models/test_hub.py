@@ -1,20 +1,18 @@
 """Pinned Hub references and the controller-side download against a real HTTP stand-in of the Hub
-(tests/hub_standin.py) driven by the real huggingface_hub client."""
+(tests/support/hub_standin.py) driven by the real huggingface_hub client."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hub_standin import HubStandIn  # noqa: E402
+from tunnelspec.models import hub
 
-from tunnelspec.models import hub  # noqa: E402
+from support.hub_standin import HubStandIn
 
 REV = "0123456789abcdef0123456789abcdef01234567"
 OTHER_REV = "fedcba9876543210fedcba9876543210fedcba98"

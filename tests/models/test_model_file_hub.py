@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import hashlib
 import socket
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from helpers import tunnelspec  # noqa: E402
-from hub_standin import HubStandIn  # noqa: E402
+from support.cli import tunnelspec
+from support.hub_standin import HubStandIn
 
 REV = "89abcdef0123456789abcdef0123456789abcdef"
 REPO = "tiny-org/tiny-GGUF"
@@ -26,7 +23,7 @@ SPLIT = f"hf://{REPO}/split/tiny-00001-of-00002.gguf@{REV}"
 
 @pytest.fixture
 def setup(tmp_path):
-    from sshd_harness import SshdCluster
+    from support.sshd_harness import SshdCluster
 
     c = SshdCluster(tmp_path / "c", 1)
     with HubStandIn(token=TOKEN) as hubs:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +20,7 @@ from tunnelspec.lab.localserver import free_port, spawn, start_rpc_server
 from tunnelspec.llama import flags, http, props
 from tunnelspec.llama.server_args import build_server_argv, list_devices_argv
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
-from test_spec_placement import BLOCKS, check_one_to_three  # noqa: E402 - the same rule, one place
+from support.placement import BLOCKS, check_one_to_three  # the same rule as the lab test's, one place
 
 pytestmark = pytest.mark.llama
 

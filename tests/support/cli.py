@@ -56,7 +56,7 @@ def generic8_inventory(cluster, tmp_path, monkeypatch):
 
     repo = tmp_path / "repo"
     commit = make_repo(repo)
-    shutil.copy(Path(__file__).parent / "data" / "app.conf.j2", cluster.base / "app.conf.j2")
+    shutil.copy(Path(__file__).resolve().parents[1] / "engine" / "data" / "app.conf.j2", cluster.base / "app.conf.j2")
     for name in [k for k in os.environ if k.startswith("TUNNELSPEC_")]:
         monkeypatch.delenv(name)
     return cluster.inventory(all_vars={"repo": str(repo), "commit": commit})

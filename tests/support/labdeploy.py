@@ -1,0 +1,83 @@
+"""What the lab tests share: the lab's inventory with changes, deploys that must converge, one
+task's event, and the proofs that llama-server on main serves with the remote draft."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from support.cli import tunnelspec
+
+UNIT = "tunnelspec-llama-server.service"
+MODELS_DIR = "/var/lib/tunnelspec/models"
+DEPLOY_TIMEOUT = 3600  # a purged lab rebuilds (ccache makes it minutes, a cold cache ≈ 8 min)
+
+
+def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
+    return lab.exec(host, list(argv), timeout=timeout).stdout or ""
+
+
+def main_pid(lab) -> int:
+    return int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() or 0)
+
+
+def inventory_copy(lab, tmp_path: Path, name: str = "inventory.ini", *, main_vars: dict | None = None,
+                   host_vars: dict | None = None, drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Path:
+    """The lab's inventory with changes: `host_vars` = {host: "k=v ..."} appended to a host's line,
+    `main_vars` in a [main:vars] section, `drop` removes lines starting with these prefixes."""
+    lines = [l for l in lab.inventory.read_text().splitlines() if not l.startswith(drop)]
+    for host, more in (host_vars or {}).items():
+        lines = [f"{l} {more}" if l.split(" ", 1)[0] == host else l for l in lines]
+    lines += list(extra)
+    if main_vars:
+        lines += ["", "[main:vars]", *(f"{k}={v}" for k, v in main_vars.items())]
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def deploy(inventory, *args: str):
+    return tunnelspec("deploy", str(inventory), "--format", "json", *args, timeout=DEPLOY_TIMEOUT)
+
+
+def failures(r) -> list:
+    """What to show when a run failed: failed/unreachable events and the tail of stderr."""
+    return [e for e in r.events if e.get("status") in ("failed", "unreachable") or e.get("event") in
+            ("unreachable", "error", "gate_failed")] + [r.stderr[-2000:]]
+
+
+def converge(inventory) -> None:
+    r = deploy(inventory)
+    assert r.rc == 0, failures(r)
+
+
+def task(result, name: str, host: str = "main") -> dict:
+    evs = [e for e in result.results() if e.get("task") == name and e.get("host") == host]
+    assert len(evs) == 1, (name, host, [(e.get("task"), e.get("host")) for e in result.results()])
+    return evs[0]
+
+
+def completion_on_main(lab, port: int = 8080) -> dict | None:
+    """One completion made on main itself (llama-server listens on its 127.0.0.1 only)."""
+    script = (
+        "import json,sys,urllib.request\n"
+        "req=urllib.request.Request('http://127.0.0.1:%d/completion',data=json.dumps({'prompt':'Once upon a time',"
+        "'n_predict':32,'temperature':0,'top_k':1,'cache_prompt':False}).encode(),"
+        "headers={'Content-Type':'application/json'})\n"
+        "try:\n print(urllib.request.urlopen(req,timeout=20).read().decode())\n"
+        "except Exception as e:\n print(json.dumps({'error':str(e)}))\n" % port)
+    out = sh(lab, "main", "python3", "-c", script).strip()
+    try:
+        body = json.loads(out.splitlines()[-1]) if out else None
+    except ValueError:
+        return None
+    return body if body and "timings" in body else None
+
+
+def verify_stats(result) -> tuple[int, int]:
+    ev = next(e for e in result.results() if e.get("module") == "llama_verify")
+    assert ev["status"] == "ok", ev
+    m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
+    assert m, ev["msg"]
+    return int(m.group(1)), int(m.group(2))
