@@ -187,10 +187,22 @@ class Run:
         return self.summary
 
     async def run_play(self, play: Play) -> None:
-        hosts = [h for h in self.select(play.hosts) if not (self.hosts[h].failed or self.hosts[h].unreachable)]
+        selected = self.select(play.hosts)
+        hosts = [h for h in selected if not (self.hosts[h].failed or self.hosts[h].unreachable)]
         self.secrets.extend(secret_values(play.vars))
         self.emit(events.play_start(play.name, hosts))
         if not hosts:
+            return
+        watched = play.gate.get("earlier_failures") if play.gate else None
+        earlier = sorted(h for h in (self.select(watched) if watched else ())
+                         if self.hosts[h].failed or self.hosts[h].unreachable)
+        if earlier:
+            # A gate that must see every host of a pattern (`earlier_failures: rpc`): one that failed
+            # earlier in the run stops the others before this play does anything.
+            msg = f"not all hosts reached the gate: {', '.join(earlier)} failed earlier in this run"
+            self.emit(events.gate(play.name, "failed", msg))
+            for h in hosts:
+                self._fail(h, play.gate.get("name", f"gate {play.gate['kind']}"), msg, play)
             return
         sem = asyncio.Semaphore(max(1, self.options.forks))
 

@@ -179,6 +179,12 @@ def list_devices_argv(rpc_server: str) -> list[str]:
     return [rpc_server, "-d", LIST_PROBE_NAME]
 
 
+def merged_output_argv(argv: list[str]) -> list[str]:
+    """argv with stdout line-buffered and stderr merged into it, in the order printed: the server
+    prints the device lines to stdout and "available devices:" to stderr (as its unit does)."""
+    return ["/bin/sh", "-c", 'exec /usr/bin/stdbuf -oL "$@" 2>&1', "sh", *argv]
+
+
 def node_devices(output: str) -> list[Device]:
     """The devices a `list_devices_argv` run printed (every device of the node)."""
     log = parse_node_log(output)
@@ -186,6 +192,16 @@ def node_devices(output: str) -> list[Device]:
         raise DeviceError("the RPC server did not list its devices (no 'available devices:' after its "
                           f"'unknown device' error); its output:\n{_tail(output)}")
     return list(log.unknown.available)
+
+
+def served_by_rule(listed: list[Device], requested) -> list[Device]:
+    """What an RPC server serves, from the node's device list: the `-d` names when given, else every
+    non-CPU device, else the CPU (the rule of ggml's rpc-server, b9093 to b11434)."""
+    if requested:
+        want = [r.lower() for r in requested]
+        return [d for d in listed if d.name.lower() in want]
+    accel = [d for d in listed if d.kind != "cpu"]
+    return accel or [d for d in listed if d.kind == "cpu"]
 
 
 def _tail(text: str, n: int = 8) -> str:

@@ -198,3 +198,77 @@ class RpcUnit(Task):
 
     async def apply(self, ctx, ch):
         await self._unit(ctx).apply(ctx, ch)
+
+
+async def start_of_run(conn, unit: str, lines: int = 200) -> str:
+    """The first lines the unit's current run (its InvocationID) logged: the start banner, before the
+    long tail of connection lines."""
+    inv = (await conn.run(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+    if not inv:
+        return ""
+    res = await conn.run(["sh", "-c", f'journalctl --no-pager -o cat -u "$1" _SYSTEMD_INVOCATION_ID="$2" | head -n {int(lines)}',
+                          "sh", unit, inv], timeout=60)
+    return res.stdout
+
+
+async def _run_as(ctx, user: str, argv: list[str], timeout: float = 60):
+    """argv as the RPC server's user with its groups (the devices it may open are what counts)."""
+    return await ctx.conn.run(["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
+                               "--reset-env", *argv], timeout=timeout)
+
+
+async def node_device_list(ctx, binary: str, user: str):
+    """Every device the node's build finds, as its RPC server user: `-d` with a name no device has
+    makes the server print them all and exit before it binds (llama/devices.py)."""
+    from tunnelspec.llama import devices
+
+    res = await _run_as(ctx, user, devices.merged_output_argv(devices.list_devices_argv(binary)))
+    return devices.node_devices(res.stdout + "\n" + res.stderr)
+
+
+@register_task
+class RpcRequestedDevices(Task):
+    """Before the RPC unit changes: every `rpc_devices` name is a device of this node, so a wrong
+    name stops the deploy here, listing the node's devices, instead of a server that exits and
+    restarts forever. Nothing to do without rpc_devices (the server's own default choice)."""
+
+    module = "rpc_requested_devices"
+    read_only = True
+    args = {"binary": Arg(str, required=True, help="The RPC server binary the unit will run.")}
+
+    async def check(self, ctx):
+        from tunnelspec.llama import devices
+
+        node = ctx.require_cluster().node(ctx.host)
+        if not node.devices:
+            return ok("rpc_devices unset: the server serves every non-CPU device, else the CPU")
+        available = await node_device_list(ctx, self.p["binary"], node.users.rpc)
+        return ok(devices.check_requested(ctx.host, list(node.devices), available))
+
+
+@register_task
+class RpcServedDevices(Task):
+    """After start: the RPC server serves what the node's build and inventory ask for — a node built
+    for cuda / hip / vulkan that serves only the CPU (a missing driver, no device permission) is
+    refused, naming the node, what it serves and what to check. Read from the server's start banner
+    in the unit's journal (this run only); when the journal no longer has it, from the node's device
+    list and the server's rule (rpc_devices, else every non-CPU device, else the CPU). Registers
+    `rpc_served` (the devices, name/description/memory)."""
+
+    module = "rpc_served_devices"
+    read_only = True
+    args = {"binary": Arg(str, required=True, help="The RPC server binary the unit runs.")}
+
+    async def check(self, ctx):
+        from tunnelspec.llama import devices
+
+        node = ctx.require_cluster().node(ctx.host)
+        backend, requested = node.build.backend, list(node.devices)
+        log = devices.parse_node_log(await start_of_run(ctx.conn, RPC_UNIT))
+        if log.banner is None and log.unknown is None:
+            listed = await node_device_list(ctx, self.p["binary"], node.users.rpc)
+            served = devices.served_by_rule(listed, requested)
+            log = devices.NodeLog(devices.Banner((0, 0, 0), tuple(served)), None, log.hints)
+        summary = devices.check_served(ctx.host, backend, requested, log, user=node.users.rpc)
+        ctx.register("rpc_served", [d.as_fact() for d in log.banner.devices])
+        return ok(summary)
