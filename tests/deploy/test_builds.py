@@ -7,8 +7,11 @@ prebuilt UI downloaded by default) are the upstream fixture repo's `b9093` and `
 inventory with the repo, `llama_commit`, `llama_build_number` and the (ASCII) tiny model changed,
 and checks what tunnelspec detected from the tree itself.
 
-The steps share one lab and run in file order: b11434 first (the default lab's own tree: its builds
-are reused), then down to b9093 in place and back up (the second move reuses the kept build dirs).
+The steps share one lab. Each requests the state it needs — `b11434_deployed` or `b9093_deployed`
+(a deploy of that tree: a no-op when the cluster already serves it), `both_builds_kept` (a build of
+each tree kept on every host) — so any one of them runs alone. The file order is the cheap one:
+b11434 first (the default lab's own tree: its builds are reused), then down to b9093 in place and
+back up (the second move reuses the kept build dirs), each step leaving what the next one needs.
 The module runs last in the session (tests/conftest.py), so the builds it leaves on the hosts never
 meet another test. It is part of the default run; `TUNNELSPEC_UPSTREAM_BUILDS=0` skips it (b9093 is
 one more cold build: ≈ 8 min on 2 cores, seconds with a warm ccache).
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 
 pytestmark = [pytest.mark.lab, pytest.mark.upstream_builds, pytest.mark.skipif(
     os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") == "0",
@@ -135,23 +138,51 @@ def inventories(lab, tmp_path_factory):
     yield invs
     # Leave no services behind for the next module; the builds stay (keep_builds) for reuse.
     r = tunnelspec("teardown", str(invs["b11434"]), "--format", "json", timeout=600)
-    assert r.rc == 0, r.stdout[-3000:]
+    assert r.rc == 0, failed_report(r)
 
 
-@pytest.fixture(scope="module")
-def new_deployed(lab, inventories):
-    return deploy(inventories["b11434"])
+def kept_builds(lab, host: str) -> set[int]:
+    """The build numbers of the build dirs kept on a host (from their stamps)."""
+    stamps = sh(lab, host, "sh", "-c", f"cat {ROOT}/build/*/.tunnelspec-stamp 2>/dev/null; :")
+    return {int(n) for n in re.findall(r'"build_number":\s*(\d+)', stamps)}
 
 
-def test_b11434_serves_with_the_remote_draft(lab, new_deployed):
-    assert_serving(lab, new_deployed, "b11434")
+@pytest.fixture
+def b11434_deployed(lab, inventories):
+    """The cluster serving b11434 (the deploy's result, for the step to check)."""
+    res = deploy(inventories["b11434"])
+    assert res.rc == 0, failed_report(res)
+    return res
+
+
+@pytest.fixture
+def b9093_deployed(lab, inventories):
+    """The cluster serving b9093 (the deploy's result)."""
+    res = deploy(inventories["b9093"])
+    assert res.rc == 0, failed_report(res)
+    return res
+
+
+@pytest.fixture
+def both_builds_kept(lab, inventories):
+    """A build of each tree kept on every host (what a move without compiling, the live --help of
+    each build and a node of another protocol need): a tree missing on a host is deployed once.
+    Requested before `b*_deployed`, which then says which tree serves."""
+    for tree in TREES:
+        if any(int(tree[1:]) not in kept_builds(lab, h) for h in ("main", *NODES)):
+            res = deploy(inventories[tree])
+            assert res.rc == 0, failed_report(res)
+
+
+def test_b11434_serves_with_the_remote_draft(lab, b11434_deployed):
+    assert_serving(lab, b11434_deployed, "b11434")
     # That tree's UI options: the prebuilt UI would be downloaded at build time.
     opts = sh(lab, "main", "sh", "-c", f"cat {ROOT}/current/.tunnelspec-stamp")
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in opts and "LLAMA_BUILD_WEBUI" not in opts, opts
 
 
-def test_b11434_second_deploy_changes_nothing(lab, inventories, new_deployed):
-    assert new_deployed.rc == 0
+def test_b11434_second_deploy_changes_nothing(lab, inventories, b11434_deployed):
+    assert b11434_deployed.rc == 0
     assert_converged(inventories["b11434"])
 
 
@@ -175,8 +206,8 @@ def _moved_builds(res) -> set[str]:
     return {h for h, e in by_module(res, "llama_build").items() if e["status"] == "changed"}
 
 
-def test_downgrade_in_place_to_b9093(lab, inventories, new_deployed):
-    assert new_deployed.rc == 0
+def test_downgrade_in_place_to_b9093(lab, inventories, b11434_deployed):
+    assert b11434_deployed.rc == 0
     res, _ = _move(lab, inventories["b9093"], "b9093")
     assert _moved_builds(res) == {"main", *NODES}
     # The web UI option of that tree was turned off (its sdist lacks the UI sources).
@@ -184,11 +215,11 @@ def test_downgrade_in_place_to_b9093(lab, inventories, new_deployed):
     assert "-DLLAMA_BUILD_WEBUI=OFF" in opts and "LLAMA_USE_PREBUILT_UI" not in opts, opts
 
 
-def test_b9093_second_deploy_changes_nothing(lab, inventories):
+def test_b9093_second_deploy_changes_nothing(lab, inventories, b9093_deployed):
     assert_converged(inventories["b9093"])
 
 
-def test_type_b9093_lacks_is_refused_before_any_host_is_touched(lab, inventories, tmp_path):
+def test_type_b9093_lacks_is_refused_before_any_host_is_touched(lab, inventories, b9093_deployed, tmp_path):
     """b9093's --spec-type lists no draft types: `spec_type=draft-eagle3` is refused at exit 2 from
     the build's own --help (main's current build, read-only: the cache is fresh), naming the build
     and the types it has, and no host changes."""
@@ -207,7 +238,7 @@ def test_type_b9093_lacks_is_refused_before_any_host_is_touched(lab, inventories
     assert sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() == pid
 
 
-def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories):
+def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories, both_builds_kept, b9093_deployed):
     res, _ = _move(lab, inventories["b11434"], "b11434")
     builds = by_module(res, "llama_build")
     # The b11434 build directories were kept: switched back without compiling.
@@ -215,7 +246,7 @@ def test_upgrade_in_place_back_to_b11434_reuses_its_build(lab, inventories):
     assert_converged(inventories["b11434"])
 
 
-def test_captured_help_is_each_builds_own(lab, inventories):
+def test_captured_help_is_each_builds_own(lab, inventories, both_builds_kept):
     """The --help/--version texts the pure argv tests read (tests/server/data/*-b<N>.txt) are what
     each build on main prints: compared with the kept b9093 and b11434 builds' live output."""
     from tunnelspec.llama import flags
@@ -237,7 +268,8 @@ def test_captured_help_is_each_builds_own(lab, inventories):
         assert (cv.version, cv.build_number) == (v.version, v.build_number), (cv, v)
 
 
-def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inventories):
+def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inventories, both_builds_kept,
+                                                                          b11434_deployed):
     """rpc-b is made to run b9093's RPC server behind tunnelspec's back while main runs b11434."""
     inv = inventories["b11434"]
     new_bin = sh(lab, "rpc-b", "sh", "-c", f"ls {ROOT}/build/*/bin/rpc-server | head -1").strip()

@@ -17,7 +17,7 @@ import pytest
 
 from tunnelspec.lab import gguf_drafts
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 
 pytestmark = pytest.mark.lab
 
@@ -48,7 +48,7 @@ def test_draft_type_on_the_remote_device_with_tokens_accepted(lab, models, spec_
     inv = Path(lab.dir) / f"inventory-{spec_type}.ini"
     inv.write_text(text)
     r = tunnelspec("deploy", str(inv), "--format", "json", timeout=3600)
-    assert r.rc == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    assert r.rc == 0, failed_report(r)
     unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
     assert f"--spec-type {spec_type}" in unit and "--spec-draft-device RPC0" in unit
     ev = next(e for e in r.results() if e.get("module") == "llama_verify")

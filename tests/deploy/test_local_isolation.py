@@ -5,7 +5,9 @@ status` and `status` keep working; drift is shown by --check --diff and repaired
 a reboot of a node and of main; a host whose root lacks CAP_NET_ADMIN stops the deploy unless the
 inventory opts out; teardown leaves nothing.
 
-The steps share one lab and run in file order.
+The steps share one lab. Each requests `deployed` (a deploy of the lab's own inventory: a no-op when
+the lab already is, so the cost is seconds), so any one of them runs alone — teardown included, which
+the file puts last.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 from support.labdeploy import completion_on_main, verify_stats
 
 pytestmark = pytest.mark.lab
@@ -128,10 +130,12 @@ def inventory(lab):
     return str(lab.inventory)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def deployed(inventory):
+    """The lab's own inventory deployed, isolation rules loaded (the deploy's result, for the step to
+    check)."""
     r = tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert r.rc == 0, (r.stdout[-4000:], r.stderr[-2000:])
+    assert r.rc == 0, failed_report(r)
     return r
 
 
@@ -150,7 +154,7 @@ def test_draft_hello_tunnel_status_and_status_still_work(lab, inventory, deploye
     draft_n, accepted = verify_stats(deployed)
     assert draft_n > 0 and accepted > 0
     v = tunnelspec("verify", inventory, "--format", "json", timeout=600)
-    assert v.rc == 0, v.stdout[-4000:]
+    assert v.rc == 0, failed_report(v)
     msgs = {e["host"]: e["msg"] for e in v.results() if e.get("module") == "local_isolation_verify"}
     assert msgs["rpc-a"].startswith("rpc port: tunnel user only") and msgs["rpc-b"].startswith("rpc port:"), msgs
     assert msgs["main"].startswith("tunnel ports: llama-server only"), msgs
@@ -187,7 +191,7 @@ def test_drift_is_shown_by_check_diff_and_repaired(lab, inventory, deployed):
     assert "load rules" in ev["msg"] and ev.get("diff"), ev
     assert sh(lab, "rpc-a", "sh", "-c", "nft list table inet tunnelspec >/dev/null 2>&1 && echo yes || echo no").strip() == "no"
     fix = tunnelspec("deploy", inventory, "--tags", "isolation", "--format", "json", timeout=600)
-    assert fix.rc == 0, fix.stdout[-3000:]
+    assert fix.rc == 0, failed_report(fix)
     assert {e["host"] for e in fix.results("changed")} == {"rpc-a"}, fix.results("changed")
     assert refused_everywhere(lab) == {}
     again = tunnelspec("deploy", inventory, "--tags", "isolation", "--format", "json", timeout=600)
@@ -259,7 +263,7 @@ def test_host_without_net_admin_fails_closed_unless_opted_out(lab, inventory, de
               "tunnelspec-rpc.service") == unit_before
 
     ok = tunnelspec("deploy", _capless_inventory(lab, tmp_path, opt_out=True), "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert ok.rc == 0, ok.stdout[-4000:]
+    assert ok.rc == 0, failed_report(ok)
     warnings = [e["msg"] for e in ok.events if e.get("event") == "message" and "rpc-b" in e.get("msg", "")]
     assert warnings and all("rpc_local_isolation=false" in w for w in warnings), warnings
     st = json.loads(tunnelspec("status", _capless_inventory(lab, tmp_path, opt_out=True), "--format", "json",
@@ -268,7 +272,7 @@ def test_host_without_net_admin_fails_closed_unless_opted_out(lab, inventory, de
 
     # The normal inventory (and sshd) again: the next deploy puts rpc-b's rules back.
     back = tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert back.rc == 0, back.stdout[-4000:]
+    assert back.rc == 0, failed_report(back)
     assert refused_everywhere(lab) == {}
 
 
@@ -293,7 +297,7 @@ def _isolation_leftovers(lab) -> dict:
 
 def test_teardown_removes_rules_unit_and_file(lab, inventory, deployed):
     r = tunnelspec("teardown", inventory, "--format", "json", timeout=600)
-    assert r.rc == 0, r.stdout[-4000:]
+    assert r.rc == 0, failed_report(r)
     assert _isolation_leftovers(lab) == {}
     again = tunnelspec("teardown", inventory, "--format", "json", timeout=600)
     assert again.rc == 0 and all(c["changed"] == 0 for c in again.recap.values()), again.results("changed")

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 
 pytestmark = pytest.mark.lab
 
@@ -137,7 +137,7 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
         t0 = time.monotonic()
         dep = run_cli(outputs, "deploy", inv, "-e", pw, "--format", "json")
         took = time.monotonic() - t0
-    assert dep.rc == 0, dep.stdout[-6000:] + dep.stderr[-2000:]
+    assert dep.rc == 0, failed_report(dep)
     print(f"\nmixed deploy from bare hosts: {took:.0f} s")
     for e in dep.results("changed"):
         if e["task"] in ("prerequisites installed", "llama.cpp binaries for the host's role"):
@@ -166,7 +166,7 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
     old = sh(lab, "main", "sh", "-c", 'umask 077; t=$(mktemp /root/oldkey.XXXXXX); cat "$1" > "$t"; echo "$t"',
              "sh", KEY).stdout.strip()
     rot = run_cli(outputs, "keys", "rotate", inv, "-e", pw, "--format", "json")
-    assert rot.rc == 0, rot.stdout[-4000:] + rot.stderr[-2000:]
+    assert rot.rc == 0, failed_report(rot)
     for node in ("rpc-a", "rpc-b"):
         r = sh(lab, "main", "timeout", "8", "ssh", "-F", "none", "-i", old, "-l", "tunnelspec-tunnel",
                "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={KNOWN}",
@@ -178,13 +178,13 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
         if v.rc == 0:
             break
         time.sleep(3)
-    assert v.rc == 0, v.stdout[-3000:]
+    assert v.rc == 0, failed_report(v)
 
     # 6. A second deploy changes nothing; status shows the facts.
     again = run_cli(outputs, "deploy", inv, "-e", pw, "--format", "json")
     assert again.rc == 0 and all(h["changed"] == 0 for h in again.recap.values()), again.results("changed")
     human = run_cli(outputs, "deploy", inv, "-e", pw)
-    assert human.rc == 0, human.stdout[-3000:]
+    assert human.rc == 0, failed_report(human)
 
     # 7. The logs bundle and the journals hold no password.
     bundle = tmp_path / "bundle"
@@ -199,7 +199,7 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
 
     # 8. Teardown leaves nothing listening and no tunnelspec unit.
     td = run_cli(outputs, "teardown", inv, "-e", pw, "--format", "json")
-    assert td.rc == 0, td.stdout[-3000:]
+    assert td.rc == 0, failed_report(td)
     for host in RELEASES:
         units = sh(lab, host, "systemctl", "list-units", "--all", "--plain", "--no-legend", "tunnelspec*").stdout
         assert units.strip() == "", (host, units)

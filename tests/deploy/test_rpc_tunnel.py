@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
 
 pytestmark = pytest.mark.lab
@@ -50,7 +50,7 @@ def deployed(lab):
     # Disabled, not only stopped: `tunnel open` (tested here) starts an enabled llama-server again.
     lab.exec("main", ["systemctl", "disable", "--now", "tunnelspec-llama-server.service"])
     r = tunnelspec("play", inv, PLAYBOOK, "--format", "json", timeout=3600)
-    assert r.rc == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert r.rc == 0, failed_report(r)
     return inv
 
 
@@ -78,7 +78,7 @@ def test_hello_through_every_tunnel(lab, deployed, expected_version):
 
 def test_second_run_changes_nothing(deployed):
     r = tunnelspec("play", deployed, PLAYBOOK, "--format", "json", timeout=1800)
-    assert r.rc == 0
+    assert r.rc == 0, failed_report(r)
     changed = [(e["host"], e["task"], e["msg"]) for e in r.results("changed")]
     assert all(h["changed"] == 0 for h in r.recap.values()), changed
 
@@ -242,7 +242,7 @@ def test_link_cut_and_restore_recovers_by_itself(lab, deployed):
 
 def test_close_then_open_twice(lab, deployed):
     r = tunnelspec("tunnel", "close", deployed, "--format", "json")
-    assert r.rc == 0
+    assert r.rc == 0, failed_report(r)
     for node in NODES:
         state = lab.exec("main", ["systemctl", "is-active", f"tunnelspec-tunnel-{node}.service"]).stdout.strip()
         assert state != "active"
@@ -256,7 +256,7 @@ def test_close_then_open_twice(lab, deployed):
 
 def test_open_limit_one_node(lab, deployed):
     r = tunnelspec("tunnel", "close", deployed, "--limit", "rpc-b", "--format", "json")
-    assert r.rc == 0
+    assert r.rc == 0, failed_report(r)
     assert lab.exec("main", ["systemctl", "is-active", "tunnelspec-tunnel-rpc-a.service"]).stdout.strip() == "active"
     r = tunnelspec("tunnel", "open", deployed, "--limit", "rpc-b", "--format", "json")
     assert r.rc == 0 and probe_on(lab, "main", NODES["rpc-b"])

@@ -4,7 +4,10 @@ changes nothing and keeps llama-server's PID → a killed tunnel heals without a
 `tunnel close` takes llama-server down and `tunnel open` brings it back (only with all its tunnels) →
 teardown leaves nothing → a second teardown changes nothing → deploy works again.
 
-The steps share one lab and run in file order (each depends on the previous one's state).
+The steps share one lab. Each requests the state it needs — `deployed` (a deploy of the lab's own
+inventory: the first one builds, later ones change nothing unless a step before left the lab
+otherwise) or `torn_down` (a teardown) — so any one of them runs alone; the file order is the cheap
+one (each step leaves what the next one needs).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 
 import pytest
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 from support.labdeploy import UNIT, completion_on_main, main_pid, sh, verify_stats
 
 pytestmark = pytest.mark.lab
@@ -28,14 +31,25 @@ def inventory(lab):
     return str(lab.inventory)
 
 
-@pytest.fixture(scope="module")
-def first_deploy(inventory):
-    return tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
+@pytest.fixture
+def deployed(inventory):
+    """The lab's own inventory deployed, llama-server serving with the remote draft (the deploy's
+    result, for the step to check)."""
+    r = tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 0, failed_report(r)
+    return r
 
 
-def test_deploy_puts_the_draft_on_the_remote_device(lab, first_deploy):
-    r = first_deploy
-    assert r.rc == 0, (r.stdout[-4000:], r.stderr[-2000:])
+@pytest.fixture
+def torn_down(inventory):
+    """Nothing of tunnelspec on the lab's hosts (a second teardown changes nothing)."""
+    r = tunnelspec("teardown", inventory, "--format", "json", timeout=600)
+    assert r.rc == 0, failed_report(r)
+
+
+def test_deploy_puts_the_draft_on_the_remote_device(lab, deployed):
+    r = deployed
+    assert r.rc == 0, failed_report(r)
     draft_n, accepted = verify_stats(r)
     assert draft_n > 0 and accepted == draft_n  # same model as target and draft: all accepted
     journal = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT)
@@ -50,12 +64,12 @@ def test_deploy_puts_the_draft_on_the_remote_device(lab, first_deploy):
     assert "127.0.0.1:50052" in est, est
 
 
-def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, first_deploy):
-    assert first_deploy.rc == 0
+def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, deployed):
+    assert deployed.rc == 0
     pid = main_pid(lab)
     assert pid > 0
     r = tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert r.rc == 0, r.stdout[-4000:]
+    assert r.rc == 0, failed_report(r)
     changed = {h: c["changed"] for h, c in r.recap.items()}
     assert all(v == 0 for v in changed.values()), (changed, [e for e in r.results("changed")])
     assert main_pid(lab) == pid
@@ -63,10 +77,10 @@ def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, firs
 
 @pytest.mark.parametrize("extra, unit_task, after", [("rpc_threads=3", "rpc unit", " -t 3"),
                                                       ("llama_server_port=8081", "llama-server unit", "--port 8081")])
-def test_check_with_extra_var_reports_drift(lab, inventory, first_deploy, extra, unit_task, after):
+def test_check_with_extra_var_reports_drift(lab, inventory, deployed, extra, unit_task, after):
     """-e reaches the typed cluster model (tests/inventory/test_extra_vars.py covers every variable):
     on the converged lab, `--check -e VAR=other` reports the unit that would change, and exits 3."""
-    assert first_deploy.rc == 0
+    assert deployed.rc == 0
     r = tunnelspec("deploy", inventory, "--check", "-e", extra, "--format", "json", timeout=DEPLOY_TIMEOUT)
     assert r.rc == 3, (r.stdout[-4000:], r.stderr[-2000:])
     changed = [e for e in r.results("changed") if e["task"] == unit_task]
@@ -74,20 +88,20 @@ def test_check_with_extra_var_reports_drift(lab, inventory, first_deploy, extra,
     assert all(after in e["diff"]["after"] and after not in e["diff"]["before"] for e in changed), changed
 
 
-def test_changed_unit_restarts_the_server(lab, inventory, first_deploy):
-    assert first_deploy.rc == 0
+def test_changed_unit_restarts_the_server(lab, inventory, deployed):
+    assert deployed.rc == 0
     pid = main_pid(lab)
     sh(lab, "main", "sh", "-c", f"echo '# drift' >> /etc/systemd/system/{UNIT}")
     r = tunnelspec("deploy", inventory, "--tags", "server", "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert r.rc == 0, r.stdout[-4000:]
+    assert r.rc == 0, failed_report(r)
     changed = {e["task"] for e in r.results("changed")}
     assert {"llama-server unit", "llama-server restart"} <= changed, changed
     assert main_pid(lab) not in (0, pid)
     assert "# drift" not in sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
 
 
-def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
-    assert first_deploy.rc == 0
+def test_status_and_bench_report_the_remote_draft(lab, inventory, deployed):
+    assert deployed.rc == 0
     st = tunnelspec("status", inventory, "--format", "json", timeout=120)
     assert st.rc == 0, st.stdout + st.stderr
     report = json.loads(st.stdout)["hosts"]
@@ -115,10 +129,10 @@ def test_status_and_bench_report_the_remote_draft(lab, inventory, first_deploy):
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
 
 
-def test_tunnel_status_reports_tunnels_serving_llama_server(lab, inventory, first_deploy):
+def test_tunnel_status_reports_tunnels_serving_llama_server(lab, inventory, deployed):
     """With llama-server holding both one-client RPC servers, `tunnel status` says so from main's
     sockets instead of waiting out a HELLO timeout per tunnel, and exits 0."""
-    assert first_deploy.rc == 0
+    assert deployed.rc == 0
     assert sh(lab, "main", "systemctl", "is-active", UNIT).strip() == "active"
     deadline = time.monotonic() + 60
     rows = []
@@ -134,10 +148,10 @@ def test_tunnel_status_reports_tunnels_serving_llama_server(lab, inventory, firs
         ("rpc-b", "active", "busy", "serving a client (llama-server)")], rows   # from sockets, not a probe
 
 
-def test_status_reads_the_version_of_a_long_running_rpc_server(lab, inventory, first_deploy):
+def test_status_reads_the_version_of_a_long_running_rpc_server(lab, inventory, deployed):
     """While llama-server holds an rpc-server, status reads its version from the start-up banner of
     the server's current run. 300 clients later (600 journal lines after the banner) it still must."""
-    assert first_deploy.rc == 0
+    assert deployed.rc == 0
     sh(lab, "main", "systemctl", "stop", UNIT)          # frees the one-client rpc-servers
     try:
         clients = ("import socket\nfor _ in range(300):\n"
@@ -161,8 +175,8 @@ def test_status_reads_the_version_of_a_long_running_rpc_server(lab, inventory, f
     assert report["rpc-a"]["rpc"] == {"version": "7.0.0", "devices": None, "state": "serving llama-server"}, report
 
 
-def test_killed_tunnel_heals_without_manual_step(lab, first_deploy):
-    assert first_deploy.rc == 0
+def test_killed_tunnel_heals_without_manual_step(lab, deployed):
+    assert deployed.rc == 0
     before = main_pid(lab)
     tunnel_pid = int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value",
                         "tunnelspec-tunnel-rpc-a.service").strip())
@@ -192,24 +206,24 @@ def _resume_event(result) -> dict:
     return next(e for e in result.results() if e.get("module") == "llama_server_resume")
 
 
-def test_tunnel_close_then_open_brings_the_server_back(lab, inventory, first_deploy):
-    assert first_deploy.rc == 0
+def test_tunnel_close_then_open_brings_the_server_back(lab, inventory, deployed):
+    assert deployed.rc == 0
     assert _active(lab, UNIT) == "active"
     r = tunnelspec("tunnel", "close", inventory, "--format", "json")
-    assert r.rc == 0, r.stdout[-2000:]
+    assert r.rc == 0, failed_report(r)
     assert _active(lab, UNIT) != "active"               # PartOf= its tunnels: it stopped with them
 
     # One node opened: llama-server needs both tunnels (draft on rpc-a, target on rpc-b), and starting
     # it would pull rpc-b's closed tunnel up through Wants=. It stays down, and says why.
     r = tunnelspec("tunnel", "open", inventory, "--limit", "rpc-a", "--format", "json")
-    assert r.rc == 0, r.stdout[-2000:]
+    assert r.rc == 0, failed_report(r)
     ev = _resume_event(r)
     assert ev["status"] == "ok" and "tunnelspec-tunnel-rpc-b.service" in ev["msg"], ev
     assert _active(lab, UNIT) != "active"
     assert _active(lab, "tunnelspec-tunnel-rpc-b.service") != "active"
 
     r = tunnelspec("tunnel", "open", inventory, "--format", "json")
-    assert r.rc == 0, r.stdout[-2000:]
+    assert r.rc == 0, failed_report(r)
     assert _resume_event(r)["status"] == "changed"
     assert _active(lab, UNIT) == "active"
     body = None
@@ -226,8 +240,8 @@ def test_tunnel_close_then_open_brings_the_server_back(lab, inventory, first_dep
     assert _resume_event(again)["msg"] == "llama-server running"
 
 
-def test_tunnel_open_leaves_a_disabled_server_alone(lab, inventory, first_deploy):
-    assert first_deploy.rc == 0
+def test_tunnel_open_leaves_a_disabled_server_alone(lab, inventory, deployed):
+    assert deployed.rc == 0
     sh(lab, "main", "systemctl", "disable", "--now", UNIT)
     try:
         r = tunnelspec("tunnel", "open", inventory, "--format", "json")
@@ -235,7 +249,8 @@ def test_tunnel_open_leaves_a_disabled_server_alone(lab, inventory, first_deploy
         assert _active(lab, UNIT) != "active"
     finally:
         sh(lab, "main", "systemctl", "enable", "--now", UNIT)   # as deploy left it, for the next steps
-    assert tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT).rc == 0
+    r = tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
+    assert r.rc == 0, failed_report(r)
 
 
 def _leftovers(lab) -> dict:
@@ -266,9 +281,9 @@ def _leftovers(lab) -> dict:
     return found
 
 
-def test_teardown_leaves_nothing_and_is_idempotent(lab, inventory, first_deploy):
+def test_teardown_leaves_nothing_and_is_idempotent(lab, inventory, deployed):
     r = tunnelspec("teardown", inventory, "--format", "json", timeout=600)
-    assert r.rc == 0, r.stdout[-4000:]
+    assert r.rc == 0, failed_report(r)
     assert any(e["module"] == "ports_closed" and e["status"] == "ok" for e in r.results())
     assert _leftovers(lab) == {}
     again = tunnelspec("teardown", inventory, "--format", "json", timeout=600)
@@ -276,8 +291,8 @@ def test_teardown_leaves_nothing_and_is_idempotent(lab, inventory, first_deploy)
     assert all(c["changed"] == 0 for c in again.recap.values()), again.results("changed")
 
 
-def test_deploy_after_teardown_works_again(lab, inventory):
+def test_deploy_after_teardown_works_again(lab, inventory, torn_down):
     r = tunnelspec("deploy", inventory, "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert r.rc == 0, r.stdout[-4000:]
+    assert r.rc == 0, failed_report(r)
     draft_n, accepted = verify_stats(r)
     assert draft_n > 0 and accepted == draft_n

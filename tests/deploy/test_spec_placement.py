@@ -20,7 +20,7 @@ import pytest
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama.props import spec_types
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 from support.labdeploy import completion_on_main
 from support.placement import BLOCKS, SHARES, check_one_to_three
 
@@ -62,7 +62,7 @@ def placement_inventory(lab, model: Path, extra_main: str = "") -> Path:
 def deployed(lab, model):
     inv = placement_inventory(lab, model, 'llama_server_extra_args="--spec-draft-type-k f32"')
     r = tunnelspec("deploy", str(inv), "--format", "json", timeout=3600)
-    assert r.rc == 0, r.stdout[-5000:] + r.stderr[-2000:]
+    assert r.rc == 0, failed_report(r)
     return inv, r
 
 

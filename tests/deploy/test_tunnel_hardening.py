@@ -17,7 +17,7 @@ import pytest
 
 from tunnelspec.keys import TUNNEL_FORCED_COMMAND
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
 
 pytestmark = pytest.mark.lab
@@ -37,7 +37,7 @@ def run(lab, host: str, *argv: str, input: str | None = None, timeout: float = 9
 
 def deploy(lab) -> object:
     r = tunnelspec("deploy", str(lab.inventory), "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert r.rc == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert r.rc == 0, failed_report(r)
     return r
 
 
@@ -128,7 +128,7 @@ def test_keys_rotate_replaces_the_key_everywhere(lab):
     try:
         assert run(lab, "main", "stat", "-c", "%a %U", old_copy).stdout.split() == ["600", "root"]
         r = tunnelspec("keys", "rotate", str(lab.inventory), "--format", "json", timeout=600)
-        assert r.rc == 0, r.stdout[-4000:] + r.stderr[-2000:]
+        assert r.rc == 0, failed_report(r)
         changed = {(e["host"], e["task"]) for e in r.results("changed")}
         assert {("main", "tunnel key"), ("rpc-a", "restricted authorized_keys line"),
                 ("rpc-b", "restricted authorized_keys line"), ("main", "tunnel units")} <= changed, changed
@@ -263,7 +263,7 @@ def test_sshd_dropin_skipped_without_an_include_line(lab, tmp_path):
     try:
         run(lab, "rpc-a", "sh", "-c", 'grep -vi "^[[:space:]]*include" /etc/ssh/sshd_config > "$1"', "sh", config)
         r = tunnelspec("play", str(lab.inventory), str(book), "--format", "json", timeout=120)
-        assert r.rc == 0, r.stdout[-3000:]
+        assert r.rc == 0, failed_report(r)
         ev = next(e for e in r.results() if e["task"] == "drop-in for a test user")
         assert ev["status"] == "ok" and ev["msg"].startswith("skipped:") and "Include" in ev["msg"], ev
         assert run(lab, "rpc-a", "test", "-e", late).returncode != 0
@@ -306,7 +306,7 @@ def test_teardown_removes_the_dropin_and_reloads_sshd(lab, tmp_path):
         book = tmp_path / "absent.yml"
         book.write_text(ABSENT_PLAY.format(user=TEST_USER, path=late))
         r = tunnelspec("play", str(lab.inventory), str(book), "--format", "json", timeout=120)
-        assert r.rc == 0, r.stdout[-3000:]
+        assert r.rc == 0, failed_report(r)
         assert {e["task"] for e in r.results("changed")} == {"drop-in for a test user removed", "sshd reload"}
         assert run(lab, "rpc-a", "test", "-e", late).returncode != 0
         journal = run(lab, "rpc-a", "journalctl", "-u", "ssh.service", "--since", since, "--no-pager", "-o", "cat").stdout
@@ -405,6 +405,6 @@ def test_root_login_keeps_working_after_the_dropin(lab, tmp_path):
     book = tmp_path / "reach.yml"
     book.write_text(REACH_PLAY)
     r = tunnelspec("play", str(lab.inventory), str(book), "--format", "json", timeout=120)
-    assert r.rc == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert r.rc == 0, failed_report(r)
     assert set(r.recap) == {"main", *NODES}
     assert all(h["unreachable"] == 0 and h["failed"] == 0 and h["ok"] >= 1 for h in r.recap.values()), r.recap

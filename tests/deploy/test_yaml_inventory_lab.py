@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 from tunnelspec.inventory import load_inventory
 
 pytestmark = pytest.mark.lab
@@ -45,9 +45,9 @@ def test_yaml_inventory_matches_ini(lab, tmp_path):
     # The conversion is exact: same groups, hosts and merged variables.
     assert load_inventory(yml).to_ansible_list() == load_inventory(lab.inventory).to_ansible_list()
     first = tunnelspec("deploy", str(lab.inventory), "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert first.rc == 0, (first.stdout[-4000:], first.stderr[-2000:])
+    assert first.rc == 0, failed_report(first)
     again = tunnelspec("deploy", str(yml), "--format", "json", timeout=DEPLOY_TIMEOUT)
-    assert again.rc == 0, (again.stdout[-4000:], again.stderr[-2000:])
+    assert again.rc == 0, failed_report(again)
     changed = {h: c["changed"] for h, c in again.recap.items()}
     assert set(changed) == {"main", "rpc-a", "rpc-b"}
     assert all(v == 0 for v in changed.values()), (changed, again.results("changed"))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from support.cli import tunnelspec
+from support.cli import failed_report, tunnelspec
 
 pytestmark = pytest.mark.lab
 
@@ -65,7 +65,7 @@ def test_systemd_and_user_modules_converge(lab, tmp_path):
     inv = str(lab.inventory)
     try:
         first = tunnelspec("play", inv, str(pb), "-e", "flavour=one", "--format", "json")
-        assert first.rc == 0, first.stdout + first.stderr
+        assert first.rc == 0, failed_report(first)
         # The service task started the unit from its new file: the restart handler does not start it a
         # second time (service_restart, tasks/systemd.py).
         assert _statuses(first) == {"service user": "changed", "unit file": "changed", "service running": "changed",
@@ -136,7 +136,7 @@ def test_user_removal_waits_until_killed_processes_have_exited(lab_tools, tmp_pa
                 break
             time.sleep(0.1)
         gone = tunnelspec("play", inv, str(rm), "--format", "json")
-        assert gone.rc == 0, gone.stdout
+        assert gone.rc == 0, failed_report(gone)
         assert lab.exec(HOST, ["getent", "passwd", user]).returncode == 2
     finally:
         lab.exec(HOST, ["systemctl", "stop", "tunnelspec-reaptest"])

@@ -60,3 +60,30 @@ def generic8_inventory(cluster, tmp_path, monkeypatch):
     for name in [k for k in os.environ if k.startswith("TUNNELSPEC_")]:
         monkeypatch.delenv(name)
     return cluster.inventory(all_vars={"repo": str(repo), "commit": commit})
+
+
+def failed_report(res, stderr_tail: int = 2000) -> str:
+    """An assertion message for a run that should have passed: each failed or unreachable result
+    (host, task, module and the whole message), a failed gate or an error, the recap, and the end
+    of stderr. A run without JSON events (no --format json) shows the end of its stdout instead."""
+    events = res.events
+    lines = [f"exit code {res.rc}"]
+    for e in events:
+        kind = e.get("event")
+        if kind == "task_result" and e.get("status") in ("failed", "unreachable"):
+            lines.append(f"{e['status'].upper()} {e.get('host')} | {e.get('task')} [{e.get('module', '-')}]:\n"
+                         f"{e.get('msg')}")
+        elif kind == "unreachable":
+            lines.append(f"UNREACHABLE {e.get('host')} | {e.get('task', '-')}:\n{e.get('msg')}")
+        elif kind == "gate" and e.get("status") == "failed":
+            lines.append(f"GATE FAILED {e.get('play')}:\n{e.get('msg')}")
+        elif kind == "error":
+            lines.append(f"ERROR (exit {e.get('exit_code')}):\n{e.get('msg')}")
+    recaps = [e for e in events if e.get("event") == "recap"]
+    if recaps:
+        lines.append("recap: " + "; ".join(f"{h} " + " ".join(f"{k}={v}" for k, v in c.items())
+                                           for h, c in recaps[-1]["hosts"].items()))
+    if not events:
+        lines.append("stdout (end):\n" + res.stdout[-stderr_tail:])
+    lines.append("stderr (end):\n" + res.stderr[-stderr_tail:])
+    return "\n".join(lines)
