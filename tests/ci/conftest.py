@@ -11,7 +11,6 @@ import asyncssh
 import pytest
 
 
-
 @dataclass
 class Target:
     inventory: Path
