@@ -18,7 +18,8 @@ TOOLS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew",
          "nft", "flock", "setpriv", "stdbuf", "nologin", "sudo", "systemctl", "useradd",
          "glslc", "nvcc", "hipcc", "nvidia-smi", "vulkaninfo", "rocminfo")
 # Headers a build needs (their -dev packages carry no command to look for).
-FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/usr/include/vulkan/vulkan.h")
+FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/usr/include/vulkan/vulkan.h",
+         "/usr/include/spirv/unified1/spirv.hpp")
 # Where tunnelspec's unit files and the tunnel key's forced command name these tools: the absolute
 # paths every Debian and Ubuntu release puts them at (`prereqs.FIXED_PATHS` checks them).
 FIXED = ("/usr/bin/python3", "/usr/bin/setpriv", "/usr/bin/stdbuf", "/usr/sbin/sshd", "/usr/sbin/nft",

@@ -26,6 +26,8 @@ FACTS_KEY = "host_facts"
 # library (std::filesystem without -lstdc++fs) the tree compiles with.
 MIN_GCC = (9, 0)
 MIN_CMAKE = (3, 14)
+# ggml-vulkan's own CMakeLists.txt asks for more (b9093 to b11434: cmake_minimum_required 3.19).
+MIN_CMAKE_BACKEND = {"vulkan": (3, 19)}
 MIN_DISK_KB = 3 * 1024 * 1024       # a CPU build of llama-server with its source: about 1.5 GiB
 DEFAULT_ROOT = "/opt/tunnelspec"
 APT_ENV = ["env", "DEBIAN_FRONTEND=noninteractive", "NEEDRESTART_MODE=a"]
@@ -80,13 +82,17 @@ def refusals(f: HostFacts, *, become: bool, has_password: bool, build: bool) -> 
     return out
 
 
-def toolchain_refusals(f: HostFacts) -> list[str]:
-    """An installed compiler or cmake too old for llama.cpp (checked again after an install)."""
+def toolchain_refusals(f: HostFacts, backend: str = "cpu") -> list[str]:
+    """An installed compiler or cmake too old for llama.cpp or the host's backend (checked again
+    after an install)."""
     out = []
     if f.gcc is not None and f.gcc < MIN_GCC:
         out.append(f"gcc {_v(f.gcc)} is too old for llama.cpp (C++17: gcc >= {_v(MIN_GCC)})")
     if f.cmake is not None and f.cmake < MIN_CMAKE:
         out.append(f"cmake {_v(f.cmake)} is too old for llama.cpp (cmake >= {_v(MIN_CMAKE)})")
+    elif f.cmake is not None and backend in MIN_CMAKE_BACKEND and f.cmake < MIN_CMAKE_BACKEND[backend]:
+        out.append(f"cmake {_v(f.cmake)} is too old for ggml's {backend} backend (its CMakeLists.txt needs cmake >= "
+                   f"{_v(MIN_CMAKE_BACKEND[backend])}; on Debian 11 take cmake from bullseye-backports)")
     return out
 
 
@@ -142,6 +148,9 @@ class Prerequisites(Task):
 
     async def check(self, ctx):
         f = facts_of(ctx) or await gather(ctx.conn, self.p["root"])
+        backend_only = [w for w in toolchain_refusals(f, self.p["backend"]) if w not in toolchain_refusals(f)]
+        if backend_only:
+            raise TaskFailed(f"{ctx.host}: {'; '.join(backend_only)}. No host was changed")
         missing = prereqs.missing(_need(ctx, self.p), f)
         if not missing:
             elsewhere = prereqs.misplaced(_need(ctx, self.p), f)
@@ -180,7 +189,7 @@ class Prerequisites(Task):
             raise TaskFailed(f"installing failed: {shlex.join(install)}\n{_tail(res.stderr or res.stdout)}")
         f = await gather(ctx.conn, self.p["root"])
         ctx.register(FACTS_KEY, f.to_dict())
-        why = toolchain_refusals(f)
+        why = toolchain_refusals(f, self.p["backend"])
         if why:
             raise TaskFailed(f"{ctx.host}: the installed toolchain cannot build llama.cpp: {'; '.join(why)}")
 
