@@ -6,7 +6,7 @@ what to compare: the machine is shared and noisy).
     python benchmarks/noop.py --hosts 4 --runs 9 --json
     python benchmarks/noop.py --anchors            # also pyinfra / ansible-playbook when installed
 
-Every host is a real OpenSSH sshd on 127.0.0.1 (tests/sshd_harness.py), host keys verified.
+Every host is a real OpenSSH sshd on 127.0.0.1 (tests/support/sshd_harness.py), host keys verified.
 Each timing is a whole process (`python -m tunnelspec play …`), interpreter start included.
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests" / "engine")]
+sys.path[:0] = [str(REPO / "tests")]
 
-from sshd_harness import SshdCluster  # noqa: E402  (test harness reused on purpose: same real hosts)
-from helpers import make_repo  # noqa: E402
+from support.sshd_harness import SshdCluster  # noqa: E402  (test harness reused on purpose: same real hosts)
+from support.cli import make_repo  # noqa: E402
 
 PLAYBOOK = REPO / "tests" / "engine" / "data" / "generic8.yml"
 TEMPLATE = REPO / "tests" / "engine" / "data" / "app.conf.j2"
