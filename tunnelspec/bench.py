@@ -21,6 +21,7 @@ from tunnelspec.facts import sockets
 from tunnelspec.llama import http
 from tunnelspec.llama.server_args import UNIT
 from tunnelspec.llama.verify import read_api_key
+from tunnelspec.tls.reach import ApiTls, api_opener
 
 BENCH_UNIT = "tunnelspec-llama-bench.service"
 # Flags (every spelling across builds) that carry the draft or the RPC placement, each with a value.
@@ -56,6 +57,8 @@ def baseline_argv(argv: list[str], local_devices: str, port: int, same_placement
         if a in drop:
             skip = True
             continue
+        if out and out[-1] == "--host":
+            a = LOOPBACK  # a public bind's address: the temporary baseline is never reachable from outside
         out.append(a)
     if same_placement:
         return out + ["--port", str(port)]
@@ -95,7 +98,8 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         key_s = key.reveal() if key else None
         unit_text = (await conn.get(f"/etc/systemd/system/{UNIT}") or b"").decode()
         argv = parse_exec_start(unit_text)
-        spec = await _measure(http.ssh_opener(conn, main.server_port, main.server_host), prompt, n_predict, runs, key_s)
+        tls = ApiTls.of(main)
+        spec = await _measure(api_opener(conn, main.server_port, main.server_host, tls), prompt, n_predict, runs, key_s)
         port = await _free_port(conn, main.server_port + 1)
         base = baseline_argv(argv, main.target_devices, port, same_placement)
         user = main.users.llama
@@ -107,7 +111,8 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
                         "-p", "NoNewPrivileges=yes", "-p", "ProtectSystem=strict", "-p", "ProtectHome=yes",
                         "-p", "PrivateTmp=yes", "--", *base], check=True)
         try:
-            opener = http.ssh_opener(conn, port)
+            # The baseline keeps the deployed TLS flags (same path, fair numbers) and is on loopback.
+            opener = api_opener(conn, port, LOOPBACK, tls)
             await http.wait_health(opener, health_timeout)
             plain = await _measure(opener, prompt, n_predict, runs, key_s)
         finally:
@@ -115,7 +120,7 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
             await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
             if same_placement:
                 await conn.run(["systemctl", "start", UNIT], check=True)
-                await http.wait_health(http.ssh_opener(conn, main.server_port, main.server_host), health_timeout)
+                await http.wait_health(api_opener(conn, main.server_port, main.server_host, tls), health_timeout)
         dev = base[base.index("-dev") + 1] if "-dev" in base else main.target_devices
         return {"schema": 1, "prompt": prompt, "n_predict": n_predict, "remote_draft": spec, "no_speculation": plain,
                 "baseline_devices": dev, "baseline_rpc": same_placement, "baseline_endpoint": f"{LOOPBACK}:{port}"}

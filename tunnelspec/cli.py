@@ -457,6 +457,60 @@ def keys_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
                  "keys rotate", lock_timeout, no_wait, extra_vars)
 
 
+# ---- TLS of llama-server's API (public bind) ---------------------------------------------------
+@main.group()
+def certs() -> None:
+    """The inventory's certificate authority and llama-server's certificate (llama_server_public_bind=true)."""
+
+
+@certs.command("rotate")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_fmt
+@_extra_vars_option
+@lock_options
+def certs_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
+    """A new CA for this inventory (the old key is deleted), main's certificate re-issued by it and
+    llama-server restarted once; clients must pin the new ca.crt (the old one no longer validates)."""
+    from tunnelspec import certs as certs_mod
+
+    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    old, new = certs_mod.rotate(cluster)
+    click.echo(f"CA rotated: {old or '(none)'} → {new}; clients pin {cluster.main.tls.ca_file}", err=True)
+    _tunnel_play(inventory_file, "certs-rotate.yml", fmt, [], "certs rotate", lock_timeout, no_wait, extra_vars)
+
+
+@certs.command("show")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_fmt
+@_extra_vars_option
+def certs_show(inventory_file, fmt, extra_vars):
+    """The CA clients pin (subject, end, fingerprint) and where main's certificate and key are. No key is shown."""
+    import json
+
+    from tunnelspec import certs as certs_mod
+
+    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    d = certs_mod.show(cluster)
+    click.echo(json.dumps(d, sort_keys=True) if fmt == "json" else certs_mod.render_show(d), nl=fmt == "json")
+
+
+@main.command("client-config")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@_tunnel_fmt
+@_extra_vars_option
+def client_config_cmd(inventory_file, fmt, extra_vars):
+    """What a client needs: the base URL (https://…/v1), the CA file to pin, where the API key lives
+    on main (never the key itself)."""
+    import json
+
+    from tunnelspec import certs as certs_mod
+    from tunnelspec.client_config import render
+
+    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    cfg = certs_mod.config_for(cluster)
+    click.echo(json.dumps(cfg, sort_keys=True, indent=2) if fmt == "json" else render(cfg), nl=fmt == "json")
+
+
 # ---- end of command groups -------------------------------------------------------------------
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -129,6 +129,11 @@ async def _collect_host(name: str, hv: dict, opts: ConnectOptions, inv_dir, sinc
                 rc, key = await _run(conn, ["cat", "--", main.api_key_file])
                 if rc == 0 and key.strip():
                     b.secrets.append(key.strip())
+            if main.tls is not None:
+                # Likewise llama-server's TLS key: read (as root, never written) only to be masked.
+                rc, tls_key = await _run(conn, ["cat", "--", main.tls.key_path])
+                if rc == 0 and tls_key.strip():
+                    b.secrets += _pem_secrets(tls_key)
             await _collect_server(conn, b)
     finally:
         await conn.close()
@@ -185,8 +190,25 @@ async def _collect_server(conn, b: HostBundle) -> None:
         f"placement/{SERVER_UNIT}.log.\n")
 
 
+def _pem_secrets(text: str) -> list[str]:
+    """A PEM key as masks: whole, and each base64 line of its body (a log may wrap or cut it)."""
+    body = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("-----")]
+    return [text.strip(), *(line for line in body if len(line) >= 16)]
+
+
+def _ca_key_secrets(inventory) -> list[str]:
+    """The inventory CA's key is never on a host; masked all the same, should a path ever lead to it."""
+    from tunnelspec.tls.ca import CA_KEY, ca_dir_for
+
+    try:
+        return _pem_secrets((ca_dir_for(inventory.path) / CA_KEY).read_text())
+    except OSError:
+        return []
+
+
 def _secrets(inventory, opts: ConnectOptions, extra: list[str]) -> list[str]:
     found: list[str] = list(extra)
+    found += _ca_key_secrets(inventory)
     for name in inventory.hosts:
         found += secret_values(inventory.host_vars(name))
     if opts.private_key:

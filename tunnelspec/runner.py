@@ -67,6 +67,10 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
         from tunnelspec.llama.preflight import preflight as check_build
 
         note = asyncio.run(check_build(cluster, connect_options))
+        # Public bind = TLS: your own certificate files, or the inventory's CA key, usable (tls/).
+        from tunnelspec.certs import preflight as check_tls
+
+        check_tls(cluster)
         if fmt == "human":
             print(note.line(), file=sys.stderr)
     run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout), connect_options, cluster)

@@ -13,6 +13,7 @@ from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.facts import nft, sockets
 from tunnelspec.llama import http, props, rpc
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
+from tunnelspec.tls.reach import ApiTls, Seen, api_opener
 
 RPC_UNIT = "tunnelspec-rpc.service"
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
@@ -62,12 +63,17 @@ async def _main_status(conn, cluster) -> dict:
                        "endpoint": n.endpoint, "listening": n.tunnel_port in ports, "role": n.role,
                        "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
     server = {"unit": await _unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
+    tls = ApiTls.of(main)
+    seen = Seen()
     try:
-        opener = http.ssh_opener(conn, main.server_port, main.server_host)
+        opener = api_opener(conn, main.server_port, main.server_host, tls, seen)
         r = await http.request(opener, "GET", "/health", timeout=5)
         server["health"] = "ok" if r.status == 200 else f"HTTP {r.status}"
     except http.HttpError as e:
         server["health"] = f"down ({e})"
+    # Public bind: TLS with the CA pinned, and the certificate llama-server served (what clients see).
+    server["tls"] = ({"ca_file": tls.ca_file, "server_name": tls.server_name, "certificate": seen.describe()}
+                     if tls is not None else None)
     server["spec_type"] = None
     if server["health"] == "ok" and not main.api_key_file:
         # With an API key /props needs it; status does not read secrets, so the type stays unknown.
@@ -190,7 +196,17 @@ def render(report: dict) -> str:
                        if acc else "no draft statistics yet")
             lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
                          f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
+            if s.get("tls"):
+                lines.append(f"{'':<10} {_tls_line(s['tls'])}")
     return "\n".join(lines)
+
+
+def _tls_line(t: dict) -> str:
+    c = t.get("certificate")
+    if not c:
+        return f"TLS: CA {t['ca_file']} pinned, name {t['server_name']}: no certificate seen (see health)"
+    return (f"TLS: certificate for {', '.join(c['names'])}, ends {c['not_after'][:10]} ({c['days_left']} days), "
+            f"{c['sha256']}; CA {t['ca_file']} pinned" + (f"; WARNING {c['warning']}" if c.get("warning") else ""))
 
 
 def status_exit_code(report: dict) -> int:

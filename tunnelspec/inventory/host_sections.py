@@ -12,6 +12,7 @@ from typing import Any
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.inventory.fields import HostVars, is_full_sha
 from tunnelspec.inventory.placement import node_share
+from tunnelspec.inventory.tls_vars import TlsSettings, tls_of
 from tunnelspec.inventory.values import USER_NAME
 from tunnelspec.llama import controller_repo
 from tunnelspec.llama.devices import static_target_default
@@ -122,6 +123,8 @@ class MainHost:
     build: BuildSettings
     root: str
     users: Users
+    # llama_server_public_bind=true: TLS, always (inventory/tls_vars.py); None on loopback.
+    tls: TlsSettings | None = None
 
 
 # ---- per-host sections -----------------------------------------------------------------------------
@@ -300,7 +303,8 @@ def main_host_of(hv: HostVars) -> MainHost:
         raise hv.fail(
             "llama_server_host",
             f"{host!r} refused: llama-server listens on {LOOPBACK} unless you opt out with both "
-            "llama_server_public_bind=true and llama_server_api_key_file=<path of a 0600 key file>",
+            "llama_server_public_bind=true and llama_server_api_key_file=<path of a 0600 key file> "
+            "(the API is then served over TLS only: docs/tls.md)",
         )
     if key_file is not None and not key_file.startswith("/"):
         raise hv.fail("llama_server_api_key_file", f"must be an absolute path on the main host, got {key_file!r}")
@@ -357,6 +361,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         build=build,
         root=root_of(hv),
         users=users_of(hv),
+        tls=tls_of(hv, build.cmake_args) if public else None,
     )
 
 

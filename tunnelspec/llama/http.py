@@ -163,6 +163,8 @@ async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float
             last = f"HTTP {r.status} {r.body[:120].decode(errors='replace').strip()}"
         except HttpError as e:
             last = str(e)
+            if getattr(e.__cause__, "permanent", False):
+                break  # e.g. TLS: a certificate the pinned CA does not trust; waiting cannot change it
         if loop.time() >= end:
             break
         await asyncio.sleep(interval)

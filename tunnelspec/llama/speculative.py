@@ -39,6 +39,7 @@ for _var, _names in (
     ("llama_split_mode", ("-sm", "--split-mode")),
     ("llama_tensor_split or rpc_target_share", ("-ts", "--tensor-split")),
     ("llama_server_api_key_file", ("--api-key", "--api-key-file")),
+    ("llama_server_public_bind (TLS, always) and llama_server_tls_*", ("--ssl-key-file", "--ssl-cert-file")),
 ):
     for _n in _names:
         OWNED_FLAGS[_n] = _var

@@ -11,6 +11,8 @@ from tunnelspec.errors import TaskFailed
 from tunnelspec.llama import http, props, server_death
 from tunnelspec.llama.server_args import UNIT, draft_placement
 from tunnelspec.secrets import Secret
+from tunnelspec.tls.reach import ApiTls, Seen, api_opener
+from tunnelspec.tls.reach import summary as tls_summary
 
 
 async def read_api_key(conn, path: str | None) -> Secret | None:
@@ -45,10 +47,12 @@ def output_parser_failure(plan: dict, e) -> str:
 
 async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
                         health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
-                        add_secret=None) -> dict:
+                        add_secret=None, tls: ApiTls | None = None) -> dict:
     """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
-    `host` is the address llama-server listens on, as seen from the main host."""
-    opener = http.ssh_opener(conn, port, host)
+    `host` is the address llama-server listens on, as seen from the main host; `tls` (public bind):
+    TLS with the CA pinned, the certificate checked for the name clients use."""
+    seen = Seen()
+    opener = api_opener(conn, port, host, tls, seen)
     try:
         await http.wait_health(opener, health_timeout)
     except http.HttpError as e:
@@ -109,7 +113,8 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
                f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
                f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
-               f"draft_n={draft_n} draft_n_accepted={accepted}{restarted}")
+               f"draft_n={draft_n} draft_n_accepted={accepted}; {tls_summary(tls, seen)}{restarted}")
     return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
             "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
-            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary}
+            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary,
+            "tls": seen.describe() if tls is not None else None}

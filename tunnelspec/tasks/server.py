@@ -159,6 +159,8 @@ class LlamaServerPlan(Task):
         if helped.rc != 0 or "--rpc" not in helped.stdout:
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
+        if cluster.main.tls is not None:
+            await _require_tls_build(conn, binary, label)
         # The controller keeps this build's --help: the next deploy of the same source checks the
         # inventory's llama-server settings against it before touching any host (llama/preflight.py).
         preflight.save_record(cluster, label, helped.stdout)
@@ -182,7 +184,7 @@ class LlamaServerPlan(Task):
             "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
             "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
             "draft_devices": plan.draft_devices, "backend": cluster.main.build.backend,
-            "public_bind": cluster.main.public_bind,
+            "public_bind": cluster.main.public_bind, "tls": cluster.main.tls is not None,
         }
         ctx.register("llama_server", fact)
         from tunnelspec.llama.speculative import spec_support
@@ -190,6 +192,18 @@ class LlamaServerPlan(Task):
         return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
                   f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
                   f"{_known_bug_note(cluster, help_, label)}")
+
+
+async def _require_tls_build(conn, binary: str, label: str) -> None:
+    """Public bind means TLS: a llama-server that cannot serve it is refused before its unit is written
+    (every build's --help lists --ssl-key-file; only the binary tells, tls/build.py)."""
+    from tunnelspec.tls import build as tls_build
+
+    res = await conn.run(tls_build.probe_argv(binary), timeout=120)
+    if tls_build.parse(res.stdout) != "yes":
+        raise TaskFailed(f"llama_server_public_bind=true serves the API over TLS only, and this llama-server "
+                         f"({label}) was {tls_build.NO_TLS}; deploy again (the build play configures it with "
+                         "TLS and libssl-dev), or keep llama-server on 127.0.0.1")
 
 
 async def _main_proto(ctx, cluster) -> str | None:
@@ -282,14 +296,26 @@ class LlamaVerify(Task):
         "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time",
                       help="The test completion's prompt."),
         "journal_timeout": Arg(int, default=30, help="Seconds to wait for the placement line in the journal."),
+        "tls_ca_file": Arg(str, default="",
+                           help="Public bind: the CA certificate (controller path) to pin; empty: plain HTTP."),
+        "tls_name": Arg(str, default="", help="Public bind: the name the server's certificate must be valid for."),
     }
+
+    def _tls(self):
+        from tunnelspec.tls.reach import ApiTls
+
+        if not self.p["tls_ca_file"]:
+            return None
+        if not self.p["tls_name"]:
+            raise TaskFailed("tls_ca_file without tls_name: give the name the certificate must be valid for")
+        return ApiTls(self.p["tls_ca_file"], self.p["tls_name"])
 
     async def check(self, ctx):
         result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], host=self.p["host"],
                                      api_key_file=self.p["api_key_file"],
                                      health_timeout=self.p["health_timeout"], n_predict=self.p["n_predict"],
                                      prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
-                                     add_secret=ctx.add_secret)
+                                     add_secret=ctx.add_secret, tls=self._tls())
         ctx.register("llama_verify", result)
         text = " ".join(result["content"].split())[:120]
         ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",

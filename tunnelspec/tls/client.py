@@ -31,6 +31,16 @@ HANDSHAKE_TIMEOUT = 8.0
 class TlsError(ConnectionError):
     """The TLS session could not be set up (certificate, name, or the peer does not speak TLS)."""
 
+    # Asking again cannot help (a certificate the pinned CA does not trust, or for another name):
+    # pollers such as http.wait_health stop at once instead of waiting out their deadline.
+    permanent = False
+
+
+class TlsRejected(TlsError):
+    """The server's certificate was refused: not trusted by the pinned CA, or not for the name."""
+
+    permanent = True
+
 
 def pinned_context(ca_pem: str | None = None, *, ca_file: str | Path | None = None) -> ssl.SSLContext:
     """A client context that trusts exactly the CA certificate(s) given, nothing else."""
@@ -55,8 +65,8 @@ def _explain(e: BaseException, server_name: str) -> TlsError:
     if isinstance(e, ssl.SSLCertVerificationError):
         why = e.verify_message or str(e)
         if "Hostname mismatch" in why or "IP address mismatch" in why:
-            return TlsError(f"TLS: the server's certificate is not valid for {server_name!r} ({why})")
-        return TlsError(f"TLS: the server's certificate is not trusted by the pinned CA ({why})")
+            return TlsRejected(f"TLS: the server's certificate is not valid for {server_name!r} ({why})")
+        return TlsRejected(f"TLS: the server's certificate is not trusted by the pinned CA ({why})")
     if isinstance(e, ssl.SSLError):
         reason = getattr(e, "reason", None) or ""
         if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"):
