@@ -229,7 +229,7 @@ for add, v in ((w.add_context_length, 4096), (w.add_embedding_length, E), (w.add
     add(v)
 w.add_layer_norm_rms_eps(1e-5)
 w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-tokens, scores, types = gguf_tiny._vocab(ascii=True)
+tokens, scores, types = gguf_tiny._vocab()
 w.add_tokenizer_model("llama"); w.add_token_list(tokens); w.add_token_scores(scores); w.add_token_types(types)
 w.add_bos_token_id(gguf_tiny.BOS_ID); w.add_eos_token_id(gguf_tiny.EOS_ID); w.add_unk_token_id(gguf_tiny.UNK_ID)
 def m(*shape):
