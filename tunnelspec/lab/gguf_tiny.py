@@ -107,6 +107,42 @@ def write_byte_vocab_llama(path: str | os.PathLike) -> str:
     return digest
 
 
+def write_sparse_llama(path: str | os.PathLike, logical_bytes: int) -> int:
+    """A well-formed GGUF of the tiny model's architecture whose token embedding is so large that the
+    file is `logical_bytes` long — written sparse (the tensor data is a hole), so it takes no disk.
+    A model that fits no lab device, for the memory-fit refusal; never loaded. Returns its size."""
+    import gguf
+    import numpy as np
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = max(1, logical_bytes // (EMBED * 4))
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name("tunnelspec-sparse-llama")
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(EMBED)
+    w.add_block_count(BLOCKS)
+    w.add_feed_forward_length(FEED_FORWARD)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(HEADS_KV)
+    w.add_rope_dimension_count(ROPE_DIMS)
+    w.add_layer_norm_rms_eps(RMS_EPS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tokens, scores, types = _vocab()
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_tensor_info("token_embd.weight", (rows, EMBED), np.dtype(np.float32), rows * EMBED * 4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    data_start = path.stat().st_size
+    os.truncate(path, data_start + rows * EMBED * 4)
+    return path.stat().st_size
+
+
 def _byte_vocab():
     import gguf
 

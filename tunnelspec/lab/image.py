@@ -42,11 +42,17 @@ PACKAGES = (
 )
 
 
+# What the lab offers beyond the prerequisites: a GPU driver is the user's, never installed by a
+# deploy, and the lab's one accelerator is Mesa's lavapipe (a Vulkan device on the CPU), which a
+# test installs on the node it makes a Vulkan node, as a user installs their GPU's driver.
+LAB_DRIVER_PACKAGES = ("mesa-vulkan-drivers",)
+
+
 def repo_packages() -> tuple[str, ...]:
-    """What the lab's repository offers: every apt package a prerequisite names."""
+    """What the lab's repository offers: every apt package a prerequisite names, and the lab's driver."""
     from tunnelspec import prereqs
 
-    return tuple(prereqs.apt_packages_all())
+    return tuple(prereqs.apt_packages_all()) + LAB_DRIVER_PACKAGES
 
 
 # Bump when CUSTOMISE_FILES or _customise() change: it is part of the content key.
