@@ -1,0 +1,229 @@
+"""Issue 25's acceptance in the lab: llama_server_public_bind=true serves the API over TLS, from a
+certificate of the inventory's CA, and nothing secret leaks.
+
+One test, few deploys (each costs CI minutes): a public-bind deploy (main's llama-server is rebuilt
+once with TLS keyed), a second deploy (changed=0), `certs rotate` (one restart), a deploy after a
+near-expiry certificate put on main (renewed), then the lab's own inventory again. Between them:
+clients on the lab bridge that are not main — rpc-b (Python's ssl) and this controller (curl, and
+tunnelspec's own client) —, plain HTTP, a client without the CA, verify/status, client-config, and a
+search of every output, the logs bundle, main's journals and process list for the CA key, the
+server key and the API key.
+
+Another engineer may use the lab at the same time, so the test starts and ends with a deploy of the
+lab's own inventory (loopback bind), as tests/deploy/test_lifecycle_extra.py does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import shutil
+import subprocess
+
+import pytest
+
+from support.cli import tunnelspec
+from tunnelspec.tls import ca as C
+
+pytestmark = pytest.mark.lab
+
+UNIT = "tunnelspec-llama-server.service"
+KEY_FILE = "/etc/tunnelspec/tls-test-api-key"
+DEPLOY_TIMEOUT = 3600
+TLS_KEY = "/etc/tunnelspec/tls/llama-server.key"
+TLS_CERT = "/etc/tunnelspec/tls/llama-server.crt"
+
+
+def sh(lab, host: str, *argv: str, timeout: float = 90, input: str | None = None) -> str:
+    return lab.exec(host, list(argv), input=input, timeout=timeout).stdout or ""
+
+
+def deploy(inventory, *args: str):
+    return tunnelspec("deploy", str(inventory), "--format", "json", *args, timeout=DEPLOY_TIMEOUT)
+
+
+def failures(r) -> list:
+    return [e for e in r.events if e.get("status") in ("failed", "unreachable") or e.get("event") in
+            ("unreachable", "error", "gate_failed")] + [r.stderr[-2000:]]
+
+
+def converge(inventory) -> None:
+    r = deploy(inventory)
+    assert r.rc == 0, failures(r)
+
+
+def main_pid(lab) -> int:
+    return int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() or 0)
+
+
+def pem_body(pem: str) -> str:
+    return "".join(line.strip() for line in pem.splitlines() if line.strip() and not line.startswith("-----"))
+
+
+# Python on rpc-b: GET/POST with an optional CA file and key; prints the HTTP status, or ERR <reason>.
+_CLIENT = r"""
+import json, ssl, sys, urllib.request, urllib.error
+url, ca, key = sys.argv[1], sys.argv[2], sys.argv[3]
+ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+req = urllib.request.Request(url, data=json.dumps({"prompt": "Hello", "n_predict": 4}).encode(),
+                             headers={"Content-Type": "application/json", **({"Authorization": "Bearer " + key} if key else {})})
+try:
+    with urllib.request.urlopen(req, timeout=60, context=ctx if url.startswith("https") else None) as r:
+        print(r.status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+except Exception as e:
+    print("ERR", type(e).__name__, str(e)[:200])
+"""
+
+
+def from_rpc_b(lab, url: str, ca_path: str = "", key: str = "") -> str:
+    return sh(lab, "rpc-b", "python3", "-c", _CLIENT, url, ca_path, key, timeout=120).strip().splitlines()[-1]
+
+
+def served_cert(host: str, port: int, ca_file: str, name: str) -> dict:
+    """This controller (on the lab bridge) with tunnelspec's own pinned client, directly over TCP."""
+    from cryptography import x509
+
+    from tunnelspec.llama import http
+    from tunnelspec.tls.client import pinned_context, tcp_tls_opener
+
+    async def go():
+        opener = tcp_tls_opener(host, port, pinned_context(ca_file=ca_file), name)
+        reader, writer = await opener()
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        r = await http.request(tcp_tls_opener(host, port, pinned_context(ca_file=ca_file), name), "GET", "/health")
+        return der, r.status
+
+    der, status = asyncio.run(go())
+    return {**C.describe(x509.load_der_x509_certificate(der)), "health": status}
+
+
+def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
+    converge(lab.inventory)
+    main_ip = lab.hosts["main"]
+    api_key = secrets.token_hex(24)
+    sh(lab, "main", "sh", "-c", 'umask 077; mkdir -p "$(dirname "$2")"; printf "%s\\n" "$1" > "$2"', "sh",
+       api_key, KEY_FILE)
+    inv = tmp_path / "public.ini"
+    inv.write_text(lab.inventory.read_text() + "\n[main:vars]\n" + "\n".join([
+        f"llama_server_host={main_ip}", "llama_server_public_bind=true", f"llama_server_api_key_file={KEY_FILE}"]) + "\n")
+    ca_dir = tmp_path / "public.ini.tls"
+    outputs: list[str] = []
+    try:
+        # ---- first TLS deploy ----------------------------------------------------------------
+        first = tunnelspec("deploy", str(inv), "--diff", "-v", timeout=DEPLOY_TIMEOUT)
+        outputs.append(first.stdout + first.stderr)
+        assert first.rc == 0, (first.stdout[-3000:], first.stderr[-3000:])
+        ca = C.load_ca(ca_dir)
+        ca_file = str(ca.cert_file)
+        assert (ca_dir / "ca.key").stat().st_mode & 0o777 == 0o600
+        unit = sh(lab, "main", "systemctl", "cat", UNIT)
+        assert f"--ssl-key-file {TLS_KEY} --ssl-cert-file {TLS_CERT}" in unit and f"--host {main_ip}" in unit, unit
+        assert sh(lab, "main", "stat", "-c", "%a %U", TLS_KEY).split() == ["600", "tunnelspec-llama"]
+        assert sh(lab, "main", "stat", "-c", "%a %U %G", "/etc/tunnelspec/tls").split() == \
+            ["750", "root", "tunnelspec-llama"]
+
+        cfg_run = tunnelspec("client-config", str(inv), "--format", "json")
+        outputs.append(cfg_run.stdout + cfg_run.stderr)
+        cfg = json.loads(cfg_run.stdout)
+        assert cfg["base_url"] == f"https://{main_ip}:8080/v1" and cfg["ca_file"] == ca_file
+        assert cfg["ca_sha256"] == C.fingerprint(ca.cert) and cfg["api_key"]["path"] == KEY_FILE
+        human = tunnelspec("client-config", str(inv))
+        outputs.append(human.stdout + human.stderr)
+        assert f"--cacert {ca_file}" in human.stdout
+
+        # ---- clients on the bridge --------------------------------------------------------------
+        sh(lab, "rpc-b", "sh", "-c", 'cat > /tmp/tunnelspec-ca.crt', input=ca.cert_pem)
+        url = f"{cfg['server_url']}/completion"
+        assert from_rpc_b(lab, url, "/tmp/tunnelspec-ca.crt", api_key) == "200"
+        assert from_rpc_b(lab, url, "/tmp/tunnelspec-ca.crt", "") == "401"
+        assert from_rpc_b(lab, url, "", api_key).startswith("ERR") and "CERTIFICATE_VERIFY_FAILED" in \
+            from_rpc_b(lab, url, "", api_key)
+        assert from_rpc_b(lab, f"http://{main_ip}:8080/completion", "", api_key) != "200"
+        served = served_cert(main_ip, 8080, ca_file, main_ip)
+        assert served["health"] == 200 and main_ip in served["names"] and "main" in served["names"]
+        if shutil.which("curl"):
+            curl = ["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "20"]
+            assert subprocess.run([*curl, "--cacert", ca_file, "-H", f"Authorization: Bearer {api_key}",
+                                   f"{cfg['server_url']}/v1/models"], capture_output=True, text=True).stdout == "200"
+            no_ca = subprocess.run([*curl, f"{cfg['server_url']}/health"], capture_output=True, text=True)
+            assert no_ca.returncode == 60, no_ca
+
+        # ---- verify / status report TLS and the certificate's end ----------------------------------
+        ver = tunnelspec("verify", str(inv), "--format", "json", "-v", timeout=600)
+        outputs.append(ver.stdout + ver.stderr)
+        assert ver.rc == 0, failures(ver)
+        (vres,) = [e for e in ver.results() if e.get("task", "").startswith("health, completion")]
+        assert "TLS (CA pinned" in vres["msg"] and "certificate ends" in vres["msg"], vres
+        st = tunnelspec("status", str(inv), "--format", "json", timeout=120)
+        outputs.append(st.stdout + st.stderr)
+        server = json.loads(st.stdout)["hosts"]["main"]["llama_server"]
+        assert server["health"] == "ok" and server["tls"]["certificate"]["days_left"] >= 360, server
+        assert server["tls"]["certificate"]["sha256"] == C.fingerprint(
+            sh(lab, "main", "cat", TLS_CERT))
+
+        # ---- second deploy: nothing to do -------------------------------------------------------------
+        again = deploy(inv)
+        outputs.append(again.stdout + again.stderr)
+        assert again.rc == 0 and again.recap["main"]["changed"] == 0, again.results("changed")
+
+        # ---- certs rotate: old CA fails, new one works, one restart --------------------------------------
+        old_pem, pid = ca.cert_pem, main_pid(lab)
+        rot = tunnelspec("certs", "rotate", str(inv), "--format", "json", timeout=1200)
+        outputs.append(rot.stdout + rot.stderr)
+        assert rot.rc == 0, failures(rot)
+        restarts = [e for e in rot.results("changed") if e.get("task") == "llama-server restart"]
+        assert len(restarts) == 1, rot.results()
+        assert main_pid(lab) != pid
+        new_ca = C.load_ca(ca_dir)
+        assert new_ca.cert_pem != old_pem and (ca_dir / "ca.previous.crt").read_text() == old_pem
+        sh(lab, "rpc-b", "sh", "-c", 'cat > /tmp/tunnelspec-old-ca.crt', input=old_pem)
+        sh(lab, "rpc-b", "sh", "-c", 'cat > /tmp/tunnelspec-ca.crt', input=new_ca.cert_pem)
+        assert "CERTIFICATE_VERIFY_FAILED" in from_rpc_b(lab, url, "/tmp/tunnelspec-old-ca.crt", api_key)
+        assert from_rpc_b(lab, url, "/tmp/tunnelspec-ca.crt", api_key) == "200"
+        after = deploy(inv)
+        outputs.append(after.stdout + after.stderr)
+        assert after.rc == 0 and after.recap["main"]["changed"] == 0, after.results("changed")
+
+        # ---- a certificate 10 days from its end is renewed by the next deploy -----------------------------
+        near = C.issue_server_cert(new_ca, [main_ip, "main"], days=10)
+        sh(lab, "main", "sh", "-c", f'umask 077; cat > {TLS_KEY} && chown tunnelspec-llama: {TLS_KEY}',
+           input=near.key_pem.reveal())
+        sh(lab, "main", "sh", "-c", f'cat > {TLS_CERT} && chmod 644 {TLS_CERT}', input=near.cert_pem)
+        sh(lab, "main", "systemctl", "restart", UNIT)
+        renew = deploy(inv)
+        outputs.append(renew.stdout + renew.stderr)
+        assert renew.rc == 0, failures(renew)
+        (tls_task,) = [e for e in renew.results() if e.get("task") == "llama-server TLS key and certificate"]
+        assert tls_task["status"] == "changed" and "within 30 days" in tls_task["msg"], tls_task
+        st = tunnelspec("status", str(inv), "--format", "json", timeout=120)
+        outputs.append(st.stdout + st.stderr)
+        assert json.loads(st.stdout)["hosts"]["main"]["llama_server"]["tls"]["certificate"]["days_left"] >= 360
+
+        # ---- no secret anywhere ----------------------------------------------------------------------------
+        bundle = tmp_path / "bundle"
+        logs = tunnelspec("logs", str(inv), "-o", str(bundle), timeout=600)
+        outputs.append(logs.stdout + logs.stderr)
+        assert logs.rc == 0, logs.stdout + logs.stderr
+        texts = [p.read_text(errors="replace") for p in bundle.rglob("*") if p.is_file()]
+        server_key = sh(lab, "main", "cat", TLS_KEY)
+        journal = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", "tunnelspec-*", timeout=120)
+        procs = sh(lab, "main", "ps", "-eo", "args")
+        secrets_ = {"CA key": pem_body((ca_dir / "ca.key").read_text())[:48],
+                    "server key": pem_body(server_key)[:48], "near-expiry key": pem_body(near.key_pem.reveal())[:48],
+                    "API key": api_key}
+        for label, value in secrets_.items():
+            assert value and len(value) >= 40, label
+            for where, text in (("outputs", "\n".join(outputs)), ("bundle", "\n".join(texts)),
+                                ("journal", journal), ("process list", procs)):
+                assert value not in text, f"{label} in {where}"
+    finally:
+        converge(lab.inventory)
+        sh(lab, "main", "rm", "-f", "--", KEY_FILE)
+        sh(lab, "rpc-b", "rm", "-f", "/tmp/tunnelspec-ca.crt", "/tmp/tunnelspec-old-ca.crt")
+    # Back on loopback: the TLS files are gone from main.
+    assert "--ssl-key-file" not in sh(lab, "main", "systemctl", "cat", UNIT)
+    assert sh(lab, "main", "sh", "-c", "test -e /etc/tunnelspec/tls && echo present || echo gone").strip() == "gone"
