@@ -270,19 +270,23 @@ def _fingerprints(lab, known_text: str) -> dict:
 KEY_FILE = "/etc/tunnelspec/llama-api-key"
 
 
-def _http_from(lab, host: str, url: str, key: str | None) -> int:
+def _http_from(lab, host: str, url: str, key: str | None, ca: Path | None = None) -> int:
     """HTTP status of a request sent from another lab host (its own python3): a tiny completion for
-    /completion, else a GET."""
+    /completion, else a GET. `ca`: the CA (a controller file) the client pins for https."""
+    if ca is not None:
+        lab.exec(host, ["sh", "-c", "cat > /tmp/tunnelspec-test-ca.crt"], input=ca.read_text(), timeout=30)
     script = (
-        "import json,sys,urllib.request,urllib.error\n"
+        "import json,ssl,sys,urllib.request,urllib.error\n"
         "h={'Content-Type':'application/json'}\n"
-        "if len(sys.argv)>2: h['Authorization']='Bearer '+sys.argv[2]\n"
+        "if len(sys.argv)>2 and sys.argv[2]: h['Authorization']='Bearer '+sys.argv[2]\n"
+        "ctx=ssl.create_default_context(cafile='/tmp/tunnelspec-test-ca.crt') if len(sys.argv)>3 else None\n"
         "body=json.dumps({'prompt':'Hi','n_predict':2}).encode() if sys.argv[1].endswith('/completion') else None\n"
         "req=urllib.request.Request(sys.argv[1],data=body,headers=h)\n"
-        "try:\n print(urllib.request.urlopen(req,timeout=30).status)\n"
+        "try:\n print(urllib.request.urlopen(req,timeout=30,context=ctx).status)\n"
         "except urllib.error.HTTPError as e:\n print(e.code)\n"
         "except Exception as e:\n print(0)\n")
-    out = sh(lab, host, "python3", "-c", script, url, *([key] if key else [])).strip()
+    args = [url, key or ""] + (["ca"] if ca is not None else [])
+    out = sh(lab, host, "python3", "-c", script, *args).strip()
     return int(out.splitlines()[-1]) if out else 0
 
 
@@ -329,13 +333,16 @@ def test_public_bind_with_api_key(lab, tmp_path):
         assert ver.rc == 0, failures(ver)
         assert verify_stats(ver)[1] > 0
         assert key not in ver.stdout + ver.stderr
-        url = f"http://{main_ip}:8080/completion"
-        assert _http_from(lab, "rpc-b", url, None) == 401
-        assert _http_from(lab, "rpc-b", url, "wrong-" + key[:8]) == 401
-        assert _http_from(lab, "rpc-b", url, key) == 200
+        # A public bind serves TLS (the inventory's CA, pinned by the client; tests/deploy/test_tls_lab.py
+        # has the rest): the key is checked on every path.
+        ca = tmp_path / "public.ini.tls" / "ca.crt"
+        url = f"https://{main_ip}:8080/completion"
+        assert _http_from(lab, "rpc-b", url, None, ca) == 401
+        assert _http_from(lab, "rpc-b", url, "wrong-" + key[:8], ca) == 401
+        assert _http_from(lab, "rpc-b", url, key, ca) == 200
         # --metrics is on: the counters and the slots (prompts) need the key too.
         for path in ("/metrics", "/slots", "/props"):
-            assert _http_from(lab, "rpc-b", f"http://{main_ip}:8080{path}", None) == 401, path
+            assert _http_from(lab, "rpc-b", f"https://{main_ip}:8080{path}", None, ca) == 401, path
         again = deploy(inv)
         assert again.rc == 0 and again.recap["main"]["changed"] == 0, again.results("changed")
         assert key not in again.stdout + again.stderr

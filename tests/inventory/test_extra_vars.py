@@ -24,6 +24,8 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"
 
 # variable -> (-e values as the command line gives them: text, how to read the result from the model)
+OWN_TLS = {"llama_server_public_bind": "true", "llama_server_tls_cert_file": "own.crt",
+           "llama_server_tls_key_file": "own.key", "llama_server_tls_ca_file": "ca.crt"}
 CASES = {
     "rpc_port": ({"rpc_port": "50100"}, lambda c: c.rpc[0].rpc_port),
     "tunnel_port": ({"tunnel_port": "15100"}, lambda c: c.rpc[0].tunnel_port),
@@ -61,6 +63,13 @@ CASES = {
     "rpc_user": ({"rpc_user": "other-rpc"}, lambda c: c.rpc[0].users.rpc),
     "tunnel_user": ({"tunnel_user": "other-tunnel"}, lambda c: c.main.users.tunnel),
     "llama_user": ({"llama_user": "other-llama"}, lambda c: c.main.users.llama),
+    "llama_server_tls_names": ({"llama_server_public_bind": "true", "llama_server_tls_names": "llm.example.org,10.0.0.5"},
+                               lambda c: c.main.tls and c.main.tls.names),
+    "llama_server_tls_cert_file": (OWN_TLS, lambda c: c.main.tls and c.main.tls.own_cert.name),
+    "llama_server_tls_key_file": (OWN_TLS, lambda c: c.main.tls and c.main.tls.own_key.name),
+    "llama_server_tls_ca_file": (OWN_TLS, lambda c: c.main.tls and c.main.tls.own_ca.name),
+    "tunnelspec_tls_dir": ({"llama_server_public_bind": "true", "tunnelspec_tls_dir": "ca"},
+                           lambda c: c.main.tls and c.main.tls.ca_dir.name),
 }
 # Read by the connection layer, the run lock and the pending-handler record, not the cluster model
 # (templates and those readers get -e through Inventory.host_vars like every variable).
