@@ -60,6 +60,7 @@ CASES = {
     "llama_split_mode": ({"llama_split_mode": "row"}, lambda c: c.placement.split_mode),
     "llama_tensor_split": ({"llama_tensor_split": "r1=1"}, lambda c: c.placement.weights),
     "rpc_target_share": ({"rpc_target_share": "2"}, lambda c: c.rpc[0].target_share),
+    "rpc_env": ({"rpc_env": "GGML_VK_VISIBLE_DEVICES=0"}, lambda c: c.rpc[0].env),
     "rpc_user": ({"rpc_user": "other-rpc"}, lambda c: c.rpc[0].users.rpc),
     "tunnel_user": ({"tunnel_user": "other-tunnel"}, lambda c: c.main.users.tunnel),
     "llama_user": ({"llama_user": "other-llama"}, lambda c: c.main.users.llama),

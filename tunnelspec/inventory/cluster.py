@@ -119,7 +119,7 @@ def _topology(inv: Inventory) -> tuple[str, list[str]]:
 
 # Variables that only mean something on an rpc node. Set on another host's own line they are a
 # misplaced node (e.g. "draft node not in [rpc]"): ignoring them would deploy without that node.
-RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache",
+RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_env", "rpc_threads", "rpc_bind", "rpc_cache",
                  "rpc_target_share")
 
 

@@ -17,6 +17,7 @@ from tunnelspec.truth import parse_bool
 KNOWN_VARS = frozenset(
     {
         "rpc_port", "tunnel_port", "rpc_role", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache",
+        "rpc_env",  # host_sections.py: the GPU runtime's environment of the RPC server
         "llama_repo", "llama_commit", "llama_patches", "llama_build_number", "llama_force_clean",
         "llama_backend", "llama_cmake_args", "llama_build_jobs", "tunnelspec_root",
         "llama_cuda_architectures",  # host_sections.py BuildSettings (llama_build: else nvidia-smi's)

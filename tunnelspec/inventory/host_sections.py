@@ -92,6 +92,7 @@ class RpcNode:
     role: str  # "draft" | "target"
     target_share: float | None  # rpc_target_share: proportion of the target's layers (None: not given)
     devices: tuple[str, ...]  # () = the rpc-server's default devices
+    env: tuple[tuple[str, str], ...]  # rpc_env: the GPU runtime's environment (GGML_VK_VISIBLE_DEVICES=0, ...)
     threads: int | None
     bind: str  # always LOOPBACK
     cache: bool
@@ -276,6 +277,7 @@ def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
     return RpcNode(
         name=hv.host,
         index=index,
+        env=rpc_env_of(hv),
         rpc_port=hv.port("rpc_port", DEFAULT_RPC_PORT),
         tunnel_port=hv.port("tunnel_port", DEFAULT_TUNNEL_PORT + index),
         role=hv.choice("rpc_role", ROLES, "draft"),
@@ -288,6 +290,42 @@ def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
         root=root_of(hv),
         users=users_of(hv),
     )
+
+
+# rpc_env: what selects or tunes the node's GPU runtime, set in the RPC server's unit (Environment=)
+# and for its device listing. Only these prefixes: the variable is for device selection (e.g.
+# GGML_VK_VISIBLE_DEVICES=0 — ggml-vulkan skips CPU-type Vulkan devices such as Mesa's llvmpipe
+# unless told to use them; CUDA_VISIBLE_DEVICES; HIP_VISIBLE_DEVICES), not a way to inject a loader.
+RPC_ENV_PREFIXES = ("GGML_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "VK_", "MESA_", "LP_", "RADV_", "ANV_")
+_ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+-]*$")
+
+
+def rpc_env_of(hv: HostVars) -> tuple[tuple[str, str], ...]:
+    """`NAME=VALUE NAME=VALUE` (space-separated: a value may hold commas, CUDA_VISIBLE_DEVICES=0,1),
+    a list of `NAME=VALUE`, or a YAML mapping."""
+    raw = hv.raw("rpc_env", None)
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        items = [f"{k}={v}" for k, v in raw.items()]
+    elif isinstance(raw, list):
+        items = [str(x) for x in raw]
+    else:
+        items = str(raw).split()
+    out = []
+    for item in items:
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not _ENV_KEY.match(key):
+            raise hv.fail("rpc_env", f"{item!r} is not NAME=VALUE (like GGML_VK_VISIBLE_DEVICES=0)")
+        if not key.startswith(RPC_ENV_PREFIXES):
+            raise hv.fail("rpc_env", f"{key} is not a GPU runtime variable: rpc_env takes names starting with "
+                          f"{', '.join(RPC_ENV_PREFIXES)}")
+        if not _ENV_VALUE.match(value):
+            raise hv.fail("rpc_env", f"{key}: the value {value!r} may hold letters, digits and _ . , : / + - only")
+        out.append((key, value))
+    return tuple(out)
 
 
 # The llama-server unit runs with ProtectHome=yes and PrivateTmp=yes: a key file below these is

@@ -223,7 +223,9 @@ _CAUSES = {
     "vulkan": ("the Vulkan driver (ICD): does `vulkaninfo --summary` on {node} list the GPU (Mesa's "
                "lavapipe: mesa-vulkan-drivers; NVIDIA: the driver's Vulkan ICD)?",
                "device-node permissions: /dev/dri/renderD* belong to the `render` (and `video`) group: "
-               "do they exist on {node} and may {user} use them?"),
+               "do they exist on {node} and may {user} use them?",
+               "a CPU implementation (Mesa's llvmpipe/lavapipe) is skipped by ggml-vulkan unless chosen: "
+               "rpc_env=GGML_VK_VISIBLE_DEVICES=0 (its index in vulkaninfo's list)"),
     "metal": ("Metal exists on macOS only, which tunnelspec does not deploy to",),
 }
 

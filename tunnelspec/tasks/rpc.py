@@ -86,7 +86,7 @@ class RpcListenCheck(Task):
         found = await poll(wait_budget(ctx, self.p["timeout"]), attempt)
         if not found:
             raise TaskFailed(f"nothing listens on port {port} after {self.p['timeout']}s; "
-                             f"see journalctl -u tunnelspec-rpc on {ctx.host}")
+                             f"see journalctl -u tunnelspec-rpc on {ctx.host}{await _last_words(ctx.conn)}")
         exposed = [s for s in found if not s.loopback_only]
         if exposed:
             where = ", ".join(f"{s.address}:{s.port}" for s in exposed)
@@ -181,23 +181,46 @@ class RpcUnit(Task):
         "binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
     }
 
-    def _unit(self, ctx):
+    async def _unit(self, ctx):
         from tunnelspec.tasks.systemd import SystemdUnit
 
         node = ctx.require_cluster().node(ctx.host)
         if node.bind != LOOPBACK:  # the cluster model already refuses this; never render it
             raise TaskFailed(f"rpc bind {node.bind!r} is not {LOOPBACK}")
         argv = rpc_argv(self.p["binary"], node.rpc_port, node.devices, node.threads, node.cache)
+        groups, missing = await existing_groups(ctx.conn, BACKEND_GROUPS[node.build.backend])
         return SystemdUnit.build({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "verify": True,
                             "vars": {"loopback": LOOPBACK, "rpc_port": node.rpc_port, "rpc_user": node.users.rpc,
                                      "cache": node.cache, "backend": node.build.backend, "rpc_argv": argv,
-                                     "supplementary_groups": BACKEND_GROUPS[node.build.backend]}})
+                                     "supplementary_groups": groups, "missing_groups": missing,
+                                     "env": list(node.env)}})
 
     async def check(self, ctx):
-        return await self._unit(ctx).check(ctx)
+        return await (await self._unit(ctx)).check(ctx)
 
     async def apply(self, ctx, ch):
-        await self._unit(ctx).apply(ctx, ch)
+        await (await self._unit(ctx)).apply(ctx, ch)
+
+
+async def existing_groups(conn, wanted: list[str]) -> tuple[list[str], list[str]]:
+    """(the groups of `wanted` that exist on the host, those that do not). A group named in
+    SupplementaryGroups= that does not exist stops the unit from starting (status 216/GROUP); a host
+    without one has no device nodes owned by it either (`render` comes with udev and a GPU driver, and
+    is absent from minimal systems), so it is left out, and the device check after start says whether
+    the node serves its GPU."""
+    if not wanted:
+        return [], []
+    res = await conn.run(["getent", "group", *wanted])
+    have = {line.split(":", 1)[0] for line in res.stdout.splitlines()}
+    return [g for g in wanted if g in have], [g for g in wanted if g not in have]
+
+
+async def _last_words(conn, lines: int = 8) -> str:
+    """The RPC unit's last journal lines (a server that exits at start says why there: an unknown
+    device, a GPU runtime's exception), for a failure message."""
+    res = await conn.run(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", str(lines)], timeout=30)
+    text = "\n".join(line for line in res.stdout.splitlines() if line.strip())
+    return f"; its last lines:\n{text}" if text else ""
 
 
 async def start_of_run(conn, unit: str, lines: int = 200) -> str:
@@ -211,18 +234,20 @@ async def start_of_run(conn, unit: str, lines: int = 200) -> str:
     return res.stdout
 
 
-async def _run_as(ctx, user: str, argv: list[str], timeout: float = 60):
-    """argv as the RPC server's user with its groups (the devices it may open are what counts)."""
+async def _run_as(ctx, user: str, argv: list[str], env=(), timeout: float = 60):
+    """argv as the RPC server's user with its groups (the devices it may open are what counts) and the
+    unit's rpc_env."""
+    envs = [f"{k}={v}" for k, v in env]
     return await ctx.conn.run(["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
-                               "--reset-env", *argv], timeout=timeout)
+                               "--reset-env", *(["/usr/bin/env", *envs] if envs else []), *argv], timeout=timeout)
 
 
-async def node_device_list(ctx, binary: str, user: str):
+async def node_device_list(ctx, node, binary: str):
     """Every device the node's build finds, as its RPC server user: `-d` with a name no device has
     makes the server print them all and exit before it binds (llama/devices.py)."""
     from tunnelspec.llama import devices
 
-    res = await _run_as(ctx, user, devices.merged_output_argv(devices.list_devices_argv(binary)))
+    res = await _run_as(ctx, node.users.rpc, devices.merged_output_argv(devices.list_devices_argv(binary)), node.env)
     return devices.node_devices(res.stdout + "\n" + res.stderr)
 
 
@@ -242,7 +267,7 @@ class RpcRequestedDevices(Task):
         node = ctx.require_cluster().node(ctx.host)
         if not node.devices:
             return ok("rpc_devices unset: the server serves every non-CPU device, else the CPU")
-        available = await node_device_list(ctx, self.p["binary"], node.users.rpc)
+        available = await node_device_list(ctx, node, self.p["binary"])
         return ok(devices.check_requested(ctx.host, list(node.devices), available))
 
 
@@ -266,7 +291,7 @@ class RpcServedDevices(Task):
         backend, requested = node.build.backend, list(node.devices)
         log = devices.parse_node_log(await start_of_run(ctx.conn, RPC_UNIT))
         if log.banner is None and log.unknown is None:
-            listed = await node_device_list(ctx, self.p["binary"], node.users.rpc)
+            listed = await node_device_list(ctx, node, self.p["binary"])
             served = devices.served_by_rule(listed, requested)
             log = devices.NodeLog(devices.Banner((0, 0, 0), tuple(served)), None, log.hints)
         summary = devices.check_served(ctx.host, backend, requested, log, user=node.users.rpc)
