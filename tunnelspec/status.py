@@ -85,17 +85,34 @@ async def _main_status(conn, cluster) -> dict:
 
 
 async def _rpc_status(conn, node) -> dict:
+    from tunnelspec.llama import devices as dv
+
     out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await _unit_state(conn, RPC_UNIT)}
     result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
+    # What the server serves, as its start banner says (device, description, memory): main's RPC<n>.
+    text = await _sh(conn, ["sh", "-c", _BANNER_SCRIPT, "sh", RPC_UNIT])
+    log = dv.parse_node_log(text)
+    served = [d.as_fact() for d in log.banner.devices] if log.banner else None
     if result.ok:
-        out["rpc"] = {"version": result.version_str, "devices": len(result.devices), "state": "idle"}
+        out["rpc"] = {"version": result.version_str, "devices": len(result.devices), "state": "idle", "served": served}
     else:
         # Busy is the normal state while llama-server holds the connection (one client at a time):
         # read the version from the server's banner instead.
-        banner = _BANNER.findall(await _sh(conn, ["sh", "-c", _BANNER_SCRIPT, "sh", RPC_UNIT]))
+        banner = _BANNER.findall(text)
         state = "serving llama-server" if result.status is rpc.ProbeStatus.BUSY else str(result)
-        out["rpc"] = {"version": banner[-1] if banner else None, "devices": None, "state": state}
+        out["rpc"] = {"version": banner[-1] if banner else None, "devices": None, "state": state, "served": served}
     return out
+
+
+def _served_text(names: list[str], served: list[dict] | None) -> str:
+    """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
+    (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
+    if not names:
+        return "?"
+    if not served:
+        return ",".join(names)
+    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
+                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))
 
 
 def _opted_out(hv: dict) -> bool:
@@ -182,9 +199,10 @@ def render(report: dict) -> str:
             lines.append(f"{'':<10} rpc-server: {h['unit']}, RPC v{r['version'] or '?'}, {r['state']}"
                          + (f", {r['devices']} device(s)" if r["devices"] is not None else ""))
         for t in h.get("tunnels", []):
+            served = ((report["hosts"].get(t["node"]) or {}).get("rpc") or {}).get("served")
             lines.append(f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
                          f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
-                         f"devices {','.join(t['devices']) or '?'}")
+                         f"devices {_served_text(t['devices'], served)}")
         if "isolation" in h:
             iso = h["isolation"]
             extra = f" ({iso['refused']} refused so far)" if iso.get("refused") else ""

@@ -201,3 +201,25 @@ def test_ccache_env_hits_across_callers_with_other_locales(tmp_path):
     compile_with({"LANG": "C.UTF-8", "LC_MESSAGES": "en_US.UTF-8"})
     compile_with({})
     assert hits() == 1
+
+
+def test_status_names_each_rpc_device_by_what_its_node_serves():
+    from tunnelspec.status import render
+
+    served = [{"name": "Vulkan0", "description": "llvmpipe (LLVM 19.1.7, 256 bits)", "kind": "gpu",
+               "total_mib": 17920, "free_mib": 17900}]
+    host = {"commit": None, "tree": None, "build": None}
+    report = {"hosts": {
+        "main": {**host, "role": "main", "tunnels": [
+            {"node": "rpc-a", "unit": "active", "endpoint": "127.0.0.1:15052", "listening": True, "role": "draft",
+             "devices": ["RPC0"]},
+            {"node": "rpc-b", "unit": "active", "endpoint": "127.0.0.1:15053", "listening": True, "role": "target",
+             "devices": ["RPC1"]}]},
+        "rpc-a": {**host, "role": "rpc (draft)", "unit": "active",
+                  "rpc": {"version": "7.0.0", "devices": None, "state": "serving llama-server", "served": served}},
+        "rpc-b": {**host, "role": "rpc (target)", "unit": "active",
+                  "rpc": {"version": "7.0.0", "devices": 1, "state": "idle", "served": None}},
+    }}
+    text = render(report)
+    assert "devices RPC0 = Vulkan0 (llvmpipe (LLVM 19.1.7, 256 bits), 17900/17920 MiB free)" in text, text
+    assert "devices RPC1\n" in text + "\n"  # the node's banner unknown: the name alone
