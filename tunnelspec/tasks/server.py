@@ -186,6 +186,12 @@ class LlamaServerPlan(Task):
             "draft_devices": plan.draft_devices, "backend": cluster.main.build.backend,
             "public_bind": cluster.main.public_bind, "tls": cluster.main.tls is not None,
         }
+        # GPU device nodes are group-owned (hip, vulkan: video, render); groups the host lacks are
+        # left out, as in the RPC unit (a missing group stops a unit from starting).
+        from tunnelspec.tasks.rpc import BACKEND_GROUPS, existing_groups
+
+        groups, missing = await existing_groups(conn, BACKEND_GROUPS[cluster.main.build.backend])
+        fact["unit"].update(supplementary_groups=groups, missing_groups=missing)
         ctx.register("llama_server", fact)
         from tunnelspec.llama.speculative import spec_support
 
