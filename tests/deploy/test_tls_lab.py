@@ -24,37 +24,14 @@ import subprocess
 import pytest
 
 from support.cli import tunnelspec
+from support.labdeploy import DEPLOY_TIMEOUT, UNIT, converge, deploy, failures, main_pid, sh
 from tunnelspec.tls import ca as C
 
 pytestmark = pytest.mark.lab
 
-UNIT = "tunnelspec-llama-server.service"
 KEY_FILE = "/etc/tunnelspec/tls-test-api-key"
-DEPLOY_TIMEOUT = 3600
 TLS_KEY = "/etc/tunnelspec/tls/llama-server.key"
 TLS_CERT = "/etc/tunnelspec/tls/llama-server.crt"
-
-
-def sh(lab, host: str, *argv: str, timeout: float = 90, input: str | None = None) -> str:
-    return lab.exec(host, list(argv), input=input, timeout=timeout).stdout or ""
-
-
-def deploy(inventory, *args: str):
-    return tunnelspec("deploy", str(inventory), "--format", "json", *args, timeout=DEPLOY_TIMEOUT)
-
-
-def failures(r) -> list:
-    return [e for e in r.events if e.get("status") in ("failed", "unreachable") or e.get("event") in
-            ("unreachable", "error", "gate_failed")] + [r.stderr[-2000:]]
-
-
-def converge(inventory) -> None:
-    r = deploy(inventory)
-    assert r.rc == 0, failures(r)
-
-
-def main_pid(lab) -> int:
-    return int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() or 0)
 
 
 def pem_body(pem: str) -> str:

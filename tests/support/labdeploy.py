@@ -14,8 +14,8 @@ MODELS_DIR = "/var/lib/tunnelspec/models"
 DEPLOY_TIMEOUT = 3600  # a purged lab rebuilds (ccache makes it minutes, a cold cache ≈ 8 min)
 
 
-def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
-    return lab.exec(host, list(argv), timeout=timeout).stdout or ""
+def sh(lab, host: str, *argv: str, timeout: float = 90, input: str | None = None) -> str:
+    return lab.exec(host, list(argv), input=input, timeout=timeout).stdout or ""
 
 
 def main_pid(lab) -> int:
