@@ -14,7 +14,7 @@ from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts.sockets import clients_of, listening_sockets, on_port
 from tunnelspec.llama.rpc import ProbeStatus, poll, probe_until
-from tunnelspec.tasks.base import Arg, Task, ok, register_task, wait_budget
+from tunnelspec.tasks.base import Arg, Task, change, ok, register_task, wait_budget
 
 RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # renamed ≈b98xx (PR #25045)
 # GPU runtimes and the video/render groups the RPC unit needs for each backend.
@@ -278,13 +278,17 @@ class RpcServedDevices(Task):
     refused, naming the node, what it serves and what to check. Read from the server's start banner
     in the unit's journal (this run only); when the journal no longer has it, from the node's device
     list and the server's rule (rpc_devices, else every non-CPU device, else the CPU). Registers
-    `rpc_served` (the devices, name/description/memory)."""
+    `rpc_served` (the devices, name/description/memory).
+
+    A server that started before its GPU was usable (a driver installed or fixed since, modules
+    loaded late at boot) is restarted once, then checked again: a fixed node heals on the next
+    deploy; a node still serving the wrong device is refused."""
 
     module = "rpc_served_devices"
-    read_only = True
-    args = {"binary": Arg(str, required=True, help="The RPC server binary the unit runs.")}
+    args = {"binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
+            "timeout": Arg((int, float), default=60, help="Seconds to wait for the banner after a restart.")}
 
-    async def check(self, ctx):
+    async def _served(self, ctx):
         from tunnelspec.llama import devices
 
         node = ctx.require_cluster().node(ctx.host)
@@ -295,5 +299,28 @@ class RpcServedDevices(Task):
             served = devices.served_by_rule(listed, requested)
             log = devices.NodeLog(devices.Banner((0, 0, 0), tuple(served)), None, log.hints)
         summary = devices.check_served(ctx.host, backend, requested, log, user=node.users.rpc)
+        return summary, log
+
+    async def check(self, ctx):
+        from tunnelspec.llama import devices
+
+        try:
+            summary, log = await self._served(ctx)
+        except devices.DeviceError as e:
+            if getattr(self, "_restarted", False) or ctx.check_mode:
+                raise
+            return change(f"restart the RPC server once (it may have started before its device was usable): {e}")
         ctx.register("rpc_served", [d.as_fact() for d in log.banner.devices])
         return ok(summary)
+
+    async def apply(self, ctx, ch):
+        from tunnelspec.llama import devices
+
+        self._restarted = True
+        await ctx.conn.run(["systemctl", "restart", RPC_UNIT], check=True, timeout=120)
+
+        async def banner():
+            log = devices.parse_node_log(await start_of_run(ctx.conn, RPC_UNIT))
+            return (log.banner or log.unknown) and log
+
+        await poll(wait_budget(ctx, self.p["timeout"]), banner)
