@@ -53,3 +53,37 @@ def test_unreadable_or_cut_header(tmp_path):
     cut.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 5)
     size, shape, note = facts(cut)
     assert size == 13 and shape is None and "estimated from the size" in note
+
+
+def _cluster(tmp_path, shares: str):
+    from tunnelspec.inventory.cluster import Cluster
+    from tunnelspec.inventory.loader import load_inventory
+
+    path = tmp_path / "inv.ini"
+    path.write_text("[main]\nm ansible_host=10.77.0.10\n\n[rpc]\n"
+                    f"rpc-a ansible_host=10.77.0.11 rpc_role=draft {shares.split('|')[0]}\n"
+                    f"rpc-b ansible_host=10.77.0.12 rpc_role=target {shares.split('|')[1]}\n\n[all:vars]\n"
+                    'llama_repo=/srv/llama.cpp\nllama_commit="' + "a" * 40 + '"\n')
+    return Cluster.from_inventory(load_inventory(path))
+
+
+def _served(free_mib: int) -> list[dict]:
+    return [{"name": "CPU", "description": "x", "kind": "cpu", "total_mib": free_mib, "free_mib": free_mib}]
+
+
+def test_target_shares_on_rpc_nodes_are_checked_too(tmp_path):
+    small = (100 * dv.MIB, None, "")
+    target = (8 * GiB, None, "")
+    c = _cluster(tmp_path, "rpc_target_share=1|rpc_target_share=3")
+    from tunnelspec.tasks.fit import fit_verdicts
+
+    v = {f.message.split(":")[0]: f for f in fit_verdicts(c, {"rpc-a": _served(24000), "rpc-b": _served(4000)},
+                                                           small, target)}
+    # rpc-a holds the draft and 1/4 of the target; rpc-b 3/4 of 8 GiB = 6 GiB > 4000 MiB.
+    assert v["rpc-a"].level == "ok" and "the draft and 25% of the target" in v["rpc-a"].message
+    assert v["rpc-b"].level == "refuse" and "75% of the target does not fit" in v["rpc-b"].message
+    assert "rpc-b reports 4000 MiB free" in v["rpc-b"].message
+    # Without given shares llama.cpp sizes the parts by free memory: the draft alone is checked.
+    plain = _cluster(tmp_path, "|")
+    (only,) = fit_verdicts(plain, {"rpc-a": _served(24000), "rpc-b": _served(4000)}, small, target)
+    assert only.message.startswith("rpc-a: the draft fits")

@@ -29,31 +29,73 @@ async def gguf_facts(conn, path: str) -> tuple[int, devices.ModelShape | None, s
         return int(size_line), None, f"header not read ({e.__class__.__name__}): estimated from the size"
 
 
+def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple, target: tuple | None,
+                 draft_devices: int = 1) -> list[devices.Fit]:
+    """One verdict per node that holds something: the draft node (the draft, plus its target share if
+    it has one) and each node with a target share. `served`: node → its served devices (as
+    registered by the rpc play); `draft`/`target`: (size, shape, note) of each GGUF. Target shares
+    are known only when given (rpc_target_share / llama_tensor_split); without them llama.cpp sizes
+    each part by the devices' free memory itself, and only the draft is checked."""
+    p = cluster.placement
+    total = sum(w for _, w in p.weights) if p.weights is not None else 0.0
+    needs: dict[str, list] = {}
+    node = cluster.draft_node
+    if node is not None:
+        size, shape, note = draft
+        need = devices.draft_need(size, shape, None)
+        needs[node.name] = [need, note, "the draft"]
+    if target is not None and total > 0:
+        size, shape, note = target
+        for n in cluster.target_nodes:
+            share = p.weight_of(n.name) or 0.0
+            need = devices.target_share_need(size, share, total, shape, None)
+            if n.name in needs:
+                first = needs[n.name]
+                needs[n.name] = [devices.combine(first[0], need), "; ".join(x for x in (first[1], note) if x),
+                                 f"the draft and {share / total:.0%} of the target"]
+            else:
+                needs[n.name] = [need, note, f"{share / total:.0%} of the target"]
+    out = []
+    for name, (need, note, what) in needs.items():
+        devs = served.get(name)
+        if not devs:
+            continue
+        if note:
+            need = devices.Need(need.weights, need.kv, need.compute, need.notes + (note,))
+        use = devs[: max(1, draft_devices)] if what == "the draft" else devs
+        figures = [(d["name"], d["free_mib"] * devices.MIB, d["total_mib"] * devices.MIB) for d in use]
+        out.append(devices.check_fit(name, figures, need, what))
+    return out
+
+
 @register_task
 class ModelFit(Task):
-    """The draft model against the draft node's reported device memory (llama/devices.py check_fit)."""
+    """The draft (and the target's shares on RPC nodes, when given) against each node's reported
+    device memory (llama/devices.py check_fit): refused with both figures, a tight fit a warning."""
 
     module = "model_fit"
     read_only = True
     args = {
         "draft_model": Arg(str, required=True, help="The draft GGUF's path on main."),
+        "target_model": Arg(str, help="The target GGUF's path on main (its shares on RPC nodes)."),
         "draft_devices": Arg(int, default=1, help="How many of the node's served devices the draft may use."),
     }
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()
-        node = cluster.draft_node
-        if node is None:
-            return ok("no draft node")
-        served = (ctx.vars.get("hostvars", {}).get(node.name) or {}).get("rpc_served")
-        if not served:
-            return ok(f"not checked: no device memory of {node.name} in this run (the rpc play did not run)")
-        size, shape, note = await gguf_facts(ctx.conn, self.p["draft_model"])
-        if not size:
-            return ok(f"not checked: {note}")
-        need = devices.draft_need(size, shape, None)
-        if note:
-            need = devices.Need(need.weights, need.kv, need.compute, need.notes + (note,))
-        use = served[: max(1, self.p["draft_devices"])]
-        devs = [(d["name"], d["free_mib"] * devices.MIB, d["total_mib"] * devices.MIB) for d in use]
-        return ok(devices.require_fit(devices.check_fit(node.name, devs, need)))
+        hostvars = ctx.vars.get("hostvars", {})
+        served = {n.name: (hostvars.get(n.name) or {}).get("rpc_served") for n in cluster.rpc}
+        if not any(served.values()):
+            return ok("not checked: no node's device memory in this run (the rpc play did not run)")
+        draft = await gguf_facts(ctx.conn, self.p["draft_model"])
+        target = None
+        if self.p["target_model"] and cluster.placement.weights is not None:
+            target = await gguf_facts(ctx.conn, self.p["target_model"])
+        verdicts = fit_verdicts(cluster, {k: v for k, v in served.items() if v}, draft,
+                                target if target and target[0] else None, self.p["draft_devices"])
+        if not verdicts:
+            return ok("not checked: " + (draft[2] or "no node holds a model part"))
+        for v in verdicts:
+            if v.level == "refuse":
+                devices.require_fit(v)
+        return ok("; ".join(devices.require_fit(v) for v in verdicts))
