@@ -172,7 +172,11 @@ def test_status_reads_the_version_of_a_long_running_rpc_server(lab, inventory, d
         if report["rpc-a"]["rpc"]["state"] == "serving llama-server":
             break
         time.sleep(1)
-    assert report["rpc-a"]["rpc"] == {"version": "7.0.0", "devices": None, "state": "serving llama-server"}, report
+    rpc = report["rpc-a"]["rpc"]
+    assert {k: rpc[k] for k in ("version", "devices", "state")} == {
+        "version": "7.0.0", "devices": None, "state": "serving llama-server"}, report
+    # What it serves comes from the same banner.
+    assert [d["name"] for d in rpc["served"]] == ["CPU"] and rpc["served"][0]["total_mib"] > 0, rpc
 
 
 def test_killed_tunnel_heals_without_manual_step(lab, deployed):

@@ -287,9 +287,12 @@ class Lab:
             init = host.container_init(rec["pid"])
         if init is None:
             raise LabError(f"lab host {name} is not running")
-        kw = {"capture_output": True, "text": True} if capture else {}
+        # A host's output is decoded leniently: journals hold whatever a process printed (a model
+        # emitting byte tokens writes invalid UTF-8 into llama-server's journal).
+        kw = {"capture_output": True, "text": True, "errors": "replace"} if capture else {}
         if isinstance(input, bytes) and capture:
             kw["text"] = False
+            kw.pop("errors")
         return subprocess.run(host.enter_argv(init, argv), input=input, timeout=timeout, **kw)
 
     def link(self, name: str, up: bool) -> None:
