@@ -76,7 +76,7 @@ def verify_stats(res) -> tuple[int, int, str]:
 
 def server_starts(lab, since: float) -> int:
     """How many times systemd started llama-server's main process since `since` (epoch seconds)."""
-    out = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+    out = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{since:.6f}")
     return len(re.findall(r"^Started tunnelspec-llama-server\.service", out, re.M))
 
 
@@ -190,13 +190,14 @@ def _move(lab, inv: Path, tree: str):
     """Deploy `inv` over a serving cluster; check the move kept tunnels and keys and started
     llama-server exactly once, never against a node of another protocol version."""
     before = tunnel_state(lab)
-    since = time.time() - 1
+    since = time.time()  # the same clock as the hosts' journals (containers): no margin, or the start
+    # of a deploy that ended just before (a fixture's) would be counted
     res = deploy(inv)
     summary = assert_serving(lab, res, tree)
     assert tunnel_state(lab) == before, "tunnels or the tunnel key changed during the build change"
     quiesce = by_module(res, "llama_server_quiesce")["main"]
     assert quiesce["status"] == "changed", quiesce
-    log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+    log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{since:.6f}")
     assert server_starts(lab, since) == 1, log[-4000:]
     assert "expected v" not in log and "code=dumped" not in log, log[-3000:]
     return res, summary
@@ -302,7 +303,7 @@ def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inv
        f"sed -i 's#[^ ]*/bin/ggml-rpc-server #{new_bin} #' /etc/systemd/system/{RPC_UNIT} && "
        f"systemctl daemon-reload && systemctl restart {RPC_UNIT}")
     try:
-        since = time.time() - 1
+        since = time.time()
         res = tunnelspec("deploy", str(inv), "--format", "json", "--tags", "tunnel,server", timeout=600)
         assert res.rc != 0
         failed = " ".join(e.get("msg", "") for e in res.results("failed"))
@@ -314,7 +315,7 @@ def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inv
         deadline = time.monotonic() + 60
         log = ""
         while time.monotonic() < deadline:
-            log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{int(since)}")
+            log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{since:.6f}")
             if "expected v7.0.0" in log:
                 break
             time.sleep(0.5)
