@@ -20,6 +20,7 @@ import json
 import secrets
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -113,9 +114,21 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
         assert f"--cacert {ca_file}" in human.stdout
 
         # ---- clients on the bridge --------------------------------------------------------------
-        sh(lab, "rpc-b", "sh", "-c", 'cat > /tmp/tunnelspec-ca.crt', input=ca.cert_pem)
+        # The CA file client-config names, as a client would take it.
+        sh(lab, "rpc-b", "sh", "-c", 'cat > /tmp/tunnelspec-ca.crt', input=Path(cfg["ca_file"]).read_text())
         url = f"{cfg['server_url']}/completion"
         assert from_rpc_b(lab, url, "/tmp/tunnelspec-ca.crt", api_key) == "200"
+        # curl on another lab host (rpc-b): /health with the CA pinned, a certificate error without it,
+        # and a completion with the key (read from a file: never on a command line) that drafts.
+        sh(lab, "rpc-b", "sh", "-c", "umask 077; cat > /tmp/tunnelspec-auth.h", input=f"Authorization: Bearer {api_key}\n")
+        curl_b = ["curl", "-sS", "--max-time", "30", "--cacert", "/tmp/tunnelspec-ca.crt"]
+        assert sh(lab, "rpc-b", *curl_b, "-o", "/dev/null", "-w", "%{http_code}", f"{cfg['server_url']}/health") == "200"
+        assert lab.exec("rpc-b", ["curl", "-sS", "--max-time", "30", "-o", "/dev/null", f"{cfg['server_url']}/health"],
+                        timeout=60).returncode == 60  # curl: the peer's certificate cannot be verified
+        body = json.loads(sh(lab, "rpc-b", *curl_b, "-H", "@/tmp/tunnelspec-auth.h", "-H", "Content-Type: application/json",
+                             "-d", json.dumps({"prompt": "Once upon a time", "n_predict": 32, "temperature": 0}),
+                             f"{cfg['server_url']}/completion"))
+        assert body["timings"]["draft_n"] > 0 and body["timings"]["draft_n_accepted"] > 0, body.get("timings")
         assert from_rpc_b(lab, url, "/tmp/tunnelspec-ca.crt", "") == "401"
         assert from_rpc_b(lab, url, "", api_key).startswith("ERR") and "CERTIFICATE_VERIFY_FAILED" in \
             from_rpc_b(lab, url, "", api_key)
@@ -200,7 +213,7 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
     finally:
         converge(lab.inventory)
         sh(lab, "main", "rm", "-f", "--", KEY_FILE)
-        sh(lab, "rpc-b", "rm", "-f", "/tmp/tunnelspec-ca.crt", "/tmp/tunnelspec-old-ca.crt")
+        sh(lab, "rpc-b", "rm", "-f", "/tmp/tunnelspec-ca.crt", "/tmp/tunnelspec-old-ca.crt", "/tmp/tunnelspec-auth.h")
     # Back on loopback: the TLS files are gone from main.
     assert "--ssl-key-file" not in sh(lab, "main", "systemctl", "cat", UNIT)
     assert sh(lab, "main", "sh", "-c", "test -e /etc/tunnelspec/tls && echo present || echo gone").strip() == "gone"
