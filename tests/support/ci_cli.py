@@ -3,24 +3,15 @@ HOME (so no ~/.ssh key or known_hosts can help), credentials only from the envir
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
+from support.cli import CliResult
 
-@dataclass
-class Run:
-    rc: int
-    stdout: str
-    stderr: str
 
-    @property
-    def events(self) -> list[dict]:
-        return [json.loads(line) for line in self.stdout.splitlines() if line.startswith("{")]
-
+class Run(CliResult):
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e.get("event") == kind]
 

@@ -85,10 +85,15 @@ def _tensors(n_vocab: int = N_VOCAB):
 
 def write_tiny_llama(path: str | os.PathLike) -> str:
     """Write the model to `path` (atomically) and return its sha256."""
+    return _write_atomic(path)
+
+
+def _write_atomic(path, vocab=None) -> str:
+    """The model written to a temp name, renamed into place; its sha256."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    _write(str(tmp))
+    _write(str(tmp), vocab=vocab)
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     os.replace(tmp, path)
     return digest
@@ -98,41 +103,19 @@ def write_byte_vocab_llama(path: str | os.PathLike) -> str:
     """The same model with a vocabulary of all 256 byte values instead of the printable ones: its text
     is not valid UTF-8 — what builds that parse /completion output (b9093) answer 500 to. For the
     tests of that failure only; never a lab default."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    _write(str(tmp), vocab=_byte_vocab())
-    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
-    os.replace(tmp, path)
-    return digest
+    return _write_atomic(path, vocab=_byte_vocab())
 
 
 def write_sparse_llama(path: str | os.PathLike, logical_bytes: int) -> int:
     """A well-formed GGUF of the tiny model's architecture whose token embedding is so large that the
     file is `logical_bytes` long — written sparse (the tensor data is a hole), so it takes no disk.
     A model that fits no lab device, for the memory-fit refusal; never loaded. Returns its size."""
-    import gguf
     import numpy as np
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = max(1, logical_bytes // (EMBED * 4))
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tunnelspec-sparse-llama")
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(EMBED)
-    w.add_block_count(BLOCKS)
-    w.add_feed_forward_length(FEED_FORWARD)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(HEADS_KV)
-    w.add_rope_dimension_count(ROPE_DIMS)
-    w.add_layer_norm_rms_eps(RMS_EPS)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    tokens, scores, types = _vocab()
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
+    w, _ = _writer(str(path), "tunnelspec-sparse-llama")
     w.add_tensor_info("token_embd.weight", (rows, EMBED), np.dtype(np.float32), rows * EMBED * 4)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -170,11 +153,13 @@ def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int =
     return out
 
 
-def _write(path: str, split_max_tensors: int = 0, vocab=None) -> None:
+def _writer(path: str, name: str, vocab=None, split_max_tensors: int = 0):
+    """A GGUFWriter with the tiny model's metadata and tokenizer (the default vocabulary unless
+    `vocab` is given); the caller adds tensors. Returns (writer, number of tokens)."""
     import gguf
 
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
-    w.add_name("tunnelspec-tiny-llama")
+    w.add_name(name)
     w.add_context_length(CONTEXT)
     w.add_embedding_length(EMBED)
     w.add_block_count(BLOCKS)
@@ -192,7 +177,12 @@ def _write(path: str, split_max_tensors: int = 0, vocab=None) -> None:
     w.add_bos_token_id(BOS_ID)
     w.add_eos_token_id(EOS_ID)
     w.add_unk_token_id(UNK_ID)
-    for name, arr in _tensors(len(tokens)):
+    return w, len(tokens)
+
+
+def _write(path: str, split_max_tensors: int = 0, vocab=None) -> None:
+    w, n_vocab = _writer(path, "tunnelspec-tiny-llama", vocab, split_max_tensors)
+    for name, arr in _tensors(n_vocab):
         w.add_tensor(name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
