@@ -13,20 +13,10 @@ from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.facts import nft, sockets
 from tunnelspec.llama import http, props, rpc
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
+from tunnelspec.tasks.rpc import RPC_UNIT, START_OF_RUN_SCRIPT
 from tunnelspec.tls.reach import ApiTls, Seen, api_opener
 
-RPC_UNIT = "tunnelspec-rpc.service"
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
-# The banner is among the first lines of the server's current run (its InvocationID); a long-running
-# server logs a line per client after it, so the last N lines of the unit lose it.
-_BANNER_SCRIPT = r"""
-inv=$(systemctl show -p InvocationID --value "$1")
-if [ -n "$inv" ]; then
-  journalctl --no-pager -o cat -u "$1" "_SYSTEMD_INVOCATION_ID=$inv" | head -n 200
-else
-  journalctl --no-pager -o cat -n 500 -u "$1"
-fi
-"""
 
 
 async def _sh(conn, argv, timeout=20) -> str:
@@ -90,7 +80,7 @@ async def _rpc_status(conn, node) -> dict:
     out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await _unit_state(conn, RPC_UNIT)}
     result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
     # What the server serves, as its start banner says (device, description, memory): main's RPC<n>.
-    text = await _sh(conn, ["sh", "-c", _BANNER_SCRIPT, "sh", RPC_UNIT])
+    text = await _sh(conn, ["sh", "-c", START_OF_RUN_SCRIPT, "sh", RPC_UNIT])
     log = dv.parse_node_log(text)
     served = [d.as_fact() for d in log.banner.devices] if log.banner else None
     if result.ok:

@@ -10,23 +10,29 @@ import shlex
 from tunnelspec.llama import devices
 from tunnelspec.tasks.base import Arg, Task, ok, register_task
 
-HEADER_BYTES = 16 * 2**20  # a GGUF's metadata and tensor infos (a big vocabulary takes a few MiB)
+# A GGUF's metadata and tensor infos: the shape's keys come first (general.*, <arch>.*) and 1 MiB holds
+# them; a big vocabulary's token list can take a few MiB, read only when the first read missed it.
+HEADER_BYTES = (2**20, 16 * 2**20)
 
 
 async def gguf_facts(conn, path: str) -> tuple[int, devices.ModelShape | None, str]:
     """(size in bytes, shape or None, a note) of a GGUF on the host, reading only its header."""
-    q = shlex.quote(path)
-    res = await conn.run(["sh", "-c", f"stat -L -c %s {q} && head -c {HEADER_BYTES} {q} | base64 -w0"], timeout=120)
-    if res.rc != 0:
-        return 0, None, f"cannot read {path}: {res.stderr.strip()[:200]}"
-    size_line, _, b64 = res.stdout.partition("\n")
     import base64
 
-    try:
-        shape = devices.gguf_shape(base64.b64decode(b64))
-        return int(size_line), shape, ""
-    except Exception as e:  # noqa: BLE001 - any malformed or cut header: estimate from the size alone
-        return int(size_line), None, f"header not read ({e.__class__.__name__}): estimated from the size"
+    q = shlex.quote(path)
+    shape = None
+    for n in HEADER_BYTES:
+        res = await conn.run(["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"], timeout=120)
+        if res.rc != 0:
+            return 0, None, f"cannot read {path}: {res.stderr.strip()[:200]}"
+        size_line, _, b64 = res.stdout.partition("\n")
+        try:
+            shape = devices.gguf_shape(base64.b64decode(b64))
+        except Exception as e:  # noqa: BLE001 - any malformed or cut header: estimate from the size alone
+            return int(size_line), None, f"header not read ({e.__class__.__name__}): estimated from the size"
+        if (shape.n_layer and shape.n_vocab) or int(size_line) <= n:
+            break
+    return int(size_line), shape, ""
 
 
 def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple, target: tuple | None,

@@ -223,15 +223,20 @@ async def _last_words(conn, lines: int = 8) -> str:
     return f"; its last lines:\n{text}" if text else ""
 
 
-async def start_of_run(conn, unit: str, lines: int = 200) -> str:
-    """The first lines the unit's current run (its InvocationID) logged: the start banner, before the
-    long tail of connection lines."""
-    inv = (await conn.run(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
-    if not inv:
-        return ""
-    res = await conn.run(["sh", "-c", f'journalctl --no-pager -o cat -u "$1" _SYSTEMD_INVOCATION_ID="$2" | head -n {int(lines)}',
-                          "sh", unit, inv], timeout=60)
-    return res.stdout
+# The first lines of a unit's current run (its InvocationID): the RPC server's start banner, before
+# the long tail of connection lines. One round trip. Also read by `status`.
+START_OF_RUN_SCRIPT = r"""
+inv=$(systemctl show -p InvocationID --value "$1")
+if [ -n "$inv" ]; then
+  journalctl --no-pager -o cat -u "$1" "_SYSTEMD_INVOCATION_ID=$inv" | head -n 200
+else
+  journalctl --no-pager -o cat -n 500 -u "$1"
+fi
+"""
+
+
+async def start_of_run(conn, unit: str) -> str:
+    return (await conn.run(["sh", "-c", START_OF_RUN_SCRIPT, "sh", unit], timeout=60)).stdout
 
 
 async def _run_as(ctx, user: str, argv: list[str], env=(), timeout: float = 60):
