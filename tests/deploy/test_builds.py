@@ -13,13 +13,12 @@ each tree kept on every host) — so any one of them runs alone. The file order 
 b11434 first (the default lab's own tree: its builds are reused), then down to b9093 in place and
 back up (the second move reuses the kept build dirs), each step leaving what the next one needs.
 The module runs last in the session (tests/conftest.py), so the builds it leaves on the hosts never
-meet another test. It is part of the default run; `TUNNELSPEC_UPSTREAM_BUILDS=0` skips it (b9093 is
-one more cold build: ≈ 8 min on 2 cores, seconds with a warm ccache).
+meet another test. It is an `extended` module (b9093 is one more cold build: ≈ 8 min on 2 cores,
+seconds with a warm ccache): `TUNNELSPEC_EXTENDED=1` (scripts/test-extended.sh) runs it.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from pathlib import Path
@@ -28,9 +27,7 @@ import pytest
 
 from support.cli import failed_report, tunnelspec
 
-pytestmark = [pytest.mark.lab, pytest.mark.upstream_builds, pytest.mark.skipif(
-    os.environ.get("TUNNELSPEC_UPSTREAM_BUILDS") == "0",
-    reason="TUNNELSPEC_UPSTREAM_BUILDS=0: the upstream-builds matrix (b9093, b11434) is skipped")]
+pytestmark = [pytest.mark.lab, pytest.mark.upstream_builds, pytest.mark.extended]
 DATA = Path(__file__).resolve().parents[1] / "server" / "data"
 
 UNIT = "tunnelspec-llama-server.service"

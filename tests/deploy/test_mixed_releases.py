@@ -20,7 +20,7 @@ import pytest
 
 from support.cli import failed_report, tunnelspec
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.extended]  # two more release images and gcc 10/14 builds, cold
 
 RELEASES = {"main": "trixie", "rpc-a": "bullseye", "rpc-b": "bookworm"}
 EXPECT = {  # what the facts must detect on each release (Debian's packages, 2026-12)
