@@ -48,6 +48,7 @@ CASES = {
     "llama_server_host": ({"llama_server_host": "10.77.0.10", "llama_server_public_bind": "true",
                            "llama_server_api_key_file": "/etc/tunnelspec/key"}, lambda c: c.main.server_host),
     "llama_server_port": ({"llama_server_port": "8081"}, lambda c: c.main.server_port),
+    "llama_server_start_timeout": ({"llama_server_start_timeout": "900"}, lambda c: c.main.start_timeout),
     "llama_server_public_bind": ({"llama_server_public_bind": "true"}, lambda c: c.main.public_bind),
     "llama_server_api_key_file": ({"llama_server_api_key_file": "/etc/tunnelspec/key"},
                                   lambda c: c.main.api_key_file),

@@ -23,6 +23,7 @@ KNOWN_VARS = frozenset(
         "llama_cuda_architectures",  # host_sections.py BuildSettings (llama_build: else nvidia-smi's)
         "llama_model", "llama_draft_model", "llama_server_host", "llama_server_port",
         "llama_server_public_bind", "llama_server_api_key_file", "llama_server_extra_args",
+        "llama_server_start_timeout",  # host_sections.py: verify's wait for /health (llama/verify.py)
         "llama_server_tls_names", "llama_server_tls_cert_file", "llama_server_tls_key_file",
         "llama_server_tls_ca_file", "tunnelspec_tls_dir",  # inventory/tls_vars.py (public bind = TLS)
         "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl", "spec_draft_p_min", "spec_type",

@@ -126,6 +126,9 @@ class MainHost:
     users: Users
     # llama_server_public_bind=true: TLS, always (inventory/tls_vars.py); None on loopback.
     tls: TlsSettings | None = None
+    # Seconds verify waits for /health after a (re)start; None: from the models' sizes
+    # (llama/verify.py start_timeout).
+    start_timeout: int | None = None
 
 
 # ---- per-host sections -----------------------------------------------------------------------------
@@ -396,6 +399,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         spec_draft_ngl=str(ngl),
         spec_type=spec_type,
         spec_draft_p_min=p_min,
+        start_timeout=hv.integer("llama_server_start_timeout", None, minimum=10),
         build=build,
         root=root_of(hv),
         users=users_of(hv),

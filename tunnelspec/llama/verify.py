@@ -45,6 +45,38 @@ def output_parser_failure(plan: dict, e) -> str:
             "a build without this check (b11434 has none); clients asking for more tokens may not meet it.")
 
 
+# verify's wait for /health when the inventory gives no llama_server_start_timeout: the old fixed
+# 180 s, plus 15 s for every GiB of model that llama-server reads and sends to its devices (about
+# 70 MB/s: a 1 Gbit/s link to RPC nodes, with room) — 780 s for a 40 GiB target.
+BASE_START_TIMEOUT = 180
+START_SECONDS_PER_GIB = 15
+
+
+def start_timeout(configured: int | None, model_bytes: list[int]) -> int:
+    """Seconds to wait for /health: the inventory's llama_server_start_timeout, else from the sizes."""
+    if configured:
+        return int(configured)
+    gib = sum(model_bytes) / (1 << 30)
+    return BASE_START_TIMEOUT + int(round(gib * START_SECONDS_PER_GIB))
+
+
+def model_paths(argv: list[str]) -> list[str]:
+    """The model files (-m and the draft's) of a llama-server argv."""
+    out = []
+    for flag, value in zip(argv, argv[1:]):
+        if flag in ("-m", "--model", "-md", "--model-draft", "--spec-draft-model"):
+            out.append(value)
+    return out
+
+
+async def model_sizes(conn, paths: list[str]) -> list[int]:
+    """Sizes in bytes of the files that exist (a missing one counts 0: /health's wait then says why)."""
+    if not paths:
+        return []
+    res = await conn.run(["stat", "-L", "-c", "%s", "--", *paths])
+    return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
+
+
 async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
                         health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
                         add_secret=None, tls: ApiTls | None = None) -> dict:

@@ -16,7 +16,7 @@ from tunnelspec.errors import TaskFailed
 from tunnelspec.facts import units
 from tunnelspec.llama import flags, preflight
 from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, systemd_exec, tunnel_unit
-from tunnelspec.llama.verify import verify_server
+from tunnelspec.llama.verify import model_paths, model_sizes, start_timeout, verify_server
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 
 
@@ -297,7 +297,8 @@ class LlamaVerify(Task):
         "plan": Arg(dict, required=True,
                     help="The `llama_server` fact (its devices and argv) to check the journal against."),
         "api_key_file": Arg(str, help="The API key file on main, when one is configured."),
-        "health_timeout": Arg(int, default=180, help="Seconds to wait for /health."),
+        "health_timeout": Arg(int, default=0,
+                              help="Seconds to wait for /health (llama_server_start_timeout); 0: from the models' sizes."),
         "n_predict": Arg(int, default=32, help="Tokens the test completion generates."),
         "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time",
                       help="The test completion's prompt."),
@@ -317,9 +318,11 @@ class LlamaVerify(Task):
         return ApiTls(self.p["tls_ca_file"], self.p["tls_name"])
 
     async def check(self, ctx):
+        paths = model_paths(self.p["plan"].get("argv") or [])
+        wait = start_timeout(self.p["health_timeout"], await model_sizes(ctx.conn, paths) if not self.p["health_timeout"] else [])
         result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], host=self.p["host"],
                                      api_key_file=self.p["api_key_file"],
-                                     health_timeout=self.p["health_timeout"], n_predict=self.p["n_predict"],
+                                     health_timeout=wait, n_predict=self.p["n_predict"],
                                      prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
                                      add_secret=ctx.add_secret, tls=self._tls())
         ctx.register("llama_verify", result)
