@@ -7,6 +7,13 @@ read-only before the run lock (what is missing, and whether it can be installed)
 itself. The README's "What each host needs" is rendered from this table (`markdown_table`), and a
 test fails when the two differ. The lab's package repository holds every apt package named here
 (`apt_packages_all`), so a lab host starts bare and the deploy installs its toolchain.
+
+A GPU backend also needs its runtime — the driver — which tunnelspec never installs (`RUNTIME`):
+looked for in the same preflight, before anything is checked out or built, and named with the host
+and what brings it. A missing NVIDIA driver is refused (the CUDA build reads the GPUs' architecture
+from nvidia-smi and cannot start without it); a missing Vulkan or ROCm driver is a warning, because
+it may be installed before the RPC server starts, and the rpc play's check of what the started
+server serves ("serves CPU only") is what refuses such a node.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from tunnelspec.facts.host import FILES, FIXED, HostFacts
+from tunnelspec.facts.host import DEVICE_FILES, FILES, FIXED, VULKAN_ICD_DIRS, HostFacts
 
 # Package managers tunnelspec installs with. Elsewhere a preflight names what is missing and stops.
 INSTALLERS = ("apt-get",)
@@ -79,7 +86,8 @@ TABLE: tuple[Prereq, ...] = (
     Prereq("/usr/include/spirv/unified1/spirv.hpp", "spirv-headers",
            "the SPIR-V headers ggml-vulkan's build requires (find_package(SPIRV-Headers), b11434)",
            when=lambda n: n.backend == "vulkan", when_text="llama_backend=vulkan"),
-    Prereq("nvcc", None, "compiles ggml-cuda (install NVIDIA's CUDA toolkit)",
+    Prereq("nvcc", None, "compiles ggml-cuda (install NVIDIA's CUDA toolkit; a release the tree supports for "
+           "the GPU's architecture: llama/cuda_toolkit.py)",
            when=lambda n: n.backend == "cuda", when_text="llama_backend=cuda"),
     Prereq("hipcc", None, "compiles ggml-hip (install AMD's ROCm)",
            when=lambda n: n.backend == "hip", when_text="llama_backend=hip"),
@@ -87,6 +95,58 @@ TABLE: tuple[Prereq, ...] = (
 
 # The facts script looks for each file of the table: a file it does not look for would always be missing.
 assert {p.what for p in TABLE if p.is_file} <= set(FILES), "facts/host.py FILES lacks a prerequisite file"
+
+
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A GPU backend's runtime on the host (its driver): looked for in preflight, never installed."""
+
+    backend: str
+    what: str                                  # what is looked for, as the README and messages name it
+    present: Callable[[HostFacts], bool]
+    provides: str                              # what brings it (a package, the vendor's driver)
+    why: str
+    refuse: bool = False                       # missing: refused before any build (else a warning)
+
+
+RUNTIME: tuple[Runtime, ...] = (
+    Runtime("cuda", "nvidia-smi", lambda f: "nvidia-smi" in f.tools,
+            "the NVIDIA driver (Debian's non-free `nvidia-driver`, or NVIDIA's packages), then a reboot",
+            "the NVIDIA driver: the CUDA build reads the GPUs' architectures from it and runs on it", refuse=True),
+    Runtime("vulkan", "a Vulkan driver (an ICD manifest in " + ", ".join(VULKAN_ICD_DIRS) + ")",
+            lambda f: bool(f.vulkan_icds),
+            "`mesa-vulkan-drivers` (AMD, Intel) or the GPU vendor's driver (NVIDIA's brings nvidia_icd.json)",
+            "the Vulkan device ggml-vulkan serves; without one the node serves the CPU only"),
+    Runtime("hip", "/dev/kfd", lambda f: "/dev/kfd" in f.files,
+            "the amdgpu kernel driver (in Debian's and Ubuntu's kernels; AMD's amdgpu-dkms)",
+            "ROCm's compute device node; without it ggml-hip finds no GPU"),
+    Runtime("hip", "rocminfo", lambda f: "rocminfo" in f.tools or "/opt/rocm/bin/rocminfo" in f.files,
+            "ROCm's runtime (`rocminfo`, which comes with it; Debian 12+ packages it, or AMD's ROCm)",
+            "ROCm's runtime (HSA), which ggml-hip opens the GPU with"),
+)
+assert {"/dev/kfd", "/opt/rocm/bin/rocminfo"} <= set(DEVICE_FILES), "facts/host.py DEVICE_FILES lacks a path"
+
+
+def runtime_findings(backend: str, facts: HostFacts) -> tuple[list[str], list[str]]:
+    """(refusals, warnings) for the host's GPU runtime, each a sentence to follow "<host>: "."""
+    refused: list[str] = []
+    warned: list[str] = []
+    if backend == "metal" and facts.is_linux:
+        refused.append("llama_backend=metal, but Metal exists on macOS only (Apple GPUs): on this Linux host "
+                       "set llama_backend to cuda, hip, vulkan or cpu")
+    for r in RUNTIME:
+        if r.backend != backend or r.present(facts):
+            continue
+        if r.refuse:
+            refused.append(f"llama_backend={backend} but {r.what} is not installed: {r.why}. Install {r.provides}; "
+                           "tunnelspec never installs a GPU driver")
+        else:
+            warned.append(f"llama_backend={backend} but {r.what} was not found: {r.why}. Install {r.provides} "
+                          "(tunnelspec never installs a GPU driver); an RPC node without it is refused once its "
+                          "server starts (\"serves CPU only\")")
+    return refused, warned
 
 
 # Tools that tunnelspec's units and the tunnel key's forced command run by absolute path.
@@ -133,6 +193,13 @@ def markdown_table() -> str:
     for p in TABLE:
         rows.append(f"| `{p.what}` | {p.when_text} | {('`' + p.apt + '`') if p.apt else '(not packaged: install it yourself)'} "
                     f"| {p.why} |")
+    for r in RUNTIME:
+        what = f"`{r.what}`" if " " not in r.what else r.what
+        missing = "refused before any build" if r.refuse else "a warning before any build"
+        rows.append(f"| {what} | llama_backend={r.backend} | (a driver, never installed by tunnelspec) {r.provides} "
+                    f"| {r.why} (missing: {missing}) |")
+    rows.append("| macOS | llama_backend=metal | (none) | Metal exists on macOS only, where tunnelspec does not deploy: "
+                "refused on a Linux host |")
     return "\n".join(rows)
 
 

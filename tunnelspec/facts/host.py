@@ -1,5 +1,6 @@
 """What a host is: OS and release, kernel, init, OpenSSH, package manager, CPU, free disk, the
-tools tunnelspec runs and where they live, and what the login may do through sudo.
+tools tunnelspec runs and where they live, a GPU backend's runtime (Vulkan drivers' manifests,
+/dev/kfd, nvcc's release), and what the login may do through sudo.
 
 One read-only command (`FACTS_ARGV`, a POSIX sh script that runs on Linux and macOS alike, as the
 login user: no become, so a host whose sudo is broken still tells what it is) and a pure parser
@@ -26,6 +27,11 @@ FIXED = ("/usr/bin/python3", "/usr/bin/setpriv", "/usr/bin/stdbuf", "/usr/sbin/s
          "/usr/sbin/nologin")
 # Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin).
 SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
+# A GPU backend's runtime, looked for before any build (prereqs.RUNTIME decides what is missing):
+# the Vulkan loader reads its drivers' manifests (ICDs) from these directories; ROCm's kernel
+# driver makes /dev/kfd, and AMD's packages put rocminfo in /opt/rocm/bin, off the PATH.
+VULKAN_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d")
+DEVICE_FILES = ("/dev/kfd", "/opt/rocm/bin/rocminfo")
 PACKAGE_MANAGERS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew")
 
 # $1: the directory whose file system holds builds (its nearest existing parent is measured).
@@ -46,6 +52,8 @@ say init "$(cat /proc/1/comm 2>/dev/null)"
 command -v systemctl >/dev/null 2>&1 && say systemd "$(systemctl --version 2>/dev/null | head -n 1)"
 for t in __TOOLS__; do p=$(command -v "$t" 2>/dev/null) && say "tool:$t" "$p"; done
 for f in __FILES__; do [ -e "$f" ] && say "file:$f" yes; done
+for d in __ICD_DIRS__; do for f in "$d"/*.json; do [ -e "$f" ] && say "icd:$f" yes; done; done
+command -v nvcc >/dev/null 2>&1 && say nvcc "$(nvcc --version 2>/dev/null | grep 'release' | head -n 1)"
 say sshd_version "$( (sshd -V 2>&1 || true) | grep -o 'OpenSSH_[0-9][0-9.p]*' | head -n 1)"
 say ssh_version "$( (ssh -V 2>&1 || true) | grep -o 'OpenSSH_[0-9][0-9.p]*' | head -n 1)"
 command -v gcc >/dev/null 2>&1 && say gcc "$(gcc -dumpfullversion -dumpversion 2>/dev/null)"
@@ -64,11 +72,14 @@ exit 0
 """
 
 SCRIPT = _SCRIPT.replace("__SBIN__", SBIN_DIRS).replace("__TOOLS__", " ".join(TOOLS)) \
-    .replace("__FILES__", " ".join(FILES + FIXED))
+    .replace("__FILES__", " ".join(FILES + FIXED + DEVICE_FILES)).replace("__ICD_DIRS__", " ".join(VULKAN_ICD_DIRS))
 
 
 def facts_argv(build_root: str) -> list[str]:
     return ["sh", "-c", SCRIPT, "sh", build_root]
+
+
+_VERSIONS = ("openssh", "gcc", "cmake", "nvcc")   # version tuples, "1.2.3" strings in the dict form
 
 
 def _version(text: str, pattern: str = r"(\d+)\.(\d+)(?:\.(\d+))?") -> tuple[int, ...] | None:
@@ -98,6 +109,8 @@ class HostFacts:
     openssh_text: str = ""
     gcc: tuple[int, ...] | None = None
     cmake: tuple[int, ...] | None = None
+    nvcc: tuple[int, ...] | None = None          # the CUDA toolkit's release (nvcc --version: "release 12.4")
+    nvcc_text: str = ""                          # nvcc's own line, for messages
     package_manager: str | None = None
     disk_dir: str = ""
     disk_free_kb: int | None = None
@@ -105,6 +118,7 @@ class HostFacts:
     mem_kb: int | None = None
     tools: dict = field(default_factory=dict)    # command -> path, for the TOOLS found
     files: tuple = ()                            # the FILES present
+    vulkan_icds: tuple = ()                      # Vulkan driver manifests in VULKAN_ICD_DIRS
     sudo_nopasswd: bool | None = None            # `sudo -n true` worked (None: root, or no sudo)
     sudo_msg: str = ""
 
@@ -141,6 +155,7 @@ class HostFacts:
                  f"OpenSSH {'.'.join(map(str, self.openssh))}" if self.openssh else "",
                  f"gcc {'.'.join(map(str, self.gcc))}" if self.gcc else "",
                  f"cmake {'.'.join(map(str, self.cmake))}" if self.cmake else "",
+                 f"CUDA {'.'.join(map(str, self.nvcc))}" if self.nvcc else "",
                  self.package_manager or "no known package manager",
                  f"{self.disk_free_kb // 1024 // 1024} GiB free in {self.disk_dir}"
                  if self.disk_free_kb is not None else ""]
@@ -148,7 +163,7 @@ class HostFacts:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        for k in ("openssh", "gcc", "cmake"):
+        for k in _VERSIONS:
             d[k] = ".".join(map(str, d[k])) if d[k] else None
         return d
 
@@ -157,6 +172,7 @@ def parse_facts(text: str) -> HostFacts:
     raw: dict[str, str] = {}
     tools: dict[str, str] = {}
     files: list[str] = []
+    icds: list[str] = []
     for line in text.splitlines():
         key, sep, value = line.partition("=")
         if not sep:
@@ -168,6 +184,9 @@ def parse_facts(text: str) -> HostFacts:
             continue
         if key.startswith("file:"):
             files.append(key[5:])
+            continue
+        if key.startswith("icd:"):
+            icds.append(key[4:])
             continue
         if key.startswith("os_"):
             value = value.strip('"').strip("'")
@@ -190,9 +209,11 @@ def parse_facts(text: str) -> HostFacts:
         systemd_version=systemd[0] if systemd else None,
         openssh=_version(ssh_text, r"OpenSSH_(\d+)\.(\d+)"), openssh_text=ssh_text,
         gcc=_version(raw.get("gcc", "")), cmake=_version(raw.get("cmake", "")),
+        nvcc=_version(raw.get("nvcc", ""), r"release (\d+)\.(\d+)"), nvcc_text=raw.get("nvcc", ""),
         package_manager=next((p for p in PACKAGE_MANAGERS if p in tools), None),
         disk_dir=raw.get("disk_dir", ""), disk_free_kb=num("disk_free_kb"),
         nproc=num("nproc"), mem_kb=num("mem_kb"), tools=tools, files=tuple(files),
+        vulkan_icds=tuple(icds),
         sudo_nopasswd=None if sudo_rc is None else sudo_rc == "0",
         sudo_msg=raw.get("sudo_nopasswd_msg", ""),
     )
@@ -201,8 +222,9 @@ def parse_facts(text: str) -> HostFacts:
 def facts_from_dict(d: dict) -> HostFacts:
     """The inverse of `HostFacts.to_dict` (facts travel between tasks as registered dicts)."""
     d = dict(d)
-    for k in ("openssh", "gcc", "cmake"):
+    for k in _VERSIONS:
         d[k] = tuple(int(x) for x in d[k].split(".")) if d.get(k) else None
-    d["files"] = tuple(d.get("files") or ())
+    for k in ("files", "vulkan_icds"):
+        d[k] = tuple(d.get(k) or ())
     known = set(HostFacts.__dataclass_fields__)
     return HostFacts(**{k: v for k, v in d.items() if k in known})

@@ -10,6 +10,10 @@ host changes (engine: `preflight: true` plays).
 is read-only: it stops the run when a missing prerequisite cannot be installed (no apt-get,
 `tunnelspec_install_packages=false`, or not packaged), naming exactly what is missing; otherwise it
 installs the missing packages with the host's package manager and gathers the facts again.
+The GPU backend's runtime (its driver: prereqs.RUNTIME) is looked for in the same read-only pass and
+never installed: a missing NVIDIA driver, or `llama_backend=metal` on Linux, is refused; a missing
+Vulkan or ROCm driver is a warning in the output (the rpc play refuses a node that then serves the
+CPU only: the driver may well be installed before its server starts).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import shlex
 from tunnelspec import prereqs
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts.host import HostFacts, facts_argv, facts_from_dict, parse_facts
+from tunnelspec.reporting import events
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 
 FACTS_KEY = "host_facts"
@@ -151,18 +156,25 @@ class Prerequisites(Task):
         backend_only = [w for w in toolchain_refusals(f, self.p["backend"]) if w not in toolchain_refusals(f)]
         if backend_only:
             raise TaskFailed(f"{ctx.host}: {'; '.join(backend_only)}. No host was changed")
+        refused, warned = prereqs.runtime_findings(self.p["backend"], f)
+        note = ""
+        if self.p["plan_only"]:  # said once per run: the install pass after the lock repeats nothing
+            for w in warned:
+                ctx.emit(events.message(f"WARNING: {ctx.host}: {w}"))
+            note = "".join(f"; WARNING {w}" for w in warned)
         missing = prereqs.missing(_need(ctx, self.p), f)
+        unpackaged = [p for p in missing if not p.apt]
+        if refused or unpackaged:
+            why = [*(f"missing {p.what} ({p.why}): not installable by tunnelspec, install it yourself"
+                     for p in unpackaged), *refused]
+            raise TaskFailed(f"{ctx.host}: {'; '.join(why)}. Then run again. No host was changed")
         if not missing:
             elsewhere = prereqs.misplaced(_need(ctx, self.p), f)
             if elsewhere:
                 raise TaskFailed(f"{ctx.host}: " + "; ".join(elsewhere))
-            return ok(f"{len(prereqs.needed(_need(ctx, self.p)))} prerequisites present")
+            return ok(f"{len(prereqs.needed(_need(ctx, self.p)))} prerequisites present{note}")
         names = ", ".join(p.what for p in missing)
         pkgs = prereqs.packages(missing)
-        unpackaged = [p for p in missing if not p.apt]
-        if unpackaged:
-            raise TaskFailed(f"{ctx.host}: missing {', '.join(p.what + ' (' + p.why + ')' for p in unpackaged)}: "
-                             "not installable by tunnelspec; install it and run again. No host was changed")
         if not self.p["install"]:
             raise TaskFailed(f"{ctx.host}: missing {names} (packages: {' '.join(pkgs)}), and "
                              "tunnelspec_install_packages=false: install them and run again. No host was changed")
@@ -171,7 +183,7 @@ class Prerequisites(Task):
                              f"host has {f.package_manager or 'no known package manager'}: install them "
                              f"(Debian names: {' '.join(pkgs)}) and run again. No host was changed")
         if self.p["plan_only"]:
-            return ok(f"will install {' '.join(pkgs)} (missing {names})")
+            return ok(f"will install {' '.join(pkgs)} (missing {names}){note}")
         return change(f"install {' '.join(pkgs)} (missing {names})", packages=pkgs)
 
     async def apply(self, ctx, ch):
