@@ -60,6 +60,14 @@ class FakeConn:
         return Result(list(argv), self.smi_rc, self.smi, "")
 
     async def run(self, argv, check=False, timeout=None):
+        # Before configuring, the toolkit check (tests/accel/test_cuda_toolkit.py): a CUDA 12.4 host, the
+        # real b11434 ggml-cuda/CMakeLists.txt.
+        if "nvcc --version" in " ".join(argv):
+            self.seen.append(("nvcc", list(argv)))
+            return Result(list(argv), 0, "Cuda compilation tools, release 12.4, V12.4.131\n", "")
+        if argv[0] == "cat":
+            self.seen.append(("cmakelists", list(argv)))
+            return Result(list(argv), 0, (DATA / "ggml-cuda-CMakeLists-b11434.txt").read_text(), "")
         self.seen.append(("run", list(argv)))
         assert argv[:3] == ["sh", "-c", bp.STATE_SCRIPT], argv
         text = (f"tree {TREE}\nnproc 16\nccache yes\ncurrent none\n--- stamp\n--- rpc-cmakelists\n"
@@ -91,8 +99,8 @@ def test_the_build_targets_the_gpu_nvidia_smi_reports():
     assert ch.changed and ch.msg.startswith("build llama-server in build/")
     assert "CUDA architectures 89 (nvidia-smi: 1× NVIDIA GeForce RTX 4090 (8.9))" in ch.msg
     assert "-DCMAKE_CUDA_ARCHITECTURES=89" in task._options()
-    # The probe ran first, before the build state was even read.
-    assert [k for k, _ in conn.seen] == ["probe", "run"]
+    # The probe ran first, before the build state was even read; then the toolkit against the tree.
+    assert [k for k, _ in conn.seen] == ["probe", "run", "nvcc", "cmakelists"]
     # Another GPU, another build directory.
     other = _task()
     _check(other, FakeConn((DATA / "nvidia-smi-h200.txt").read_text()))

@@ -10,7 +10,9 @@ on main, `llama-server --version` must name the pinned commit before the stamp i
 With backend cuda, `nvidia-smi` is probed first (read-only, before anything is configured): no driver or
 no GPU is an error naming the host, and unless the inventory sets the architectures
 (llama_cuda_architectures, or -DCMAKE_CUDA_ARCHITECTURES in llama_cmake_args) the build targets the
-compute capabilities it reports (8.9 → 89); the build step names them (docs/accelerators.md).
+compute capabilities it reports (8.9 → 89); the build step names them (docs/accelerators.md). Before
+a CUDA build configures, the host's nvcc (its release, from the host facts) is checked against what
+the tree's ggml-cuda/CMakeLists.txt says each of those architectures needs (llama/cuda_toolkit.py).
 
 Refuses known-vulnerable pinned builds (tunnelspec/llama/advisories.py) unless
 --allow-vulnerable-llama; an unknown build number is a warning in the message.
@@ -179,6 +181,8 @@ class LlamaBuild(Task):
             return ok(f"{names} built for tree {self.p['tree'][:12]} in build/{key}{note}")
         if self.p["backend"] == "vulkan":
             await self._vulkan_headers(ctx)
+        if self.p["backend"] == "cuda":
+            await self._cuda_toolkit(ctx)
         jobs = min(st.nproc, self.p["jobs"] or st.nproc)
         how = f"{jobs} job(s), {'ccache' if st.ccache else 'no ccache'}"
         return change(f"build {names} in build/{key} ({how}){note}", Diff(str(st.current), self._dir), jobs=jobs)
@@ -189,6 +193,27 @@ class LlamaBuild(Task):
 
         res = await ctx.conn.run(vulkan.probe_argv(self.src))
         why = vulkan.refusal(ctx.host, res.stdout)
+        if why:
+            raise TaskFailed(why)
+
+    async def _cuda_toolkit(self, ctx) -> None:
+        """Before configuring a CUDA build: the host's nvcc is one the tree builds these architectures with."""
+        from tunnelspec.llama import cuda_toolkit
+        from tunnelspec.tasks.host import facts_of
+
+        archs = bp.cmake_sets(self._options(), bp.CUDA_ARCH_VAR)
+        if not archs:
+            return
+        f = facts_of(ctx)
+        nvcc, text = (f.nvcc, f.nvcc_text) if f is not None and f.nvcc else (None, "")
+        if nvcc is None:  # no facts in this run's context (a task run on its own)
+            res = await ctx.conn.run(["sh", "-c", "nvcc --version 2>/dev/null | grep release"])
+            nvcc, text = cuda_toolkit.parse_nvcc(res.stdout), res.stdout.strip()
+        res = await ctx.conn.run(["cat", "--", posixpath.join(self.src, cuda_toolkit.CMAKELISTS)])
+        if res.rc != 0:  # a tree without ggml-cuda: cmake says so itself
+            return
+        why = cuda_toolkit.refusal(ctx.host, nvcc, text, archs, res.stdout,
+                                   f"{self.src} (commit {self.p['commit'][:12]})")
         if why:
             raise TaskFailed(why)
 
