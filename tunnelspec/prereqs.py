@@ -113,8 +113,9 @@ class Runtime:
 
 RUNTIME: tuple[Runtime, ...] = (
     Runtime("cuda", "nvidia-smi", lambda f: "nvidia-smi" in f.tools,
-            "the NVIDIA driver (Debian's non-free `nvidia-driver`, or NVIDIA's packages), then a reboot",
-            "the NVIDIA driver: the CUDA build reads the GPUs' architectures from it and runs on it", refuse=True),
+            "the NVIDIA driver (Debian's non-free `nvidia-driver`, or NVIDIA's packages)",
+            "the NVIDIA driver's tool: the CUDA build reads the GPUs' architectures from it and runs on the driver",
+            refuse=True),
     Runtime("vulkan", "a Vulkan driver (an ICD manifest in " + ", ".join(VULKAN_ICD_DIRS) + ")",
             lambda f: bool(f.vulkan_icds),
             "`mesa-vulkan-drivers` (AMD, Intel) or the GPU vendor's driver (NVIDIA's brings nvidia_icd.json)",
@@ -139,11 +140,12 @@ def runtime_findings(backend: str, facts: HostFacts) -> tuple[list[str], list[st
     for r in RUNTIME:
         if r.backend != backend or r.present(facts):
             continue
+        provides = r.provides.replace("`", "")
         if r.refuse:
-            refused.append(f"llama_backend={backend} but {r.what} is not installed: {r.why}. Install {r.provides}; "
+            refused.append(f"llama_backend={backend} but {r.what} is not installed ({r.why}). Install {provides}; "
                            "tunnelspec never installs a GPU driver")
         else:
-            warned.append(f"llama_backend={backend} but {r.what} was not found: {r.why}. Install {r.provides} "
+            warned.append(f"llama_backend={backend} but {r.what} was not found ({r.why}). Install {provides} "
                           "(tunnelspec never installs a GPU driver); an RPC node without it is refused once its "
                           "server starts (\"serves CPU only\")")
     return refused, warned
