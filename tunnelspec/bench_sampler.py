@@ -121,8 +121,12 @@ class Threads:
         if full or not self.candidates:
             try:
                 tids = os.listdir(f"{self.base}/task")
-            except (FileNotFoundError, ProcessLookupError):
+                with open(f"{self.base}/stat") as f:
+                    state = f.read().rsplit(")", 1)[-1].split()[0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
                 raise ProcessGone from None
+            if state in ("Z", "X"):  # exited, not yet reaped
+                raise ProcessGone
         else:
             tids = list(self.candidates)
         waiting = set()
@@ -143,9 +147,13 @@ class Threads:
 
 
 def _wait_eof(stop: threading.Event) -> None:
+    # os.read, not sys.stdin: a daemon thread blocked inside the buffered reader holds its lock, and
+    # the interpreter aborts at exit when it cannot take it.
     try:
-        while sys.stdin.buffer.read(4096):
+        while os.read(0, 4096):
             pass
+    except OSError:
+        pass
     finally:
         stop.set()
 
