@@ -18,8 +18,9 @@ inv=$(systemctl show -p InvocationID --value -- "$u")
 echo "-- journal --"
 [ -n "$inv" ] || exit 0
 journalctl --no-pager -o short-monotonic -u "$u" "_SYSTEMD_INVOCATION_ID=$inv" \
-  | grep -m 4 -e 'model loaded' -e 'llama_context: n_ctx '
+  | sed -n -e '/llama_context: n_ctx /p' -e '/model loaded/{p;q;}'
 """
+# (sed quits at "model loaded": a server that ran for days at -lv 4 has a long journal after it.)
 
 # `[ 8061.878293] main llama-server[3486]: 0.00.334.886 I srv  llama_server: model loaded`: the
 # journal's monotonic time, then llama-server's own prefix (common/log.cpp, on by default since

@@ -126,7 +126,7 @@ def test_status_and_bench_report_the_remote_draft(lab, inventory, deployed):
         assert side["prompt_per_second"] > 0 and side["predicted_per_second"] > 0, side
         assert side["load"]["seconds"] > 0, side["load"]  # b11434 logs "model loaded" with its own time
     wait = deployed["network_wait"]
-    assert wait["seconds"] > 0 and 0 < wait["share"] <= 1 and "rpc-a" in wait["by_node"], wait
+    assert wait["seconds"] > 0 and wait["share"] > 0 and "rpc-a" in wait["by_node"], wait
     assert alone["network_wait"]["seconds"] == 0 and alone["ready_seconds"] > 0
     h = tunnelspec("bench", inventory, "--runs", "1", "--n-predict", "16", timeout=600)
     assert h.rc == 0, h.stdout + h.stderr
