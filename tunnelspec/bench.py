@@ -143,7 +143,11 @@ async def _baseline(conn, main, base: list[str], port: int, tls, key, prompt, n_
         await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
         if same_placement:
             await conn.run(["systemctl", "start", UNIT], check=True)
-            await http.wait_health(api_opener(conn, main.server_port, main.server_host, tls), wait_s)
+            try:
+                await http.wait_health(api_opener(conn, main.server_port, main.server_host, tls), wait_s)
+            except http.HttpError as e:
+                raise TaskFailed(f"main: the deployed llama-server, started again after bench's baseline, is not "
+                                 f"healthy: {e}; see `tunnelspec status`, and `tunnelspec deploy` restores it") from None
 
 
 async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFAULT_PROMPT,
@@ -165,8 +169,12 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
                              "Leave --same-placement out to compare with the model on main alone.")
         tls = ApiTls.of(main)
         port_nodes = {n.tunnel_port: n.name for n in cluster.rpc}
-        deployed = await _measure(conn, UNIT, api_opener(conn, main.server_port, main.server_host, tls), key_s,
-                                  prompt, n_predict, runs, rpc_ports(argv), port_nodes)
+        try:
+            deployed = await _measure(conn, UNIT, api_opener(conn, main.server_port, main.server_host, tls), key_s,
+                                      prompt, n_predict, runs, rpc_ports(argv), port_nodes)
+        except http.HttpError as e:
+            raise TaskFailed(f"main: the deployed llama-server did not answer bench's completions: {e}; "
+                             "see `tunnelspec status` (nothing was changed)") from None
         deployed.update(kind=kind, placement=describe_placement(argv))
         n_ctx = context_size(argv) or figs.journal_n_ctx(deployed.pop("journal"))
         model = flag_value(argv, "-m", "--model")
