@@ -9,8 +9,9 @@ The deploy installs the Vulkan build tools (glslc, libvulkan-dev, spirv-headers 
 user's, here the lab's `mesa-vulkan-drivers`), builds rpc-a's RPC server with GGML_VULKAN, and the
 draft runs on RPC0 = rpc-a's Vulkan0 through the tunnel. Then the failures users meet: the build
 tools missing with installs switched off (stopped before the build, naming glslc), and the driver
-gone (the ICD file removed, the server restarted as after a reboot): the server falls back to the
-CPU, and the deploy refuses the node before llama-server changes, saying "serves CPU only"; and a
+gone (its ICD files removed, the server restarted as after a reboot): the preflight warns, naming
+the node and what brings a driver (`deploy --check` too), the server falls back to the CPU, and the
+deploy refuses the node before llama-server changes, saying "serves CPU only"; and a
 draft bigger than the memory the Vulkan device reports, refused with both figures."""
 
 from __future__ import annotations
@@ -122,23 +123,35 @@ def test_status_shows_rpc0_as_the_nodes_vulkan_device(lab, vulkan_node, vulkan_d
     print("\n" + human.stdout)
 
 
+def driver_warnings(res) -> list[str]:
+    return [e["msg"] for e in res.events if e.get("event") == "message" and "Vulkan driver" in e.get("msg", "")]
+
+
 def test_second_deploy_changes_nothing(lab, vulkan_node, vulkan_deployed):
     again = deploy(vulkan_node)
     assert again.rc == 0, failed_report(again)
     assert all(c["changed"] == 0 for c in again.recap.values()), (again.recap, again.results("changed"))
+    assert driver_warnings(again) == []  # lavapipe's ICD is there: no driver warning
 
 
 def test_driver_gone_is_refused_before_llama_server_changes(lab, vulkan_node, vulkan_deployed, tmp_path):
-    """The driver's ICD file removed, as a broken driver upgrade leaves a node: the Vulkan build then
-    finds no device and serves the CPU (with or without the device chosen by index). The deploy
-    refuses the node in the rpc play, naming it, "serves CPU only" and what to check; llama-server
-    on main is not restarted or rewritten by it."""
+    """The driver's ICD files removed, as a broken driver upgrade leaves a node: the preflight warns
+    (a driver may come before the server starts), the Vulkan build then finds no device and serves
+    the CPU (with or without the device chosen by index). The deploy refuses the node in the rpc
+    play, naming it, "serves CPU only" and what to check; llama-server on main is not restarted or
+    rewritten by it."""
     pid, unit = main_pid(lab), sh(lab, "main", "systemctl", "cat", UNIT)
     no_env = inventory_copy(lab, tmp_path, name="vulkan-no-env.ini", host_vars={NODE: "llama_backend=vulkan"})
     try:
-        sh(lab, NODE, "sh", "-c", f"mkdir -p {ICD_AWAY} && mv {ICD_DIR}/lvp_icd*.json {ICD_AWAY}/")
+        # Every manifest (Mesa's package has one per driver: lavapipe's and the GPU drivers'): no driver at all.
+        sh(lab, NODE, "sh", "-c", f"mkdir -p {ICD_AWAY} && mv {ICD_DIR}/*.json {ICD_AWAY}/")
+        chk = tunnelspec("deploy", str(no_env), "--check", timeout=600)
+        warning = f"WARNING: {NODE}: llama_backend=vulkan but a Vulkan driver (an ICD manifest in {ICD_DIR}"
+        assert warning in chk.stdout and "mesa-vulkan-drivers" in chk.stdout, chk.stdout[-4000:]
         res = deploy(no_env)
         assert res.rc != 0, failed_report(res)
+        (said,) = driver_warnings(res)  # the preflight said it once, and did not refuse
+        assert said.startswith(warning), said
         failed = {e["host"]: e for e in res.results("failed")}
         assert failed[NODE]["module"] == "rpc_served_devices", failed_report(res)
         msg = failed[NODE]["msg"]
