@@ -89,6 +89,11 @@ def _version(text: str, pattern: str = r"(\d+)\.(\d+)(?:\.(\d+))?") -> tuple[int
     return tuple(int(g) for g in m.groups() if g is not None)
 
 
+def parse_nvcc(text: str) -> tuple[int, ...] | None:
+    """The toolkit release `nvcc --version` reports ("Cuda compilation tools, release 12.4, V12.4.131")."""
+    return _version(text, r"release (\d+)\.(\d+)")
+
+
 @dataclass(frozen=True)
 class HostFacts:
     system: str = ""                 # uname -s: Linux, Darwin, ...
@@ -209,7 +214,7 @@ def parse_facts(text: str) -> HostFacts:
         systemd_version=systemd[0] if systemd else None,
         openssh=_version(ssh_text, r"OpenSSH_(\d+)\.(\d+)"), openssh_text=ssh_text,
         gcc=_version(raw.get("gcc", "")), cmake=_version(raw.get("cmake", "")),
-        nvcc=_version(raw.get("nvcc", ""), r"release (\d+)\.(\d+)"), nvcc_text=raw.get("nvcc", ""),
+        nvcc=parse_nvcc(raw.get("nvcc", "")), nvcc_text=raw.get("nvcc", ""),
         package_manager=next((p for p in PACKAGE_MANAGERS if p in tools), None),
         disk_dir=raw.get("disk_dir", ""), disk_free_kb=num("disk_free_kb"),
         nproc=num("nproc"), mem_kb=num("mem_kb"), tools=tools, files=tuple(files),

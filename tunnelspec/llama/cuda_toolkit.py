@@ -23,6 +23,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tunnelspec.facts.host import parse_nvcc  # noqa: F401  (one parser of nvcc's line, shared with the facts)
+
 CMAKELISTS = "ggml/src/ggml-cuda/CMakeLists.txt"
 
 _NEEDS_COMMENT = re.compile(r"#\s*(\d+)\s*==\s*[^#]*?\bneeds CUDA v?(\d+(?:\.\d+)?)", re.I)
@@ -95,12 +97,6 @@ def tree_rules(cmake_text: str) -> list[ArchRule]:
                 if am:
                     rules.append(ArchRule(int(am.group(1)), op, version, gline, f"{gtext} around {code.strip()}"))
     return rules
-
-
-def parse_nvcc(text: str) -> tuple[int, ...] | None:
-    """The toolkit release `nvcc --version` reports ("Cuda compilation tools, release 12.4, V12.4.131")."""
-    m = re.search(r"release (\d+)\.(\d+)", text or "")
-    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def architectures(value: str) -> list[int]:

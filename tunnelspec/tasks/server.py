@@ -318,8 +318,9 @@ class LlamaVerify(Task):
         return ApiTls(self.p["tls_ca_file"], self.p["tls_name"])
 
     async def check(self, ctx):
-        paths = model_paths(self.p["plan"].get("argv") or [])
-        wait = start_timeout(self.p["health_timeout"], await model_sizes(ctx.conn, paths) if not self.p["health_timeout"] else [])
+        configured = self.p["health_timeout"]  # 0: from the sizes of the models llama-server loads
+        sizes = [] if configured else await model_sizes(ctx.conn, model_paths(self.p["plan"].get("argv") or []))
+        wait = start_timeout(configured, sizes)
         result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], host=self.p["host"],
                                      api_key_file=self.p["api_key_file"],
                                      health_timeout=wait, n_predict=self.p["n_predict"],
