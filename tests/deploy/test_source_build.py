@@ -263,7 +263,7 @@ def test_patch_that_does_not_apply_is_named_and_leaves_the_checkout_clean(lab, d
                       sh(lab, "main", 'wc -l < "$1/src/llama.cpp/README.md"', ROOT)))
     conflict = write_inventory(lab, inv_dir / "conflict.ini", [
         'llama_patches=[{"file": "patches/tail.patch"}, {"remote": "%s", "ref": "%s", "commit": "%s"}]'
-        % (fixtures.repo, fixtures.side_branch, fixtures.side_commit[:10])])
+        % (fixtures.repo, fixtures.side_branch, fixtures.side_commit)])
     res = run(conflict, SOURCE_ONLY, timeout=600)
     assert res.rc == 1
     for h, r in results(res, "llama_source").items():
@@ -275,7 +275,7 @@ def test_patch_that_does_not_apply_is_named_and_leaves_the_checkout_clean(lab, d
     # The side-branch commit alone applies: a commit from another remote, reproducible everywhere.
     remote = write_inventory(lab, inv_dir / "remote.ini", [
         'llama_patches=[{"remote": "%s", "ref": "%s", "commit": "%s"}]'
-        % (fixtures.repo, fixtures.side_branch, fixtures.side_commit[:10])])
+        % (fixtures.repo, fixtures.side_branch, fixtures.side_commit)])
     res = run(remote, SOURCE_ONLY, timeout=600)
     assert res.rc == 0, failed_report(res)
     trees = {source_tree(lab, h) for h in HOSTS}
@@ -309,7 +309,7 @@ def test_pr_head_cherry_pick_is_reproducible(lab, deployed, inv_dir, fixtures):
                    ' && git -C "$1" branch -q -D "$4"', pr_repo, fixtures.repo, fixtures.side_commit,
            fixtures.side_branch)
     try:
-        pr = write_inventory(lab, inv_dir / "pr.ini", [f'llama_patches=[{{"pr": 7, "commit": "{fixtures.side_commit[:10]}"}}]'])
+        pr = write_inventory(lab, inv_dir / "pr.ini", [f'llama_patches=[{{"pr": 7, "commit": "{fixtures.side_commit}"}}]'])
         pr.write_text(pr.read_text().replace(f"llama_repo={fixtures.repo}", f"llama_repo={pr_repo}"))
         res = run(pr, SOURCE_ONLY, timeout=600)
         assert res.rc == 0, failed_report(res)

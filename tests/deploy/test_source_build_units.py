@@ -13,33 +13,71 @@ from tunnelspec.llama.source_gate import compare_trees
 BASE = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 
 
+PR_SHA = "1a6fee5" + "0" * 33
+REMOTE_SHA = "abcdef1" + "2" * 33
+
+
 def test_patch_specs_and_fingerprint(tmp_path):
     (tmp_path / "x.patch").write_bytes(b"diff --git a/README b/README\n")
-    specs = ss.parse_patches([{"pr": 26636, "commit": "1A6FEE5"},
-                              {"remote": "https://example.invalid/r.git", "ref": "fix", "commit": "abcdef1"},
-                              {"file": "x.patch"}], tmp_path)
-    assert [s.kind for s in specs] == ["pr", "remote", "file"]
-    assert specs[0].id == "pr 26636 @1a6fee5"
+    specs = ss.parse_patches([{"pr": 26636, "commit": PR_SHA.upper()},
+                              {"remote": "https://example.invalid/r.git", "ref": "fix", "commit": REMOTE_SHA},
+                              {"file": "x.patch"}, {"pr": 26636, "head": PR_SHA}], tmp_path)
+    assert [s.kind for s in specs] == ["pr", "remote", "file", "pr"]
+    assert [s.whole for s in specs] == [False, False, False, True]
+    assert specs[0].id == f"pr 26636 @{PR_SHA}" and specs[3].id == f"pr 26636 head {PR_SHA}"
     assert specs[2].data.startswith(b"diff") and len(specs[2].sha256) == 64
     fp = ss.fingerprint(BASE, specs)
-    assert fp == ss.fingerprint(BASE, ss.parse_patches([{"pr": 26636, "commit": "1a6fee5"},
+    assert fp == ss.fingerprint(BASE, ss.parse_patches([{"pr": 26636, "commit": PR_SHA},
                                                         {"remote": "https://example.invalid/r.git", "ref": "fix",
-                                                         "commit": "abcdef1"}, {"file": "x.patch"}], tmp_path))
+                                                         "commit": REMOTE_SHA}, {"file": "x.patch"},
+                                                        {"pr": 26636, "head": PR_SHA}], tmp_path))
+    # The same SHA as one commit or as the whole PR's head is another stack.
+    assert ss.fingerprint(BASE, specs[:1]) != ss.fingerprint(BASE, specs[3:])
     # Changing the patch file's bytes, the order, or the base changes the fingerprint.
     (tmp_path / "x.patch").write_bytes(b"diff --git a/README b/README\n+x\n")
-    assert ss.fingerprint(BASE, ss.parse_patches([{"pr": 26636, "commit": "1a6fee5"},
+    assert ss.fingerprint(BASE, ss.parse_patches([{"pr": 26636, "commit": PR_SHA},
                                                   {"remote": "https://example.invalid/r.git", "ref": "fix",
-                                                   "commit": "abcdef1"}, {"file": "x.patch"}], tmp_path)) != fp
+                                                   "commit": REMOTE_SHA}, {"file": "x.patch"},
+                                                  {"pr": 26636, "head": PR_SHA}], tmp_path)) != fp
     assert ss.fingerprint(BASE, specs[::-1]) != fp
     assert ss.fingerprint("0" * 40, specs) != fp
 
 
-@pytest.mark.parametrize("entry", [{"pr": 0, "commit": "abcdef1"}, {"pr": 1, "commit": "xyz"},
-                                   {"remote": "-oops", "ref": "r", "commit": "abcdef1"}, {"pr": 1},
-                                   {"file": "missing.patch"}])
+@pytest.mark.parametrize("entry", [{"pr": 0, "commit": PR_SHA}, {"pr": 1, "commit": "xyz"},
+                                   {"remote": "-oops", "ref": "r", "commit": PR_SHA}, {"pr": 1},
+                                   {"file": "missing.patch"}, {"pr": 1, "commit": PR_SHA, "head": PR_SHA},
+                                   {"pr": 0, "head": PR_SHA}])
 def test_bad_patch_specs_are_refused(entry, tmp_path):
     with pytest.raises(TaskFailed):
         ss.parse_patches([entry], tmp_path)
+
+
+@pytest.mark.parametrize("entry", [{"pr": 1, "commit": "1a6fee5"}, {"pr": 1, "head": "1a6fee5"},
+                                   {"remote": "https://example.invalid/r.git", "ref": "b", "commit": PR_SHA[:39]}])
+def test_short_patch_shas_are_refused_with_the_way_to_the_full_one(entry, tmp_path):
+    with pytest.raises(TaskFailed) as err:
+        ss.parse_patches([entry], tmp_path)
+    assert "short SHA" in str(err.value) and "git rev-parse" in str(err.value) and "full 40-hex" in str(err.value)
+
+
+def _rev_list(*rows: tuple[str, ...]) -> str:
+    return "".join(" ".join(r) + "\n" for r in rows)
+
+
+def test_pr_commits_oldest_first_and_refusals():
+    spec = ss.PatchSpec("pr", commit="c" * 40, pr=9, whole=True)
+    a, b, c, m = "a" * 40, "b" * 40, "c" * 40, "d" * 40
+    assert ss.pr_commits(_rev_list((a, BASE), (b, a), (c, b)), spec, BASE, "main") == [a, b, c]
+    with pytest.raises(TaskFailed) as err:
+        ss.pr_commits(_rev_list((a, BASE), (m, a, "e" * 40), (c, m)), spec, BASE, "main")
+    assert "1 merge commit(s) (dddddddddddd)" in str(err.value) and "on main" in str(err.value)
+    with pytest.raises(TaskFailed) as err:
+        ss.pr_commits("", spec, BASE, "main")
+    assert "already contained in llama_commit" in str(err.value)
+    many = _rev_list(*[(f"{i:040x}", f"{i - 1:040x}") for i in range(1, ss.PR_MAX_COMMITS + 2)])
+    with pytest.raises(TaskFailed) as err:
+        ss.pr_commits(many, spec, BASE, "main")
+    assert f"{ss.PR_MAX_COMMITS + 1} commits" in str(err.value) and "older than" in str(err.value)
 
 
 def test_parse_source_state():

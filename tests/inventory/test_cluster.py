@@ -11,6 +11,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.cluster import Cluster
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
+PR_SHA = "1a6fee5" + "0" * 33  # patch SHAs are full, like llama_commit
 
 
 def write(tmp_path: Path, main="m1 ansible_host=10.77.0.10", rpc=("r1 ansible_host=10.77.0.11 rpc_role=draft",
@@ -64,9 +65,9 @@ def test_explicit_values(tmp_path):
         tmp_path,
         rpc=("r1 rpc_role=draft rpc_port=50100 tunnel_port=16000 rpc_devices=CUDA0,CUDA1 rpc_threads=8 rpc_cache=no",
              "r2 rpc_role=target rpc_bind=127.0.0.1"),
-        all_vars=('llama_patches=[{"pr": 26636, "commit": "1A6FEE5"}, '
+        all_vars=('llama_patches=[{"pr": 26636, "commit": "' + PR_SHA.upper() + '"}, '
                   '{"remote": "https://example.com/fork.git", "ref": "topic", "commit": "' + SHA + '"}, '
-                  '{"file": "patches/fix.patch"}]',
+                  '{"file": "patches/fix.patch"}, {"pr": 26636, "head": "' + SHA + '"}]',
                   "llama_build_number=8841", "llama_force_clean=yes", "llama_backend=cuda",
                   'llama_cmake_args="-DGGML_NATIVE=OFF -DCMAKE_BUILD_TYPE=Release"', "llama_build_jobs=2",
                   "tunnelspec_root=/srv/ts/", "rpc_user=rpcsvc"),
@@ -79,8 +80,9 @@ def test_explicit_values(tmp_path):
     assert (r1.rpc_port, r1.tunnel_port, r1.devices, r1.threads, r1.cache) == (50100, 16000, ("CUDA0", "CUDA1"), 8, False)
     assert r2.tunnel_port == 15053  # default follows the node's index, whatever the others chose
     kinds = [p.kind for p in c.source.patches]
-    assert kinds == ["pr", "remote", "file"]
-    assert c.source.patches[0].pr == 26636 and c.source.patches[0].commit == "1a6fee5"
+    assert kinds == ["pr", "remote", "file", "pr"]
+    assert c.source.patches[0].pr == 26636 and c.source.patches[0].commit == PR_SHA
+    assert c.source.patches[3].head == SHA and c.source.patches[3].commit is None  # the whole PR
     assert c.source.patches[1].remote == "https://example.com/fork.git" and c.source.patches[1].ref == "topic"
     assert c.source.patches[2].file == (tmp_path / "patches" / "fix.patch").resolve()
     assert c.source.build_number == 8841
@@ -220,10 +222,13 @@ def test_public_bind_without_key_file_is_refused(tmp_path):
         ('llama_commit="0123456"', "llama_commit", "short SHAs"),
         ("llama_patches=fix.patch", "llama_patches", "must be a list literal"),
         ('llama_patches=[{"pr": 1}]', "llama_patches", "use one of {pr, commit}"),
-        ('llama_patches=[{"pr": "abc", "commit": "1a6fee5"}]', "llama_patches", "positive PR number"),
-        ('llama_patches=[{"pr": 5, "commit": "zzz"}]', "llama_patches", "must be a hex SHA"),
+        ('llama_patches=[{"pr": "abc", "commit": "%s"}]' % PR_SHA, "llama_patches", "positive PR number"),
+        ('llama_patches=[{"pr": 5, "commit": "zzz"}]', "llama_patches", "must be a full 40-hex commit SHA"),
+        ('llama_patches=[{"pr": 5, "commit": "1a6fee5"}]', "llama_patches", "is a short SHA"),
+        ('llama_patches=[{"pr": 5, "head": "1a6fee5"}]', "llama_patches", "is a short SHA"),
+        ('llama_patches=[{"pr": 5, "head": "%s", "commit": "%s"}]' % (PR_SHA, PR_SHA), "llama_patches", "{pr, head}"),
         ('llama_patches=[{"file": "missing.patch"}]', "llama_patches", "does not exist"),
-        ('llama_patches=[{"remote": "--upload-pack=x", "ref": "b", "commit": "1a6fee5"}]', "llama_patches", "not starting with '-'"),
+        ('llama_patches=[{"remote": "--upload-pack=x", "ref": "b", "commit": "%s"}]' % PR_SHA, "llama_patches", "not starting with '-'"),
         ("llama_backend=opencl", "llama_backend", "cpu, cuda, hip, vulkan, metal"),
         ('llama_cmake_args="-DGGML_NATIVE=OFF --fresh"', "llama_cmake_args", "not a -D cache entry"),
         ('llama_cmake_args="-DGGML_RPC=OFF"', "llama_cmake_args", "set by tunnelspec"),

@@ -58,8 +58,12 @@ def test_controller_repo_that_does_not_exist(tmp_path):
 
 def test_controller_repo_needs_the_patch_commits_too(tmp_path):
     commit = make_repo(tmp_path / "llama.cpp")
-    err = error(write(tmp_path, "controller:../llama.cpp", commit, patches='[{"pr": 5, "commit": "abcdef1"}]'))
-    assert "patch commit abcdef1 is not in the controller repository" in str(err)
+    missing = "abcdef1" * 5 + "abcde"
+    err = error(write(tmp_path, "controller:../llama.cpp", commit, patches='[{"pr": 5, "commit": "%s"}]' % missing))
+    assert f"patch commit {missing} is not in the controller repository" in str(err)
+    # A whole-PR entry's head must be there too.
+    err = error(write(tmp_path, "controller:../llama.cpp", commit, patches='[{"pr": 5, "head": "%s"}]' % missing))
+    assert f"patch commit {missing} is not in the controller repository" in str(err)
 
 
 def test_controller_path_inside_another_repository_is_not_taken_for_it(tmp_path):

@@ -35,7 +35,7 @@ CASES = {
     "rpc_cache": ({"rpc_cache": "false"}, lambda c: c.rpc[0].cache),
     "llama_repo": ({"llama_repo": "/srv/other"}, lambda c: c.source.repo),
     "llama_commit": ({"llama_commit": OTHER_SHA}, lambda c: c.source.commit),
-    "llama_patches": ({"llama_patches": '[{"pr": 5, "commit": "abcdef1"}]'}, lambda c: c.source.patches),
+    "llama_patches": ({"llama_patches": '[{"pr": 5, "commit": "' + "abcdef1" * 5 + 'abcde"}]'}, lambda c: c.source.patches),
     "llama_build_number": ({"llama_build_number": "7000"}, lambda c: c.source.build_number),
     "llama_force_clean": ({"llama_force_clean": "true"}, lambda c: c.rpc[0].build.force_clean),
     "llama_backend": ({"llama_backend": "vulkan"}, lambda c: c.main.build.backend),

@@ -65,7 +65,7 @@ def play(c, repo_ref: str, commit: str, patches: str) -> tuple[Path, Path]:
 def test_bundle_once_same_tree_then_nothing(setup):
     c, repo, pinned, pr = setup
     rel = os.path.relpath(repo, c.base)  # relative to the inventory's directory
-    inv, pb = play(c, f"controller:{rel}", pinned, f'[{{"pr": 7, "commit": "{pr[:10]}"}}]')
+    inv, pb = play(c, f"controller:{rel}", pinned, f'[{{"pr": 7, "commit": "{pr}"}}]')
     first = tunnelspec("play", str(inv), str(pb), "--format", "json")
     assert first.rc == 0, first.stdout + first.stderr
     (res,) = first.results()

@@ -12,10 +12,12 @@ from typing import Any
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.inventory.fields import HostVars, is_full_sha
 from tunnelspec.inventory.placement import node_share
+from tunnelspec.inventory.front_vars import FrontSettings, front_of
 from tunnelspec.inventory.tls_vars import TlsSettings, tls_of
 from tunnelspec.inventory.values import USER_NAME
 from tunnelspec.llama import controller_repo
 from tunnelspec.llama.devices import static_target_default
+from tunnelspec.llama.source_stack import short_sha_error
 from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
 from tunnelspec.models import hub
 
@@ -40,13 +42,14 @@ OWNED_CMAKE_VARS = (
     "GGML_HIP", "GGML_VULKAN", "GGML_METAL",
 )
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
-_HEX = re.compile(r"^[0-9a-f]{7,40}$")
 
 
 @dataclass(frozen=True)
 class Patch:
-    """One entry of llama_patches. kind "pr": GitHub PR `pr` at head `commit`; kind "remote":
-    `ref` of `remote` at `commit`; kind "file": a patch file on the controller (absolute path)."""
+    """One entry of llama_patches. kind "pr": one `commit` of GitHub PR `pr` cherry-picked, or with
+    `head` the whole PR (every commit from the merge base with llama_commit up to that head);
+    kind "remote": one `commit` of `ref` of `remote`; kind "file": a patch file on the controller
+    (absolute path). SHAs are full (source_stack.short_sha_error says why)."""
 
     kind: str
     commit: str | None = None
@@ -54,6 +57,12 @@ class Patch:
     remote: str | None = None
     ref: str | None = None
     file: Path | None = None
+    head: str | None = None
+
+    @property
+    def pinned(self) -> str | None:
+        """The commit the hosts must have: the single commit, or the PR's head."""
+        return self.commit or self.head
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,8 @@ class MainHost:
     # Seconds verify waits for /health after a (re)start; None: from the models' sizes
     # (llama/verify.py start_timeout).
     start_timeout: int | None = None
+    # The front (HAProxy) on llama_server_host:llama_server_port; llama-server behind it on loopback.
+    front: FrontSettings | None = None
 
 
 # ---- per-host sections -----------------------------------------------------------------------------
@@ -206,7 +217,7 @@ def source_of(hv: HostVars) -> SourcePin:
     if controller_repo.is_controller_repo(repo):
         try:
             controller_repo.check(controller_repo.path_of(repo, hv.inv.path.parent), commit,
-                                  [p.commit for p in patches if p.kind != "file"])
+                                  [p.pinned for p in patches if p.kind != "file"])
         except controller_repo.ControllerRepoError as err:
             raise hv.fail("llama_repo", str(err)) from None
     return SourcePin(
@@ -234,13 +245,14 @@ def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
     if not isinstance(entry, dict):
         raise hv.fail("llama_patches", f"{where} must be a dict like {{\"pr\": 123, \"commit\": \"<sha>\"}}, got {entry!r}")
     keys = set(entry)
-    forms = {frozenset({"pr", "commit"}): "pr", frozenset({"remote", "ref", "commit"}): "remote",
-             frozenset({"file"}): "file"}
+    forms = {frozenset({"pr", "commit"}): "pr", frozenset({"pr", "head"}): "pr",
+             frozenset({"remote", "ref", "commit"}): "remote", frozenset({"file"}): "file"}
     kind = forms.get(frozenset(keys))
     if kind is None:
         raise hv.fail(
             "llama_patches",
-            f"{where} has keys {sorted(keys)}; use one of {{pr, commit}}, {{remote, ref, commit}} or {{file}}",
+            f"{where} has keys {sorted(keys)}; use one of {{pr, commit}} (one commit of a PR), {{pr, head}} "
+            "(the whole PR, up to that head), {remote, ref, commit} or {file}",
         )
     if kind == "file":
         rel = entry["file"]
@@ -250,18 +262,21 @@ def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
         if not path.is_file():
             raise hv.fail("llama_patches", f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)")
         return Patch(kind="file", file=path)
-    commit = entry["commit"]
-    if not isinstance(commit, str) or not _HEX.match(commit.lower()):
-        raise hv.fail("llama_patches", f"{where}: commit {commit!r} must be a hex SHA (7 to 40 characters), quoted")
+    key = "head" if "head" in keys else "commit"
+    # Full SHAs only, as for llama_commit: the one rule and its reason live in short_sha_error.
+    bad = short_sha_error(entry[key], key)
+    if bad:
+        raise hv.fail("llama_patches", f"{where}: {bad}")
+    sha = entry[key].strip().lower()
     if kind == "pr":
         pr = entry["pr"]
         if isinstance(pr, bool) or not isinstance(pr, int) or pr < 1:
             raise hv.fail("llama_patches", f"{where}: pr must be a positive PR number, got {pr!r}")
-        return Patch(kind="pr", pr=pr, commit=commit.lower())
+        return Patch(kind="pr", pr=pr, head=sha) if key == "head" else Patch(kind="pr", pr=pr, commit=sha)
     for key in ("remote", "ref"):
         if not isinstance(entry[key], str) or not entry[key].strip() or entry[key].startswith("-"):
             raise hv.fail("llama_patches", f"{where}: {key} must be a non-empty string not starting with '-'")
-    return Patch(kind="remote", remote=entry["remote"], ref=entry["ref"], commit=commit.lower())
+    return Patch(kind="remote", remote=entry["remote"], ref=entry["ref"], commit=sha)
 
 
 def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
@@ -404,6 +419,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         root=root_of(hv),
         users=users_of(hv),
         tls=tls_of(hv, build.cmake_args) if public else None,
+        front=front_of(hv, hv.port("llama_server_port", DEFAULT_HTTP_PORT)),
     )
 
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tunnelspec.errors import LabError
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.lab import sdist_trees
 from tunnelspec.lab.sdist_trees import DOWNLOADS_DIR, commit_tree, git, publish_bare, tree_source
@@ -155,3 +157,77 @@ def build_repo(sdist: Path, bare_dest: Path) -> tuple[str, str]:
         git(work, "checkout", "-q", MAIN_BRANCH)
         publish_bare(work, Path(tmp), [SIDE_BRANCH], bare_dest)
     return commit, side
+
+
+# ---- a pull request of two commits, as GitHub publishes it ---------------------------------------
+# GitHub keeps every PR's head under refs/pull/N/head, outside refs/heads (a clone does not bring
+# it; `git fetch origin refs/pull/N/head` does). The fixture repository gets one such ref: two
+# commits on top of `master`, the second building on the first (picked alone it would not apply),
+# so a whole-PR entry must bring both in order and a single-commit entry brings one. Added to the
+# finished repository (objects and one ref: `master` and every existing SHA stay as they are), the
+# same SHAs on every machine (fixed identity, dates and contents).
+PR_NUMBER = 28
+PR_REF = f"refs/pull/{PR_NUMBER}/head"
+PR_FILE = "TUNNELSPEC-PR.md"
+_PR_STEPS = (
+    ("2026-10-03T00:00:00+00:00", "tunnelspec test PR (1/2): add TUNNELSPEC-PR.md", "first commit of the PR\n"),
+    ("2026-10-03T00:01:00+00:00", "tunnelspec test PR (2/2): a second line", "second commit of the PR\n"),
+)
+
+
+@dataclass(frozen=True)
+class PrFixture:
+    number: int
+    ref: str  # refs/pull/N/head in the fixture repository
+    commits: tuple[str, ...]  # oldest first; the last one is the head
+    file: str  # the file the PR creates (first commit) and extends (second)
+
+    @property
+    def head(self) -> str:
+        return self.commits[-1]
+
+
+def ensure_pr_fixture(fx: Fixtures) -> PrFixture:
+    """The two-commit PR in `fx`'s repository (made once, under the fixtures' lock; later calls
+    find the objects and the ref as they are)."""
+    repo = Path(fx.repo_local)
+    with open(repo.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with tempfile.TemporaryDirectory(prefix="tunnelspec-pr-") as tmp:
+            index = str(Path(tmp) / "index")
+            parent, text, commits = fx.commit, "", []
+            for date, message, line in _PR_STEPS:
+                text += line
+                commits.append(_commit_on(repo, parent, PR_FILE, text, message, date, index))
+                parent = commits[-1]
+        if git(repo, "for-each-ref", "--format=%(objectname)", PR_REF) != commits[-1]:
+            git(repo, "update-ref", PR_REF, commits[-1])
+        _readable(repo / "objects")
+    return PrFixture(PR_NUMBER, PR_REF, tuple(commits), PR_FILE)
+
+
+def _commit_on(repo: Path, parent: str, name: str, text: str, message: str, date: str, index: str) -> str:
+    """A commit of `parent`'s tree with `name` set to `text`, written with plumbing in the bare
+    repository (a temporary index, no work tree): writing objects that exist already is a no-op."""
+    env = {**sdist_trees.git_env(date), "GIT_INDEX_FILE": index}
+
+    def plumb(*args: str, stdin: str | None = None) -> str:
+        res = subprocess.run(["git", "-C", str(repo), *args], input=stdin, env=env, capture_output=True,
+                             text=True, timeout=600)
+        if res.returncode != 0:
+            raise LabError(f"git {' '.join(args)} in {repo} failed: {res.stderr.strip()}")
+        return res.stdout.strip()
+
+    plumb("read-tree", parent)
+    blob = plumb("hash-object", "-w", "--stdin", stdin=text)
+    plumb("update-index", "--add", "--cacheinfo", f"100644,{blob},{name}")
+    tree = plumb("write-tree")
+    return plumb("commit-tree", tree, "-p", parent, "-m", message)
+
+
+def _readable(objects: Path) -> None:
+    """Lab hosts read the repository as another user: new loose objects must be world-readable."""
+    for p in objects.glob("??/*"):
+        p.chmod(p.stat().st_mode | 0o444)
+    for p in objects.glob("??"):
+        p.chmod(p.stat().st_mode | 0o555)

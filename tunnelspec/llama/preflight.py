@@ -39,7 +39,9 @@ def _cache_dir() -> Path:
 
 def source_key(cluster) -> str:
     s, b = cluster.source, cluster.main.build
-    patches = [[p.kind, p.commit, p.pr, p.remote, p.ref, str(p.file) if p.file else None] for p in s.patches]
+    # A whole-PR entry adds its head (only then: the keys of every other stack stay as they were).
+    patches = [[p.kind, p.commit, p.pr, p.remote, p.ref, str(p.file) if p.file else None,
+                *([p.head] if p.head else [])] for p in s.patches]
     doc = [RECORD_VERSION, s.repo, s.commit, patches, b.backend, list(b.cmake_args)]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24]
 

@@ -25,7 +25,10 @@ PATCH_DIR = ".git/tunnelspec-patches"
 # Bump when the way a stack is applied changes (identity, dates, commands): old stacks re-apply.
 STACK_RECIPE = 1
 FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
-_HEX = re.compile(r"^[0-9a-f]{7,40}$")
+# A whole-PR entry brings at most this many commits: GitHub itself lists no more than 250 commits
+# of a pull request, and a longer range almost always means llama_commit is older than the PR's
+# base (the range then holds upstream commits too): said, not cherry-picked by the thousand.
+PR_MAX_COMMITS = 250
 
 # Cherry-picks and file-patch commits get this identity and date, so the same stack gives the
 # same commit SHAs on every host and every run (the tree hash would be equal anyway).
@@ -48,7 +51,8 @@ class PatchSpec:
     the controller and `sha256` their digest (the host never reads the controller's disk)."""
 
     kind: str  # "pr" | "remote" | "file"
-    commit: str | None = None
+    commit: str | None = None  # pr/remote: the pinned full SHA (one commit, or a PR's head when whole)
+    whole: bool = False  # pr only: every commit of the PR from llama_commit up to `commit` (its head)
     pr: int | None = None
     remote: str | None = None
     ref: str | None = None
@@ -60,7 +64,7 @@ class PatchSpec:
     def id(self) -> str:
         """Human-readable and unique: what the fingerprint hashes and errors show."""
         if self.kind == "pr":
-            return f"pr {self.pr} @{self.commit}"
+            return f"pr {self.pr} head {self.commit}" if self.whole else f"pr {self.pr} @{self.commit}"
         if self.kind == "remote":
             return f"remote {self.remote} {self.ref} @{self.commit}"
         return f"file {self.name} sha256:{self.sha256[:16]}"
@@ -70,9 +74,27 @@ class PatchSpec:
         return self.id if self.kind != "file" else f"file sha256:{self.sha256}"
 
 
+def short_sha_error(value, key: str) -> str | None:
+    """Why `value` is not a pinned commit (None when it is one): only a full 40-hex SHA is accepted,
+    everywhere (llama_commit and every patch entry). A prefix names different commits, or none, as
+    a repository grows and on hosts that fetched different refs: GitHub's fork network shares one
+    object store, so anyone can publish a commit with a given 7-hex prefix in minutes and turn a
+    working pin into an ambiguous one. The tree-hash gate and the controller's bundles compare full
+    SHAs; the pin must mean the same commit on every host and every day."""
+    text = str(value).strip().lower() if isinstance(value, str) else ""
+    if FULL_SHA.match(text):
+        return None
+    if re.fullmatch(r"[0-9a-f]{4,39}", text):
+        return (f"{key} {value!r} is a short SHA; give the full 40-hex SHA, quoted (a prefix can come to "
+                f"name another commit, or several); resolve it in a clone that has the commit: "
+                f"git rev-parse '{text}^{{commit}}' (for a PR, git fetch origin refs/pull/<N>/head first)")
+    return f"{key} {value!r} must be a full 40-hex commit SHA, quoted"
+
+
 def parse_patches(entries, base_dir: Path) -> list[PatchSpec]:
     """llama_patches entries (dicts as written in the inventory, or cluster `Patch` objects) →
-    PatchSpecs. File paths are relative to the inventory's directory."""
+    PatchSpecs. File paths are relative to the inventory's directory. Forms: {pr, commit} one
+    commit of a PR; {pr, head} the whole PR up to that head; {remote, ref, commit}; {file}."""
     out = []
     for i, e in enumerate(entries or []):
         if not isinstance(e, dict):  # a cluster Patch dataclass
@@ -88,23 +110,53 @@ def parse_patches(entries, base_dir: Path) -> list[PatchSpec]:
                 raise TaskFailed(f"{where}: cannot read patch file {path}: {err.strerror}") from None
             out.append(PatchSpec("file", name=path.name, sha256=hashlib.sha256(data).hexdigest(), data=data))
             continue
-        commit = str(e.get("commit", "")).strip().lower()
-        if not _HEX.match(commit):
-            raise TaskFailed(f"{where}: commit {e.get('commit')!r} must be a hex SHA (7 to 40 characters)")
-        if keys == {"pr", "commit"}:
+        key = "head" if keys == {"pr", "head"} else "commit"
+        bad = short_sha_error(e.get(key, ""), key)
+        if bad and keys in ({"pr", "commit"}, {"pr", "head"}, {"remote", "ref", "commit"}):
+            raise TaskFailed(f"{where}: {bad}")
+        commit = str(e.get(key, "")).strip().lower()
+        if keys in ({"pr", "commit"}, {"pr", "head"}):
             pr = e["pr"]
             if isinstance(pr, bool) or not str(pr).isdigit() or int(pr) < 1:
                 raise TaskFailed(f"{where}: pr must be a positive PR number, got {pr!r}")
-            out.append(PatchSpec("pr", commit=commit, pr=int(pr)))
+            out.append(PatchSpec("pr", commit=commit, pr=int(pr), whole=key == "head"))
         elif keys == {"remote", "ref", "commit"}:
             remote, ref = str(e["remote"]), str(e["ref"])
             if not remote or not ref or remote.startswith("-") or ref.startswith("-"):
                 raise TaskFailed(f"{where}: remote and ref must be non-empty and not start with '-'")
             out.append(PatchSpec("remote", commit=commit, remote=remote, ref=ref))
         else:
-            raise TaskFailed(f"{where} has keys {sorted(keys)}; use {{pr, commit}}, "
-                             "{remote, ref, commit} or {file}")
+            raise TaskFailed(f"{where} has keys {sorted(keys)}; use {{pr, commit}} (one commit of a PR), "
+                             "{pr, head} (the whole PR), {remote, ref, commit} or {file}")
     return out
+
+
+def pr_commits(rev_list: str, spec: PatchSpec, base: str, host: str) -> list[str]:
+    """The commits a whole-PR entry cherry-picks, oldest first, from the host's
+    `git rev-list --reverse --topo-order --parents BASE..HEAD` (one line per commit: its SHA, then
+    its parents): every commit reachable from the PR's head and not from llama_commit, i.e. from
+    their merge base up to the head. A merge among them is refused: replaying a PR commit by commit
+    cannot replay a merge, and what a merge brings in (most often a newer master) is not the PR's."""
+    rows = [line.split() for line in rev_list.splitlines() if line.strip()]
+    what = f"patch {spec.id} on {host}"
+    merges = [r[0] for r in rows if len(r) > 2]
+    if merges:
+        shown = ", ".join(m[:12] for m in merges[:5]) + (f" and {len(merges) - 5} more" if len(merges) > 5 else "")
+        raise TaskFailed(
+            f"{what}: the PR holds {len(merges)} merge commit(s) ({shown}) between llama_commit {base[:12]} "
+            "and its head; a whole-PR entry replays the PR's own commits one by one, and a merge would bring "
+            "the other branch's commits in as if they were the PR's. Rebase the PR onto llama_commit and pin "
+            "the new head, or list the commits you want as {\"pr\": N, \"commit\": SHA} entries, oldest first")
+    if not rows:
+        raise TaskFailed(f"{what}: head {spec.commit[:12]} is already contained in llama_commit {base[:12]}: "
+                         "nothing to apply (the PR was merged before that commit?); remove the entry")
+    if len(rows) > PR_MAX_COMMITS:
+        raise TaskFailed(
+            f"{what}: {len(rows)} commits lie between llama_commit {base[:12]} and the PR's head, more than "
+            f"a PR holds (GitHub lists at most {PR_MAX_COMMITS}); llama_commit is probably older than the "
+            "commit the PR branches from, so upstream commits would come along: pin a llama_commit at or "
+            "after the PR's base (git merge-base), or list the PR's commits as {\"pr\", \"commit\"} entries")
+    return [r[0] for r in rows]
 
 
 def fingerprint(base: str, patches: list[PatchSpec]) -> str:

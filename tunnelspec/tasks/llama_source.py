@@ -3,8 +3,10 @@ detached, plus the patch stack applied reproducibly, and its tree hash recorded.
 
 check (read-only, one command): compares the stored stack fingerprint and HEAD with what the
 inventory asks for and refuses to touch local modifications unless `force_clean`.
-apply: clone/fetch, check out the base, then each patch in order (PR head cherry-pick, a commit
-of another remote, a patch file shipped from the controller), with a fixed identity and date.
+apply: clone/fetch, check out the base, then each patch in order — one commit of a PR
+(`{pr, commit}`), a whole PR up to its pinned head (`{pr, head}`: every commit from the merge base
+with the base commit, oldest first; merges refused), one commit of another remote, a patch file
+shipped from the controller (`git apply --index`) — committed with a fixed identity and date.
 A patch that does not apply is aborted, so the checkout stays clean for the next run.
 
 Registers `llama_src` = {commit, head, tree, dir, repo, patches: [{id, commit, tree}],
@@ -45,7 +47,9 @@ class LlamaSource(Task):
         "root": Arg(str, required=True,
                     help="tunnelspec's directory on the host: the checkout is `<root>/src/llama.cpp`."),
         "patches": Arg(list, default=[],
-                       help="The patch stack (`llama_patches`): PR heads, refs of other remotes, patch files from the controller."),
+                       help="The patch stack (`llama_patches`), applied in order: one commit of a PR `{pr, commit}`, "
+                            "a whole PR up to its head `{pr, head}`, one commit of another remote "
+                            "`{remote, ref, commit}`, a patch file `{file}` (git apply). SHAs: full 40 hex."),
         "force_clean": Arg(bool, default=False, help="Reset a modified checkout instead of failing."),
         "build_number": Arg(int, help="Override the build number derived from the source (`llama_build_number`)."),
     }
@@ -241,7 +245,7 @@ class LlamaSource(Task):
             res = await run(_git(d, "rev-parse", "--verify", "-q", f"{patch.commit}^{{commit}}"))
             if res.rc != 0:
                 raise TaskFailed(f"patch {patch.id}: commit {patch.commit} did not arrive in the bundle")
-            return await self._cherry_pick(ctx, patch, res.stdout.strip())
+            return await self._pick(ctx, patch, res.stdout.strip())
         if patch.kind == "pr":
             source, ref = "origin", f"refs/pull/{patch.pr}/head"
         else:
@@ -255,15 +259,31 @@ class LlamaSource(Task):
         full = res.stdout.strip()
         # The pinned commit must belong to the ref it is said to come from.
         if (await run(_git(d, "merge-base", "--is-ancestor", full, "FETCH_HEAD"))).rc != 0:
-            raise TaskFailed(f"patch {patch.id}: commit {full[:12]} is not on {ref} of {source}")
-        await self._cherry_pick(ctx, patch, full)
+            moved = " (was the PR force-pushed? pin its current head after review)" if patch.whole else ""
+            raise TaskFailed(f"patch {patch.id}: commit {full[:12]} is not on {ref} of {source}{moved}")
+        await self._pick(ctx, patch, full)
 
-    async def _cherry_pick(self, ctx, patch: ss.PatchSpec, full: str) -> None:
+    async def _pick(self, ctx, patch: ss.PatchSpec, full: str) -> None:
+        """One commit, or for a whole-PR entry every commit from llama_commit up to the PR's head."""
+        if not patch.whole:
+            return await self._cherry_pick(ctx, patch, [full])
+        res = await ctx.conn.run(_git(self.dir, "rev-list", "--reverse", "--topo-order", "--parents",
+                                      f"{self.p['commit']}..{full}"), check=True, timeout=600)
+        commits = ss.pr_commits(res.stdout, patch, self.p["commit"], ctx.host)
+        await self._cherry_pick(ctx, patch, commits)
+        ctx.progress(f"{patch.id}: {len(commits)} commit(s) cherry-picked in order, "
+                     f"{commits[0][:12]}..{commits[-1][:12]}")
+
+    async def _cherry_pick(self, ctx, patch: ss.PatchSpec, commits: list[str]) -> None:
         d, run = self.dir, ctx.conn.run
-        res = await run(_git(d, "cherry-pick", "--allow-empty-message", full, env=True))
+        res = await run(_git(d, "cherry-pick", "--allow-empty-message", *commits, env=True), timeout=1800)
         if res.rc != 0:
+            # CHERRY_PICK_HEAD names the commit that stopped the sequence; read it before the abort.
+            stopped = (await run(_git(d, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD"))).stdout.strip()
             await run(["sh", "-c", "cd -- \"$1\" && { git cherry-pick --abort 2>/dev/null; git reset -q --hard; }",
                        "sh", d], check=True)
-            raise TaskFailed(f"patch {patch.id} does not apply on {ctx.host} (cherry-pick of {full[:12]} failed):\n"
-                             f"{_tail(res.stdout + res.stderr)}\nthe cherry-pick was aborted and the checkout is "
-                             "clean; fix or remove the patch")
+            which = stopped or commits[0]
+            at = f" (commit {commits.index(which) + 1} of {len(commits)})" if len(commits) > 1 and which in commits else ""
+            raise TaskFailed(f"patch {patch.id} does not apply on {ctx.host} (cherry-pick of {which[:12]}{at} "
+                             f"failed):\n{_tail(res.stdout + res.stderr)}\nthe cherry-pick was aborted and the "
+                             "checkout is clean; fix or remove the patch")
