@@ -110,11 +110,14 @@ def test_children_groups_and_example_file():
 
 
 def test_require_models(tmp_path):
+    # The draft node (rpc_role defaults to draft) needs a draft model: named at the node, with the
+    # way out (a split with no draft: rpc_role=target everywhere).
     path = write(tmp_path, main_vars=("llama_model=/m/t.gguf",))
     c = cluster(path)
     with pytest.raises(ClusterError) as info:
         c.require_models()
-    assert info.value.host == "m1" and info.value.var == "llama_draft_model"
+    assert info.value.host == c.draft_node.name and info.value.var == "rpc_role"
+    assert "llama_draft_model is not set" in str(info.value) and "rpc_role=target" in str(info.value)
 
 
 # ---- topology errors -------------------------------------------------------------------------

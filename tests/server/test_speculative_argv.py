@@ -269,7 +269,6 @@ def test_draft_node_with_a_share_also_carries_target_layers(tmp_path):
     ('llama_tensor_split="rpc-a=1"', "rpc_role=target", "no proportion for target device(s) rpc-b", "llama_tensor_split"),
     ('llama_tensor_split="1,3"', "rpc_role=target", "not by position", "llama_tensor_split"),
     ('llama_tensor_split="rpc-b=1,3"', "rpc_role=target", "not by position", "llama_tensor_split"),
-    ('llama_tensor_split="rpc-b=1,CPU=2"', "rpc_role=target", "CPU can only be 0", "llama_tensor_split"),
     ('llama_tensor_split="rpc-b=1"', "rpc_role=target rpc_target_share=2", "use one of the two", "rpc_target_share"),
     ("llama_split_mode=diagonal", "rpc_role=target", "must be one of none, layer, row, tensor", "llama_split_mode"),
     ("", "rpc_role=target rpc_target_share=-1", "0 or more", "rpc_target_share"),

@@ -50,21 +50,51 @@ class Cluster:
     def node(self, name: str) -> RpcNode:
         return next(n for n in self.rpc if n.name == name)
 
+    @property
+    def speculative(self) -> bool:
+        """A draft model on the draft node (the default kind); False: the target alone, its layers
+        spread over main and the nodes (a split with no draft: every node rpc_role=target and no
+        llama_draft_model)."""
+        return self.draft_node is not None and bool(self.main.draft_model)
+
     def require_models(self) -> None:
-        """The llama-server part needs both model paths on the main host."""
-        if self.main.spec_type == "draft-mtp" and not self.main.draft_model:
+        """What the llama-server part needs on the main host: the target model, and the draft model
+        exactly when a node is the draft node (rpc_role=draft, the default role)."""
+        main, draft = self.main, self.draft_node
+        if main.spec_type == "draft-mtp" and not main.draft_model:
             raise cluster_error(
-                self.inventory, self.main.name, "spec_type",
+                self.inventory, main.name, "spec_type",
                 "draft-mtp needs llama_draft_model, a separate MTP GGUF: without one llama.cpp builds the MTP "
                 "draft on the target model itself (its heads, its KV cache) and ignores the draft device, so "
                 "the draft could not run on the remote node",
             )
-        for var, value in (("llama_model", self.main.model), ("llama_draft_model", self.main.draft_model)):
-            if not value:
-                raise cluster_error(
-                    self.inventory, self.main.name, var,
-                    "is required to run llama-server; set it on the main host (a path on that host)",
-                )
+        if not main.model:
+            raise cluster_error(
+                self.inventory, main.name, "llama_model",
+                "is required to run llama-server; set it on the main host (a path on that host)",
+            )
+        if main.draft_model and draft is None:
+            raise cluster_error(
+                self.inventory, main.name, "llama_draft_model",
+                "is set but no rpc node has rpc_role=draft: the draft model runs on a remote device; set "
+                "rpc_role=draft on one rpc node, or remove llama_draft_model for a target split with no draft",
+            )
+        if draft is not None and not main.draft_model:
+            raise cluster_error(
+                self.inventory, draft.name, "rpc_role",
+                "this node is the draft node (rpc_role=draft, the default role) but llama_draft_model is not "
+                "set: give the draft model on the main host, or set rpc_role=target on every rpc node for a "
+                "target split with no draft",
+            )
+        if draft is None:
+            for var, value in (("spec_type", main.spec_type), ("spec_draft_n_max", main.spec_draft_n_max),
+                               ("spec_draft_p_min", main.spec_draft_p_min)):
+                if value is not None:
+                    raise cluster_error(
+                        self.inventory, main.name, var,
+                        "tunes the draft, and this cluster has none (no llama_draft_model, every rpc node "
+                        "rpc_role=target): remove it, or add a draft model and a draft node",
+                    )
 
     @classmethod
     def from_inventory(cls, inv: Inventory) -> Cluster:

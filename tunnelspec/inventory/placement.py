@@ -4,8 +4,10 @@ RPC device in llama-server's list is tunnelspec's business (tunnel order), not t
 
 Two spellings, one meaning (choose one):
 - per rpc node: `rpc_target_share=3` on the node's line;
-- on the main host: `llama_tensor_split="rpc-a=1,rpc-b=3,CUDA0=2"` (`CPU=0` is accepted: layers not
-  offloaded stay on the CPU anyway; a non-zero CPU share is refused, -ts covers devices only).
+- on the main host: `llama_tensor_split="rpc-a=1,rpc-b=3,CUDA0=2"`, where main's own devices may be
+  named too, its CPU included: `CPU=2`. llama.cpp's `-dev` refuses the CPU as an offload device and
+  `-ts` covers offload devices only; what stays on the CPU is set by `-ngl` (the layers that leave
+  it), so a CPU share becomes `-ngl` from the GGUF's block count (llama/server_args.py).
 A node with a share carries target layers, even the draft node (the draft and some target layers
 then share its rpc-server). With proportions given, every target device needs one (0 = none).
 """
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 from tunnelspec.inventory.fields import cluster_error, HostVars
 
 SPLIT_MODES = ("none", "layer", "row", "tensor")
+# llama-server's -ngl, every spelling: set by tunnelspec when main's CPU keeps a share.
+NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
 _PAIR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
@@ -87,9 +91,13 @@ def parse_placement(main: HostVars, nodes: list[tuple[HostVars, str, float | Non
                 raise main.fail(source, f"{name} is given twice")
             seen.add(name)
             if name == "CPU":
-                if weight != 0:
-                    raise main.fail(source, "CPU can only be 0: --tensor-split covers offload devices; layers "
-                                    "not offloaded stay on the main host's CPU")
+                if weight > 0:
+                    weights.append((name, weight))  # main's CPU keeps this share: -ngl, not -ts
+                    ngl = next((a for a in main.words("llama_server_extra_args")
+                                if a.split("=", 1)[0] in NGL_FLAGS), None)
+                    if ngl is not None:
+                        raise main.fail(source, f"CPU={weight:g} sets how many layers leave main's CPU (-ngl), "
+                                        f"and llama_server_extra_args has {ngl} too: keep one of the two")
                 continue
             if name not in names and name not in local_devices:
                 known = ", ".join([*sorted(names), *local_devices]) or "none"

@@ -524,10 +524,10 @@ class _Short(Exception):
     pass
 
 
-def gguf_shape(header: bytes) -> ModelShape:
-    """The model's shape from the first bytes of a GGUF (`head -c 16M` is plenty: the key/value
-    section comes before the tensors; the token list is its largest part). Unknown keys stay None;
-    a header cut short yields what was read before the cut."""
+def gguf_kv(header: bytes) -> tuple[dict[str, object], int | None]:
+    """A GGUF's key/value section from its first bytes: {key: value} (arrays: their length) and the
+    offset where the tensor infos start, None when the bytes end before the section does (what was
+    read before the cut is kept)."""
     if header[:4] != b"GGUF":
         raise ValueError("not a GGUF file (no GGUF magic)")
     pos = 4
@@ -581,7 +581,15 @@ def gguf_shape(header: bytes) -> ModelShape:
             vtype = take("<I")
             found[key] = value(vtype, False)
     except _Short:
-        pass
+        return found, None
+    return found, pos
+
+
+def gguf_shape(header: bytes) -> ModelShape:
+    """The model's shape from the first bytes of a GGUF (`head -c 16M` is plenty: the key/value
+    section comes before the tensors; the token list is its largest part). Unknown keys stay None;
+    a header cut short yields what was read before the cut."""
+    found, _ = gguf_kv(header)
     arch = found.get("general.architecture")
 
     def num(suffix: str) -> int | None:

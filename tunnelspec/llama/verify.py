@@ -8,7 +8,7 @@ import asyncio
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import http, props, server_death
+from tunnelspec.llama import http, props, server_death, split_proof
 from tunnelspec.llama.server_args import UNIT, draft_placement
 from tunnelspec.secrets import Secret
 from tunnelspec.tls.reach import ApiTls, Seen, api_opener
@@ -113,6 +113,8 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
         restarted = f" (first completion failed: {e}; llama-server restarted, ok after)"
     timings = body.get("timings") or {}
     draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
+    if plan.get("draft_node") is None:
+        return await _verify_split(conn, opener, plan, body, key, journal_timeout, tls, seen, restarted)
     if not draft_n:
         raise TaskFailed(f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
                          "decoding is off or the draft proposed nothing. Was --spec-type given, and did the "
@@ -150,3 +152,34 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
             "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
             "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary,
             "tls": seen.describe() if tls is not None else None}
+
+
+async def _verify_split(conn, opener, plan: dict, body: dict, key, journal_timeout: int, tls, seen,
+                        restarted: str) -> dict:
+    """No draft (a target split, or the draft node left out): the completion answered (no draft
+    tokens expected), and the target's load lines put its layers where the proportions say."""
+    timings = body.get("timings") or {}
+    loop = asyncio.get_running_loop()
+    end = loop.time() + journal_timeout
+    check = None
+    for _ in range(journal_timeout * 2 + 2):  # the load lines reach the journal shortly after
+        check = split_proof.check_split(await invocation_journal(conn), plan)
+        if check is not None or loop.time() >= end:
+            break
+        await asyncio.sleep(0.5)
+    if check is None:
+        raise TaskFailed("llama-server's journal (this run) has no 'load_tensors: offloaded N/M layers' line: "
+                         "the target's placement cannot be proven; is its log verbosity lowered in "
+                         "llama_server_extra_args?")
+    if not check.ok:
+        raise TaskFailed(check.message)
+    types = await props.read_spec_types(opener, key.reveal() if key else None)
+    tps = timings.get("predicted_per_second")
+    summary = (f"health ok; split, no draft; {check.message}; completion {timings.get('predicted_n')} tokens at "
+               f"{tps or 0:.1f} tok/s; {tls_summary(tls, seen)}{restarted}")
+    return {"kind": plan.get("kind") or "split", "draft_n": timings.get("draft_n") or 0,
+            "draft_n_accepted": timings.get("draft_n_accepted") or 0, "predicted_n": timings.get("predicted_n"),
+            "predicted_per_second": tps, "placement": "; ".join(f"{d} {n}" for d, n in check.seen),
+            "layers": {"asked": [[d, round(x, 2)] for d, x in check.asked], "seen": [list(p) for p in check.seen]},
+            "content": body.get("content", ""), "spec_type": types["active"], "spec_type_props": types["props"],
+            "summary": summary, "tls": seen.describe() if tls is not None else None}

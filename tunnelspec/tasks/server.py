@@ -140,7 +140,8 @@ class LlamaServerPlan(Task):
     args = {
         "binary": Arg(str, required=True, help="The built llama-server on main."),
         "model": Arg(str, required=True, help="The target model's path on main."),
-        "draft_model": Arg(str, required=True, help="The draft model's path on main."),
+        "draft_model": Arg(str, default="",
+                           help="The draft model's path on main; empty: no draft (a target split with no draft)."),
         "rpc_wait": Arg(str, required=True,
                         help="The rpc-wait helper the unit runs before llama-server (waits for every tunnel)."),
         "rpc_wait_timeout": Arg(int, default=90, help="Seconds the helper waits for the RPC endpoints."),
@@ -167,8 +168,12 @@ class LlamaServerPlan(Task):
         by_port = ctx.vars.get("rpc_devices")
         if not by_port:
             raise TaskFailed("no RPC device map: the rpc_devices task must run first")
+        # The target's block count: -ngl for a CPU share of main, and the layers each device should
+        # hold (verify compares them with the load lines); read only when proportions are given.
+        n_layer, slots = (await target_layout(conn, self.p["model"]) if cluster.placement.weights is not None
+                          else (None, None))
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
-                                 self.p["model"], self.p["draft_model"])
+                                 self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
         wait_argv = ["/usr/bin/python3", self.p["rpc_wait"], "--timeout", str(self.p["rpc_wait_timeout"])]
         # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
         # minor and silently computes wrong results on another patch (ops renumbered), so the unit
@@ -177,13 +182,15 @@ class LlamaServerPlan(Task):
         if proto:
             wait_argv += ["--expect", proto]
         fact = plan.as_fact()
+        fact["slot_bytes"] = slots if slots and len(slots) == (n_layer or 0) + 1 else None
         fact["build"] = label
         fact["rpc_proto"] = proto
         fact["unit"] = {
             "exec_start": fact["exec_start"], "rpc_wait_exec": systemd_exec(wait_argv + plan.endpoints),
             "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
             "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
-            "draft_devices": plan.draft_devices, "backend": cluster.main.build.backend,
+            "draft_devices": plan.draft_devices, "target_devices": plan.target_devices,
+            "backend": cluster.main.build.backend,
             "public_bind": cluster.main.public_bind, "tls": cluster.main.tls is not None,
         }
         # GPU device nodes are group-owned (hip, vulkan: video, render); groups the host lacks are
@@ -195,9 +202,44 @@ class LlamaServerPlan(Task):
         ctx.register("llama_server", fact)
         from tunnelspec.llama.speculative import spec_support
 
+        if plan.draft_node is None:
+            return ok(f"{label}: {describe_split(plan)}{_known_bug_note(cluster, help_, label)}")
         return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
                   f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
                   f"{_known_bug_note(cluster, help_, label)}")
+
+
+def describe_split(plan) -> str:
+    """`split, no draft: -dev RPC0,RPC1 -ts 1,3 -ngl 8; layers CPU 4, RPC0 2, RPC1 6`."""
+    out = f"split, no draft: -dev {plan.target_devices}"
+    if plan.tensor_split:
+        out += " -ts " + ",".join(f"{w:g}" for _, w in plan.tensor_split)
+    if plan.gpu_layers is not None:
+        out += f" -ngl {plan.gpu_layers}"
+    if plan.layers:
+        out += "; layers " + ", ".join(f"{d} {n}" for d, n in plan.layers)
+    return out
+
+
+async def target_layout(conn, model: str) -> tuple[int | None, list[int] | None]:
+    """The target GGUF's block count and the bytes of each layer slot (llama/split_proof.py), from
+    its header on main; (None, None) when unreadable. `model` may be the inventory's own path (the
+    verify playbook has no upload fact): a file not on main is looked for where model_file puts
+    uploads."""
+    from tunnelspec.llama.devices import gguf_shape
+    from tunnelspec.llama.split_proof import slot_bytes
+    from tunnelspec.tasks.fit import gguf_header
+    from tunnelspec.tasks.models import MODELS_DIR
+
+    for path in dict.fromkeys([model, f"{MODELS_DIR}/{model.rstrip('/').rsplit('/', 1)[-1]}"]):
+        size, header, note = await gguf_header(conn, path, lambda h, n: slot_bytes(h, n) is not None)
+        if note or not size:
+            continue
+        try:
+            return gguf_shape(header).n_layer, slot_bytes(header, size)
+        except (ValueError, IndexError, KeyError):
+            return None, None
+    return None, None
 
 
 async def _require_tls_build(conn, binary: str, label: str) -> None:
