@@ -244,7 +244,7 @@ class LlamaSource(Task):
             # The commit came in the bundle (checked on the controller); nothing to fetch.
             res = await run(_git(d, "rev-parse", "--verify", "-q", f"{patch.commit}^{{commit}}"))
             if res.rc != 0:
-                raise TaskFailed(f"patch {patch.id}: commit {patch.commit} did not arrive in the bundle")
+                raise TaskFailed(f"patch {patch.id}: commit {patch.commit} did not arrive in the bundle on {ctx.host}")
             return await self._pick(ctx, patch, res.stdout.strip())
         if patch.kind == "pr":
             source, ref = "origin", f"refs/pull/{patch.pr}/head"
@@ -255,12 +255,15 @@ class LlamaSource(Task):
             raise TaskFailed(f"patch {patch.id}: cannot fetch {ref} from {source} on {ctx.host}: {_tail(res.stderr)}")
         res = await run(_git(d, "rev-parse", "--verify", "-q", f"{patch.commit}^{{commit}}"))
         if res.rc != 0:
-            raise TaskFailed(f"patch {patch.id}: commit {patch.commit} is not in {ref} of {source}")
+            raise TaskFailed(f"patch {patch.id}: commit {patch.commit} is not in {ref} of {source} (fetched on "
+                             f"{ctx.host}); check the SHA against `git ls-remote {source} {ref}`")
         full = res.stdout.strip()
         # The pinned commit must belong to the ref it is said to come from.
         if (await run(_git(d, "merge-base", "--is-ancestor", full, "FETCH_HEAD"))).rc != 0:
-            moved = " (was the PR force-pushed? pin its current head after review)" if patch.whole else ""
-            raise TaskFailed(f"patch {patch.id}: commit {full[:12]} is not on {ref} of {source}{moved}")
+            moved = (" (was the PR force-pushed? review its current head and pin that)" if patch.whole else
+                     "; pin a commit of that ref")
+            raise TaskFailed(f"patch {patch.id}: commit {full[:12]} is not on {ref} of {source} (fetched on "
+                             f"{ctx.host}){moved}")
         await self._pick(ctx, patch, full)
 
     async def _pick(self, ctx, patch: ss.PatchSpec, full: str) -> None:
