@@ -11,7 +11,7 @@ import re
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.facts import nft, sockets
-from tunnelspec.llama import http, props, rpc
+from tunnelspec.llama import http, props, rpc, split_proof
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
 from tunnelspec.tasks.rpc import RPC_UNIT, START_OF_RUN_SCRIPT
 from tunnelspec.tls.reach import ApiTls, Seen, api_opener
@@ -70,8 +70,20 @@ async def _main_status(conn, cluster) -> dict:
         server["spec_type"] = (await props.read_spec_types(opener, timeout=5))["active"]
     journal = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
     server["draft_acceptance"] = last_acceptance(journal)
+    server.update(await _split_status(conn, cluster, devices))
     out["llama_server"] = server
     return out
+
+
+async def _split_status(conn, cluster, devices: dict) -> dict:
+    """`kind`: speculative (a draft) or split (no draft: the target's layers over main and the nodes);
+    for a split, where the current run's load lines put them (llama/split_proof.py)."""
+    if cluster.speculative:
+        return {"kind": "speculative"}
+    text = await _sh(conn, ["sh", "-c", split_proof.LOAD_LINES_SCRIPT, "sh", UNIT], timeout=30)
+    nodes = {n.name: devices.get(n.tunnel_port, []) for n in cluster.rpc}
+    load = split_proof.target_load(text, nodes, {n.name: n.tunnel_port for n in cluster.rpc})
+    return {"kind": "split", "layers": split_proof.load_summary(load)}
 
 
 async def _rpc_status(conn, node) -> dict:
@@ -202,8 +214,12 @@ def render(report: dict) -> str:
             acc = s["draft_acceptance"]
             acc_txt = (f"{acc['accepted']}/{acc['generated']} draft tokens accepted ({acc['rate']:.2f})"
                        if acc else "no draft statistics yet")
-            lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
-                         f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
+            if s.get("kind") == "split":
+                lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, split, "
+                             f"no draft: {split_proof.describe_summary(s.get('layers'))}")
+            else:
+                lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
+                             f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
             if s.get("tls"):
                 lines.append(f"{'':<10} {_tls_line(s['tls'])}")
     return "\n".join(lines)

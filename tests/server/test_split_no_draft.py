@@ -287,3 +287,12 @@ def test_check_split_without_slot_bytes_still_proves_main_cpu(tmp_path, tiny11):
     r = split_proof.check_split(journal(4, [(0, 15052, 0.63), (0, 15053, 1.98)]), fact)
     assert r.ok and r.seen == [("CPU", 4), ("RPC0", None), ("RPC1", None)] and "slot bytes unknown" in r.message
     assert not split_proof.check_split(journal(0, [(0, 15052, 0.63), (0, 15053, 1.98)]), fact).ok
+
+
+def test_status_summary_from_the_load_lines_alone():
+    text = journal(4, [(0, 15052, 0.31), (0, 15053, 0.96)])
+    load = split_proof.target_load(text, {"rpc-a": ["RPC0"], "rpc-b": ["RPC1"]}, {"rpc-a": 15052, "rpc-b": 15053})
+    s = split_proof.load_summary(load)
+    assert s == {"slots": 12, "cpu_slots": 4, "buffers_mib": {"RPC0": 0.31, "RPC1": 0.96}}
+    assert split_proof.describe_summary(s) == "main's CPU keeps 4 of 12 layers; RPC0 0.31 MiB, RPC1 0.96 MiB"
+    assert split_proof.describe_summary(None) == "load lines not in this run's journal"

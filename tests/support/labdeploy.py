@@ -81,3 +81,30 @@ def verify_stats(result) -> tuple[int, int]:
     m = re.search(r"draft_n=(\d+) draft_n_accepted=(\d+)", ev["msg"])
     assert m, ev["msg"]
     return int(m.group(1)), int(m.group(2))
+
+
+def example_in_lab(example: Path, lab, model: Path | None = None) -> Path:
+    """An example inventory on the lab: its own groups, placement and speculative settings kept as
+    written, the hosts' addresses and the [all:vars] (keys, source) the lab's; the lab's draft model
+    only when the example has one; `model` (a controller path, uploaded) as the target when given."""
+    lab_text = Path(lab.inventory).read_text()
+    lab_all = lab_text[lab_text.index("[all:vars]"):]
+    ips = dict(re.findall(r"^(\S+) ansible_host=(\S+)", lab_text, re.M))
+    text = example.read_text()
+    if "llama_draft_model" not in text:
+        lab_all = re.sub(r"^llama_draft_model=.*\n", "", lab_all, flags=re.M)
+    if model is not None:
+        lab_all = re.sub(r"^llama_model=.*$", f"llama_model={model}", lab_all, flags=re.M)
+    text = re.sub(r"^llama_(draft_)?model=.*\n", "", text[:text.index("[all:vars]")], flags=re.M) + lab_all
+    for host, ip in ips.items():
+        text = re.sub(rf"^{re.escape(host)} ansible_host=\S+", f"{host} ansible_host={ip}", text, flags=re.M)
+    out = Path(lab.dir) / f"example-{example.stem}.ini"
+    out.write_text(text)
+    return out
+
+
+def running_argv(lab, unit: str = UNIT) -> list[str]:
+    """The command line the unit's main process runs now (its /proc cmdline: whatever launched it)."""
+    pid = int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", unit).strip() or 0)
+    assert pid, f"{unit} has no main process"
+    return [a for a in sh(lab, "main", "cat", f"/proc/{pid}/cmdline").split("\0") if a]

@@ -185,3 +185,27 @@ def check_split(journal: str, plan: dict, tolerance: float = 1.0) -> SplitCheck 
                           f"layer slots, the load lines show {figures} ({'; '.join(load.lines)})")
     exact = "" if slots else " (offload devices: buffer present, slot bytes unknown)"
     return SplitCheck(True, asked, seen, f"layers {figures} of {load.slots} as asked ({want}){exact}")
+
+
+# The current run's load lines, up to "model loaded" (sed quits there: a server that ran for days at
+# -lv 4 has a long journal after it). $1: the unit.
+LOAD_LINES_SCRIPT = r"""inv=$(systemctl show -p InvocationID --value -- "$1")
+[ -n "$inv" ] || exit 0
+journalctl --no-pager -o cat -u "$1" "_SYSTEMD_INVOCATION_ID=$inv" \
+  | sed -n -e '/load_tensors:/p' -e '/model loaded/q'
+"""
+
+
+def load_summary(load: TargetLoad | None) -> dict | None:
+    """What status shows of a split from the load lines alone: the CPU's slots and each device's buffer."""
+    if load is None:
+        return None
+    cpu = (load.slots - load.offloaded) if load.slots is not None and load.offloaded is not None else None
+    return {"slots": load.slots, "cpu_slots": cpu, "buffers_mib": dict(load.buffers)}
+
+
+def describe_summary(s: dict | None) -> str:
+    if not s:
+        return "load lines not in this run's journal"
+    bufs = ", ".join(f"{d} {m:.2f} MiB" for d, m in s["buffers_mib"].items()) or "no offload buffer"
+    return f"main's CPU keeps {s['cpu_slots']} of {s['slots']} layers; {bufs}"

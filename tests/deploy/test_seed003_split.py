@@ -1,0 +1,118 @@
+"""Seed 003 in the lab (issue 28): examples/seed003-layers-on-two-nodes.ini as written — no draft
+model, both nodes rpc_role=target 1:3, main's CPU a share (CPU=2,rpc-a=1,rpc-b=3) — on the lab's
+hosts and source, with an 11-block tiny llama as the model (12 layer slots: llama.cpp's rule gives
+main's CPU 4, rpc-a 2, rpc-b 6, exactly the asked 2:1:3).
+
+deploy → verify's completion and the layers in the load lines → the running command line has no
+draft flag → the journal's own figures (offloaded N/M, the KV cache per device) → status says
+split, no draft (human and JSON) → a second deploy changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tunnelspec.lab import gguf_tiny
+
+from support.cli import failed_report, tunnelspec
+from support.labdeploy import UNIT, completion_on_main, example_in_lab, running_argv, sh
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "seed003-layers-on-two-nodes.ini"
+BLOCKS = 11
+PORTS = {"rpc-a": 15052, "rpc-b": 15053}
+
+
+@pytest.fixture(scope="module")
+def inventory(lab, tmp_path_factory):
+    model = tmp_path_factory.mktemp("models") / "tiny-llama-11-blocks.gguf"
+    saved = gguf_tiny.BLOCKS
+    gguf_tiny.BLOCKS = BLOCKS
+    try:
+        gguf_tiny.write_tiny_llama(model)
+    finally:
+        gguf_tiny.BLOCKS = saved
+    return example_in_lab(EXAMPLE, lab, model)
+
+
+@pytest.fixture(scope="module")
+def deployed(inventory):
+    r = tunnelspec("deploy", str(inventory), "--format", "json", timeout=3600)
+    assert r.rc == 0, failed_report(r)
+    return r
+
+
+def test_the_example_is_seed_003(inventory):
+    text = EXAMPLE.read_text()
+    assert "llama_draft_model" not in text and "rpc_role=draft" not in text
+    assert len(re.findall(r"rpc_role=target", text)) == 2
+    assert 'llama_tensor_split="CPU=2,rpc-a=1,rpc-b=3"' in text
+    assert "llama_draft_model" not in inventory.read_text()
+
+
+def test_verify_completes_and_proves_the_layers(lab, deployed):
+    ev = next(e for e in deployed.results() if e.get("module") == "llama_verify")
+    assert ev["status"] == "ok", ev
+    assert "split, no draft" in ev["msg"] and "layers CPU 4, RPC0 2, RPC1 6 of 12 as asked" in ev["msg"], ev["msg"]
+    plan = next(e for e in deployed.results() if e.get("module") == "llama_server_plan")
+    assert "split, no draft" in plan["msg"] and "-ngl 8" in plan["msg"], plan["msg"]
+    body = completion_on_main(lab)
+    assert body and body["timings"]["predicted_n"] > 0 and not body["timings"].get("draft_n"), body
+
+
+def test_llama_server_runs_without_any_draft_flag(lab, deployed):
+    argv = running_argv(lab)
+    assert "llama-server" in argv[0], argv
+    assert not [a for a in argv if a.startswith("--spec") or a in ("-md", "-devd", "-ngld", "--model-draft")], argv
+    value = {f: argv[argv.index(f) + 1] for f in ("--rpc", "-dev", "-ts", "-ngl", "-sm")}
+    assert value == {"--rpc": "127.0.0.1:15052,127.0.0.1:15053", "-dev": "RPC0,RPC1", "-ts": "1,3", "-ngl": "8",
+                     "-sm": "layer"}, value
+
+
+def test_the_journal_shows_the_asked_proportions(lab, deployed):
+    # Read here with the journal's own figures, independently of verify's reading: the slots that
+    # left main's CPU, and each device's share of the KV cache (one equal slice per block it holds).
+    inv = sh(lab, "main", "systemctl", "show", "-p", "InvocationID", "--value", UNIT).strip()
+    journal = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"_SYSTEMD_INVOCATION_ID={inv}")
+    assert re.search(r"load_tensors: offloaded 8/12 layers", journal), journal[-3000:]
+    total = re.search(r"llama_kv_cache: size =\s*([0-9.]+) MiB \(\s*\d+ cells,\s*(\d+) layers", journal)
+    assert total and int(total.group(2)) == BLOCKS
+    kv = dict(re.findall(r"llama_kv_cache:\s+(\S+?) KV buffer size\s*=\s*([0-9.]+) MiB", journal))
+    blocks = {name: round(float(mib) / float(total.group(1)) * BLOCKS) for name, mib in kv.items()}
+    # main's CPU: blocks 0-3; rpc-a (its server calls its device RPC0): 4-5; rpc-b: 6-10 and the output.
+    assert blocks == {"CPU": 4, f"RPC0[127.0.0.1:{PORTS['rpc-a']}]": 2, f"RPC0[127.0.0.1:{PORTS['rpc-b']}]": 5}, kv
+    buffers = dict(re.findall(r"load_tensors: (RPC\d\[127\.0\.0\.1:\d+\]) model buffer size\s*=\s*([0-9.]+) MiB",
+                              journal))
+    a, b = float(buffers[f"RPC0[127.0.0.1:{PORTS['rpc-a']}]"]), float(buffers[f"RPC0[127.0.0.1:{PORTS['rpc-b']}]"])
+    assert 2.5 < b / a < 3.5, buffers  # 5 blocks and the output layer against 2 blocks
+
+
+def test_status_says_split_with_no_draft(lab, inventory, deployed):
+    st = tunnelspec("status", str(inventory), "--format", "json", timeout=120)
+    assert st.rc == 0, st.stdout + st.stderr
+    server = json.loads(st.stdout)["hosts"]["main"]["llama_server"]
+    assert server["health"] == "ok" and server["kind"] == "split", server
+    assert server["layers"] == {"slots": 12, "cpu_slots": 4, "buffers_mib": server["layers"]["buffers_mib"]}
+    assert set(server["layers"]["buffers_mib"]) == {"RPC0", "RPC1"}, server["layers"]
+    human = tunnelspec("status", str(inventory), timeout=120)
+    assert human.rc == 0, human.stdout + human.stderr
+    line = next(l for l in human.stdout.splitlines() if "llama-server:" in l)
+    assert "split, no draft: main's CPU keeps 4 of 12 layers; RPC0" in line, line
+    assert "speculative type" not in line
+
+
+def test_second_deploy_changes_nothing(lab, inventory, deployed):
+    from support.labdeploy import main_pid
+
+    pid = main_pid(lab)
+    r = tunnelspec("deploy", str(inventory), "--format", "json", timeout=3600)
+    assert r.rc == 0, failed_report(r)
+    changed = {h: c["changed"] for h, c in r.recap.items()}
+    assert all(v == 0 for v in changed.values()), (changed, [e["task"] for e in r.results("changed")])
+    assert main_pid(lab) == pid
