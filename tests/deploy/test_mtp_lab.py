@@ -20,7 +20,7 @@ import pytest
 from tunnelspec.lab import gguf_mtp
 
 from support.cli import failed_report, tunnelspec
-from support.labdeploy import UNIT, deploy, sh
+from support.labdeploy import UNIT, deploy, main_pid, sh
 from support.seed000 import changed_lines, lab_variant
 
 pytestmark = pytest.mark.lab
@@ -114,3 +114,21 @@ def test_second_deploy_changes_nothing(seed000, deployed):
     assert [(e["host"], e["task"]) for e in r.results("changed")] == []
     ev = next(e for e in r.results() if e.get("module") == "llama_verify")
     assert "speculative type draft-mtp" in ev["msg"], ev["msg"]
+
+
+def test_a_draft_without_an_mtp_block_is_refused_before_llama_server_is_touched(lab, seed000, deployed):
+    # The lab's tiny llama model as the draft-mtp draft: llama-server would exit at every start
+    # ("failed to create MTP context"), a restart loop. The plan task refuses it, naming the build;
+    # the server deployed above keeps serving, its unit unchanged.
+    pid, unit = main_pid(lab), sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+    bad = Path(lab.dir) / "seed000-not-mtp.ini"
+    not_mtp = "/srv/tunnelspec-fixtures/models/tiny-llama.gguf"  # on every lab host
+    bad.write_text(re.sub(r"^llama_draft_model=.*$", f"llama_draft_model={not_mtp}", seed000.read_text(), flags=re.M))
+    r = deploy(bad)
+    assert r.rc != 0, failed_report(r)
+    (failed,) = r.results("failed")
+    assert (failed["host"], failed["module"]) == ("main", "llama_server_plan"), failed
+    for words in ("tiny-llama.gguf has none", "build 11434", "failed to create MTP context", "--mtp"):
+        assert words in failed["msg"], failed["msg"]
+    assert main_pid(lab) == pid and sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}") == unit
+    assert sh(lab, "main", "systemctl", "is-active", UNIT).strip() == "active"

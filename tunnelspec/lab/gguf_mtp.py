@@ -47,13 +47,13 @@ SLIDING_WINDOW = t.CONTEXT  # cohere2moe always has sliding-window layers; a win
 LOGIT_SCALE = 1.0
 
 
-def _writer(path: Path, name: str, *, mtp: bool):
+def _writer(path: Path, name: str, *, mtp: bool, embed: int = t.EMBED):
     import gguf
 
     w = gguf.GGUFWriter(str(path), ARCH)
     w.add_name(name)
     w.add_context_length(t.CONTEXT)
-    w.add_embedding_length(t.EMBED)
+    w.add_embedding_length(embed)
     # The MTP file declares the target's blocks plus the MTP block (the last `nextn_predict_layers`
     # of `block_count`), as convert_hf_to_gguf.py --mtp writes it; the target declares none
     # (--no-mtp): the head is in the other file.
@@ -63,7 +63,7 @@ def _writer(path: Path, name: str, *, mtp: bool):
     w.add_feed_forward_length(t.FEED_FORWARD)
     w.add_head_count(t.HEADS)
     w.add_head_count_kv(t.HEADS_KV)
-    w.add_rope_dimension_count(t.EMBED // t.HEADS)  # cohere2moe ropes the whole head
+    w.add_rope_dimension_count(embed // t.HEADS)  # cohere2moe ropes the whole head
     w.add_layer_norm_rms_eps(t.RMS_EPS)
     w.add_uint32(f"{ARCH}.attention.sliding_window", SLIDING_WINDOW)
     # 0: every trunk block is a sliding-window block (the MTP block never is), so the target needs one
@@ -86,20 +86,20 @@ def _writer(path: Path, name: str, *, mtp: bool):
     return w
 
 
-def _embeddings():
+def _embeddings(embed: int = t.EMBED):
     """The tied input/output table: every row 0.5, TOKEN's row 1.0 (see the module docstring)."""
     import numpy as np
 
-    e = np.full((t.N_VOCAB, t.EMBED), 0.5, dtype=np.float32)
+    e = np.full((t.N_VOCAB, embed), 0.5, dtype=np.float32)
     e[TOKEN, :] = 1.0
     return e
 
 
-def _write(path, name: str, tensors, *, mtp: bool) -> str:
+def _write(path, name: str, tensors, *, mtp: bool, embed: int = t.EMBED) -> str:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    w = _writer(tmp, name, mtp=mtp)
+    w = _writer(tmp, name, mtp=mtp, embed=embed)
     for tname, arr in tensors:
         w.add_tensor(tname, arr)
     w.write_header_to_file()
@@ -111,11 +111,10 @@ def _write(path, name: str, tensors, *, mtp: bool) -> str:
     return digest
 
 
-def _attention(b: str):
+def _attention(b: str, e: int = t.EMBED):
     """attn_norm, fused Q/K/V (non-zero, so attention really runs) and a zero output projection."""
     import numpy as np
 
-    e = t.EMBED
     return [(f"{b}.attn_norm.weight", np.ones(e, dtype=np.float32)),
             (f"{b}.attn_qkv.weight", np.full((3 * e, e), 0.01, dtype=np.float32)),
             (f"{b}.attn_output.weight", np.zeros((e, e), dtype=np.float32))]
@@ -135,16 +134,16 @@ def target_tensors():
     return out
 
 
-def mtp_tensors():
+def mtp_tensors(embed: int = t.EMBED):
     """(name, array) of the MTP file: the tied embeddings, output_norm and the MTP block alone
     (block TRUNK_BLOCKS; no trunk block, which is how llama.cpp tells an MTP-only file)."""
     import numpy as np
 
-    e, f = t.EMBED, t.FEED_FORWARD
+    e, f = embed, t.FEED_FORWARD
     b = f"blk.{TRUNK_BLOCKS}"
     # numpy shapes are ggml's ne reversed: ffn_gate_up_exps {n_embd, 2 n_ff, n_expert}, ...
-    return [("token_embd.weight", _embeddings()), ("output_norm.weight", np.ones(e, dtype=np.float32)),
-            *_attention(b),
+    return [("token_embd.weight", _embeddings(e)), ("output_norm.weight", np.ones(e, dtype=np.float32)),
+            *_attention(b, e),
             (f"{b}.ffn_gate_inp.weight", np.zeros((EXPERTS, e), dtype=np.float32)),
             (f"{b}.ffn_gate_up_exps.weight", np.full((EXPERTS, 2 * f, e), 0.01, dtype=np.float32)),
             (f"{b}.ffn_down_exps.weight", np.zeros((EXPERTS, e, f), dtype=np.float32)),
@@ -158,6 +157,15 @@ def write_mtp_target(path: str | os.PathLike) -> str:
     return _write(path, "tunnelspec-mtp-target", target_tensors(), mtp=False)
 
 
-def write_mtp_draft(path: str | os.PathLike) -> str:
-    """The separate MTP draft for write_mtp_target's model; its sha256."""
-    return _write(path, "tunnelspec-mtp-draft", mtp_tensors(), mtp=True)
+def write_mtp_draft(path: str | os.PathLike, embed: int = t.EMBED) -> str:
+    """The separate MTP draft for write_mtp_target's model; its sha256. Another `embed` makes a head
+    of another width, which no target here can feed (for the refusal's tests)."""
+    return _write(path, "tunnelspec-mtp-draft", mtp_tensors(embed), mtp=True, embed=embed)
+
+
+def write_mtp_target_with_head(path: str | os.PathLike) -> str:
+    """The target and its MTP block in one file (as `convert_hf_to_gguf.py` writes without --mtp or
+    --no-mtp): what llama.cpp runs with `--spec-type draft-mtp` and no `-md`. Given as a separate
+    draft it serves, with the whole model on the draft device; its sha256."""
+    mtp = [(n, a) for n, a in mtp_tensors() if n.startswith(f"blk.{TRUNK_BLOCKS}.")]
+    return _write(path, "tunnelspec-mtp-target-with-head", target_tensors() + mtp, mtp=True)

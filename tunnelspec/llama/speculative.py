@@ -113,3 +113,57 @@ def split_modes(h: ServerHelp) -> list[str]:
     return h.values(flag) if flag else []
 
 
+
+
+# ---- draft-mtp: is the draft file an MTP head of this target? -------------------------------------
+# An MTP head reads its own target's last hidden state (`h_nextn`) one position later. llama.cpp
+# loads a separate MTP file given with `-md` as its own model (`convert_hf_to_gguf.py --mtp` writes
+# one: the target's architecture, `<arch>.nextn_predict_layers` > 0, the MTP block without the
+# trunk; Gemma 4's assistant is its own architecture, `gemma4-assistant`) and runs it as the MTP
+# draft context on the draft device. What goes wrong otherwise, read in b11434
+# (common/speculative.cpp, src/llama-context.cpp) and run with the lab's tiny models:
+# - no MTP block: `llama_init_from_model` refuses the MTP context ("context type MTP requested but
+#   model doesn't contain MTP layers"), llama-server exits at every start — a restart loop;
+# - another hidden width than the target's: GGML_ASSERT "MTP input row width must match the target
+#   h_nextn width" aborts it at start, as often;
+# - another architecture of the same width: it serves, and the head proposes from a hidden state it
+#   was not made for (0 of 39 drafted tokens accepted with the tiny llama target).
+MTP_LAYERS_KEY = "nextn_predict_layers"
+MTP_TRUNK_PROBE = "blk.0.attn_norm.weight"  # llama.cpp's own test for an MTP-only file
+
+
+def _width(h) -> int | None:
+    """llama_model_n_embd_out: `<arch>.embedding_length_out` when the file has it, else the width."""
+    return h.arch_int("embedding_length_out") or h.arch_int("embedding_length")
+
+
+def mtp_draft_refusal(target, draft, build: str, target_path: str, draft_path: str) -> str | None:
+    """Why `draft` (llama/gguf_header.Header of llama_draft_model) cannot be the MTP draft of
+    `target` on this build — llama-server would exit or abort at every start — or None."""
+    if (draft.arch_int(MTP_LAYERS_KEY) or 0) <= 0:
+        return (f"spec_type draft-mtp needs an MTP head as llama_draft_model, and {draft_path} has none "
+                f"(architecture {draft.arch or '?'}, no {draft.arch or '<arch>'}.{MTP_LAYERS_KEY} in its header): "
+                f"llama-server ({build}) would exit at every start with 'failed to create MTP context'. "
+                "Give the separate MTP file of this target (convert_hf_to_gguf.py --mtp writes one), or "
+                "another spec_type (draft-simple for an ordinary draft model)")
+    wd, wt = _width(draft), _width(target)
+    if wd and wt and wd != wt:
+        return (f"the MTP draft {draft_path} reads hidden states {wd} wide and the target {target_path} "
+                f"({target.arch}) makes them {wt} wide: llama-server ({build}) would abort at every start "
+                "(GGML_ASSERT: MTP input row width must match the target h_nextn width). Give the MTP file "
+                "converted from this target")
+    return None
+
+
+def mtp_draft_warnings(target, draft, draft_path: str) -> list[str]:
+    """A draft-mtp draft that would serve, badly: a head of another architecture (it accepts next to
+    nothing), or the whole model rather than its MTP block (all of it goes to the draft device)."""
+    out = []
+    if draft.arch and target.arch and draft.arch not in (target.arch, f"{target.arch}-assistant"):
+        out.append(f"the MTP draft {draft_path} is a {draft.arch} head and the target is {target.arch}: an MTP "
+                   "head reads its own target's hidden state, so few drafted tokens, if any, will be accepted")
+    if draft.tensors is not None and MTP_TRUNK_PROBE in draft.tensors:
+        out.append(f"{draft_path} holds the whole model and its MTP block, not the MTP block alone: llama-server "
+                   "loads all of it onto the draft device (the trunk unused there); an MTP-only file "
+                   "(convert_hf_to_gguf.py --mtp) carries the head alone")
+    return out

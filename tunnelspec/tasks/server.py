@@ -18,6 +18,7 @@ from tunnelspec.llama import flags, preflight
 from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, systemd_exec, tunnel_unit
 from tunnelspec.llama.verify import model_paths, model_sizes, start_timeout, verify_server
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
+from tunnelspec.tasks.mtp_draft import check_mtp_draft
 
 
 @register_task
@@ -174,6 +175,10 @@ class LlamaServerPlan(Task):
                           else (None, None))
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
                                  self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
+        # draft-mtp: a draft file that is no MTP head of this target makes llama-server exit or abort at
+        # every start: refused here, before the unit (tasks/mtp_draft.py, issue 27).
+        mtp_notes = (await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
+                     if plan.spec_type == "draft-mtp" and self.p["draft_model"] else [])
         wait_argv = ["/usr/bin/python3", self.p["rpc_wait"], "--timeout", str(self.p["rpc_wait_timeout"])]
         # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
         # minor and silently computes wrong results on another patch (ops renumbered), so the unit
@@ -206,7 +211,7 @@ class LlamaServerPlan(Task):
             return ok(f"{label}: {describe_split(plan)}{_known_bug_note(cluster, help_, label)}")
         return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
                   f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
-                  f"{_known_bug_note(cluster, help_, label)}")
+                  f"{_known_bug_note(cluster, help_, label)}{''.join(f'; WARNING {w}' for w in mtp_notes)}")
 
 
 def describe_split(plan) -> str:
