@@ -10,8 +10,9 @@ OPT_DIR = "/opt/tunnelspec"
 ETC_DIR = "/etc/tunnelspec"
 # On main: the RPC device map the rpc_devices task discovered (read by `tunnelspec status` too).
 DEVICES_CACHE = f"{STATE_DIR}/rpc-devices.json"
-# On main, with llama_server_public_bind=true: llama-server's TLS key (0600, its user's) and
-# certificate, in a directory 0750 root:<llama user> (docs/tls.md).
+# On main, with llama_server_public_bind=true: the front's TLS certificate and key (0600, the front
+# user's), in a directory 0750 root:<front user> (docs/tls.md). HAProxy's `crt <file>` loads the key
+# from `<file>.key`.
 TLS_DIR = f"{ETC_DIR}/tls"
-TLS_KEY = f"{TLS_DIR}/llama-server.key"
-TLS_CERT = f"{TLS_DIR}/llama-server.crt"
+TLS_CERT = f"{TLS_DIR}/front.crt"
+TLS_KEY = f"{TLS_CERT}.key"

@@ -78,6 +78,8 @@ TABLE: tuple[Prereq, ...] = (
     Prereq("ssh", "openssh-client", "the persistent tunnels to the rpc nodes", when=_main, when_text="main"),
     Prereq("/usr/include/openssl/ssl.h", "libssl-dev", "llama-server built with TLS support (LLAMA_OPENSSL)",
            when=_main, when_text="main"),
+    Prereq("haproxy", "haproxy", "the front of llama-server: holds requests while it restarts or switches between "
+           "speculative and degraded, terminates TLS with public bind", when=_main, when_text="main"),
     Prereq("sshd", "openssh-server", "the tunnel user's restricted login", when=_rpc, when_text="rpc nodes"),
     Prereq("glslc", "glslc", "compiles ggml's Vulkan shaders",
            when=lambda n: n.backend == "vulkan", when_text="llama_backend=vulkan"),
@@ -153,7 +155,7 @@ def runtime_findings(backend: str, facts: HostFacts) -> tuple[list[str], list[st
 
 # Tools that tunnelspec's units and the tunnel key's forced command run by absolute path.
 FIXED_PATHS = {"python3": "/usr/bin/python3", "setpriv": "/usr/bin/setpriv", "stdbuf": "/usr/bin/stdbuf",
-               "sshd": "/usr/sbin/sshd", "nft": "/usr/sbin/nft"}
+               "sshd": "/usr/sbin/sshd", "nft": "/usr/sbin/nft", "haproxy": "/usr/sbin/haproxy"}
 assert set(FIXED_PATHS.values()) <= set(FIXED), "facts/host.py FIXED lacks a path"
 
 

@@ -71,8 +71,61 @@ async def _main_status(conn, cluster) -> dict:
     journal = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
     server["draft_acceptance"] = last_acceptance(journal)
     server.update(await _split_status(conn, cluster, devices))
+    server["serving"] = await serving_state(conn, cluster, devices)
     out["llama_server"] = server
     return out
+
+
+def _iso(t) -> str | None:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(t))) if t else None
+
+
+async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
+    """The mode llama-server was last started in (the launcher's file, docs/degraded.md): speculative
+    (the draft on its node's device), degraded (the target alone while a draft-only node is away, since
+    when and why), waiting (a node with target layers holds serving down), or plain (no draft)."""
+    from tunnelspec import front
+
+    raw = await _sh(conn, ["cat", front.STATE_PATH])
+    try:
+        state = json.loads(raw) if raw and not raw.startswith("error") else {}
+    except ValueError:
+        state = {}
+    mode = state.get("mode") or "unknown"
+    draft = cluster.draft_node
+    out = {"mode": mode, "since": _iso(state.get("since")), "node": state.get("node"),
+           "reason": state.get("reason") or None,
+           "watch": await _unit_state(conn, front.WATCH_UNIT) if front.skippable_draft(cluster) else None,
+           "draft_node": draft.name if draft else None,
+           "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else []}
+    if mode in (front.DEGRADED, front.WAITING) and state.get("node"):
+        # Why the tunnel is down, in ssh's own words (e.g. "connect to host … Connection timed out").
+        j = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u",
+                             tunnel_unit(state["node"])], timeout=20)
+        said = [l.strip() for l in j.splitlines() if l.strip().startswith("ssh:") or "Connection" in l
+                or "Permission denied" in l or "Host key" in l]
+        out["detail"] = said[-1] if said else None
+    return out
+
+
+def serving_line(sv: dict) -> str:
+    mode = sv.get("mode")
+    if mode == "speculative":
+        return (f"serving: speculative, draft on {','.join(sv.get('draft_devices') or []) or '?'} "
+                f"({sv.get('draft_node')}) since {sv.get('since') or '?'}")
+    if mode == "degraded":
+        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+        return (f"serving: DEGRADED since {sv.get('since') or '?'}: the target alone, without the draft on "
+                f"{sv.get('node')}: {sv.get('reason') or '?'}{detail}")
+    if mode == "waiting":
+        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+        return (f"serving: WAITING since {sv.get('since') or '?'} for {sv.get('node')} (it holds target layers): "
+                f"{sv.get('reason') or '?'}{detail}")
+    if mode == "plain":
+        return "serving: no draft"
+    return "serving: mode unknown (llama-server not started by this deploy's launcher yet)"
 
 
 async def _split_status(conn, cluster, devices: dict) -> dict:
@@ -121,20 +174,25 @@ def _opted_out(hv: dict) -> bool:
     return str(hv.get("rpc_local_isolation", "true")).strip().lower() in ("false", "no", "0", "off")
 
 
-async def _isolation(conn, hv: dict, ports: list[int], user: str, label: str) -> dict:
-    """The loopback isolation as loaded now: `state` ok | missing | changed | off | error."""
+async def _isolation(conn, hv: dict, groups: list[tuple[list[int], str]], label: str) -> dict:
+    """The loopback isolation as loaded now: `state` ok | missing | changed | off | error. `groups`:
+    (ports, the one user allowed besides root) of each guard."""
     if _opted_out(hv):
         return {"state": "off", "label": label, "msg": "OFF (rpc_local_isolation=false): WARNING, every local "
                 "user can connect"}
     try:
-        seen = await nft.observe(conn, [user])
+        seen = await nft.observe(conn, list(dict.fromkeys(u for _, u in groups)))
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         return {"state": "error", "label": label, "msg": f"error: {e}"}
     if seen.table_error:
         return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
-    uid = seen.uids.get(user)
-    want = nft.rules_for(ports, [uid] if uid is not None else [], label)
-    if uid is not None and nft.matches(seen.table, want):
+    known = all(seen.uids.get(u) is not None for _, u in groups)
+    want: tuple = ()
+    for ports, user in groups:
+        uid = seen.uids.get(user)
+        want += nft.rules_for(ports, [uid] if uid is not None else [], label)
+    want = tuple(sorted(want, key=lambda r: r.port))
+    if known and nft.matches(seen.table, want):
         return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
     if not seen.table.present:
         return {"state": "missing", "label": label, "msg": "NOT loaded: every local user can connect (run deploy)"}
@@ -162,12 +220,14 @@ async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> 
         facts = await _facts(conn, cluster.main.root if name == cluster.main.name else cluster.node(name).root)
         if name == cluster.main.name:
             out = await _main_status(conn, cluster)
-            out["isolation"] = await _isolation(conn, hv, [n.tunnel_port for n in cluster.rpc],
-                                                cluster.main.users.llama, "tunnel ports: llama-server only")
+            out["isolation"] = await _isolation(
+                conn, hv, [([n.tunnel_port for n in cluster.rpc], cluster.main.users.llama),
+                           ([cluster.main.front.internal_port], cluster.main.front.user)],
+                "tunnel ports: llama-server only; llama-server's port: the front only")
             return {**out, "facts": facts}
         node = cluster.node(name)
         out = await _rpc_status(conn, node)
-        out["isolation"] = await _isolation(conn, hv, [node.rpc_port], node.users.tunnel, "rpc port: tunnel user only")
+        out["isolation"] = await _isolation(conn, hv, [([node.rpc_port], node.users.tunnel)], "rpc port: tunnel user only")
         return {**out, "facts": facts}
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"}
@@ -178,7 +238,10 @@ async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> 
 async def gather(inventory, cluster, opts: ConnectOptions) -> dict:
     names = cluster.hosts
     rows = await asyncio.gather(*(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names))
-    return {"schema": 1, "hosts": dict(zip(names, rows))}
+    hosts = dict(zip(names, rows))
+    main = hosts.get(cluster.main.name) or {}
+    # The cluster's serving mode (also under main's llama_server): what a monitor reads first.
+    return {"schema": 1, "serving": (main.get("llama_server") or {}).get("serving"), "hosts": hosts}
 
 
 def _short(sha):
@@ -220,6 +283,8 @@ def render(report: dict) -> str:
             else:
                 lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
                              f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
+            if s.get("serving"):
+                lines.append(f"{'':<10} {serving_line(s['serving'])}")
             if s.get("tls"):
                 lines.append(f"{'':<10} {_tls_line(s['tls'])}")
     return "\n".join(lines)

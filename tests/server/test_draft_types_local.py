@@ -32,7 +32,7 @@ def test_draft_type_runs_on_rpc0_with_tokens_accepted(llama_bin, llama_fixtures,
     port = free_port()
     inv = tmp_path / "inventory.ini"
     inv.write_text(f"""[main]
-main ansible_connection=local llama_server_port={port} spec_type={spec_type}
+main ansible_connection=local llama_server_port={free_port()} llama_server_internal_port={port} spec_type={spec_type}
 [rpc]
 node ansible_host=10.77.0.11 rpc_role=draft tunnel_port={rpc_server.port}
 [all:vars]

@@ -39,7 +39,7 @@ def test_layers_follow_shares_by_node_name_and_tuning_flag_reaches_the_draft(lla
         port = free_port()
         inv = tmp_path / "inventory.ini"
         inv.write_text(f"""[main]
-main ansible_connection=local llama_server_port={port} llama_split_mode=layer
+main ansible_connection=local llama_server_port={free_port()} llama_server_internal_port={port} llama_split_mode=layer
 [rpc]
 rpc-a ansible_host=10.77.0.11 rpc_role=draft rpc_target_share=1 tunnel_port={servers[0].port}
 rpc-b ansible_host=10.77.0.12 rpc_role=target rpc_target_share=3 tunnel_port={servers[1].port}

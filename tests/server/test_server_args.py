@@ -96,7 +96,8 @@ def test_new_build_argv_order_and_spellings(tmp_path):
     assert a[a.index("--spec-draft-ngl") + 1] == "all"
     # spec_draft_n_max unset: the build's own default, no flag.
     assert "--spec-draft-n-max" not in a
-    assert a[a.index("--host") + 1] == "127.0.0.1" and a[a.index("--port") + 1] == "8080"
+    # Behind the front: llama-server on loopback, on its own port (llama_server_port is the front's).
+    assert a[a.index("--host") + 1] == "127.0.0.1" and a[a.index("--port") + 1] == "18080"
     assert "--draft-max" not in a and "--metrics" in a and "--api-key-file" not in a
     assert (plan.draft_node, plan.draft_devices, plan.draft_port) == ("rpc-a", ["RPC0"], 15052)
 
@@ -219,10 +220,13 @@ def _render_unit(**over):
     from tunnelspec.engine.templating import render_file
 
     text = (Path(__file__).resolve().parents[2] / "templates" / "tunnelspec-llama-server.service.j2").read_text()
-    v = {"exec_start": systemd_exec(["/opt/ts/current/bin/llama-server", "--host", "127.0.0.1"]),
-         "rpc_wait_exec": "/usr/bin/python3 /usr/local/lib/tunnelspec/tunnelspec-rpc-wait 127.0.0.1:15052",
-         "rpc_wait_timeout": 90, "llama_user": "tunnelspec-llama", "draft_node": "rpc-a", "draft_devices": ["RPC0"],
+    from tunnelspec import front
+
+    v = {"exec_start": front.draftwatch_exec(), "rpc_wait_timeout": 90, "grace": front.START_GRACE,
+         "state_dir": front.STATE_DIR_NAME, "llama_user": "tunnelspec-llama", "draft_node": "rpc-a",
+         "draft_devices": ["RPC0"],
          "tunnel_units": ["tunnelspec-tunnel-rpc-a.service", "tunnelspec-tunnel-rpc-b.service"],
+         "required_tunnel_units": ["tunnelspec-tunnel-rpc-b.service"],
          "backend": "cpu", "public_bind": False, **over}
     return render_file(text, v)
 
@@ -230,17 +234,25 @@ def _render_unit(**over):
 def test_unit_orders_after_tunnels_restarts_and_stays_on_loopback():
     unit = _render_unit()
     units = "tunnelspec-tunnel-rpc-a.service tunnelspec-tunnel-rpc-b.service"
-    for key in ("After=network.target " + units, "Wants=" + units, "PartOf=" + units, "Restart=always",
-                "User=tunnelspec-llama", "ExecStartPre=/usr/bin/python3 /usr/local/lib/tunnelspec/tunnelspec-rpc-wait",
+    # Part of the tunnel of the node with target layers only: the draft node's tunnel may come and go
+    # (reconnecting every second while it is away) without restarting llama-server each time.
+    for key in ("After=network.target " + units, "Wants=" + units, "PartOf=tunnelspec-tunnel-rpc-b.service",
+                "Restart=always", "User=tunnelspec-llama",
+                "ExecStart=/usr/bin/python3 /usr/local/lib/tunnelspec/tunnelspec-draftwatch launch "
+                "/etc/tunnelspec/llama-server.json", "RuntimeDirectory=tunnelspec-llama",
+                "RuntimeDirectoryPreserve=yes",
                 "IPAddressDeny=any", "IPAddressAllow=localhost", "PrivateDevices=yes", "NoNewPrivileges=yes"):
-        assert key in unit.splitlines() or any(l.startswith(key) for l in unit.splitlines()), key
-    assert "TimeoutStartSec=120" in unit  # longer than rpc-wait's own deadline
+        assert key in unit.splitlines(), key
+    assert "ExecStartPre" not in unit
+    assert "TimeoutStartSec=130" in unit  # longer than the launcher's wait and grace
 
 
 def test_unit_gpu_and_public_variants():
-    unit = _render_unit(backend="cuda", public_bind=True)
+    unit = _render_unit(backend="cuda", public_bind=True, required_tunnel_units=[])
     assert "PrivateDevices=yes" not in unit
-    assert "IPAddressDeny=any" not in unit
+    # Public bind is the front's: llama-server stays on loopback.
+    assert "IPAddressDeny=any" in unit.splitlines()
+    assert not any(l.startswith("PartOf=") for l in unit.splitlines())
 
 
 def test_captured_real_help_of_the_fixture_build(tmp_path):

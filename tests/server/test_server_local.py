@@ -22,7 +22,7 @@ pytestmark = pytest.mark.llama
 def one_node_cluster(tmp_path, tunnel_port: int, server_port: int, model: str, commit: str) -> Cluster:
     inv = tmp_path / "inventory.ini"
     inv.write_text(f"""[main]
-main ansible_connection=local llama_server_port={server_port}
+main ansible_connection=local llama_server_port={free_port()} llama_server_internal_port={server_port}
 
 [rpc]
 node ansible_host=10.77.0.11 rpc_role=draft tunnel_port={tunnel_port}

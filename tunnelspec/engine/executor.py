@@ -134,8 +134,19 @@ class Run:
         st = self.hosts[name]
         v = {**st.vars, **(play.vars if play else {}), **st.facts}
         v.update(inventory_hostname=name, hostvars=self._hostvars, groups=self.groups(),
-                 check_mode=self.options.check, cluster=self.cluster)
+                 check_mode=self.options.check, cluster=self.cluster,
+                 unreachable_hosts=sorted(h for h, s in self.hosts.items() if s.unreachable))
         return v
+
+    def _spared(self, host: str) -> bool:
+        """An unreachable host the others may go on without: a draft-only rpc node (serving continues
+        with the target alone while it is away, docs/degraded.md). Gates leave it out."""
+        if self.cluster is None or not self.hosts[host].unreachable or self.hosts[host].failed:
+            return False
+        from tunnelspec.front import skippable_draft
+
+        d = skippable_draft(self.cluster)
+        return d is not None and d.name == host
 
     # ---- plays ----------------------------------------------------------------------------
     def _preconnect(self, playbook: Playbook) -> None:
@@ -195,7 +206,7 @@ class Run:
             return
         watched = play.gate.get("earlier_failures") if play.gate else None
         earlier = sorted(h for h in (self.select(watched) if watched else ())
-                         if self.hosts[h].failed or self.hosts[h].unreachable)
+                         if (self.hosts[h].failed or self.hosts[h].unreachable) and not self._spared(h))
         if earlier:
             # A gate that must see every host of a pattern (`earlier_failures: rpc`): one that failed
             # earlier in the run stops the others before this play does anything.
@@ -213,9 +224,9 @@ class Run:
         await asyncio.gather(*(one(h) for h in hosts))
         if play.gate:
             live = [h for h in hosts if not (self.hosts[h].failed or self.hosts[h].unreachable)]
-            if len(live) != len(hosts):
+            if len(live) != len([h for h in hosts if not self._spared(h)]):
                 # A gate over a partial set of hosts proves nothing: stop the rest too.
-                stopped = sorted(set(hosts) - set(live))
+                stopped = sorted(h for h in set(hosts) - set(live) if not self._spared(h))
                 msg = f"not all hosts reached the gate: {', '.join(stopped)} stopped before it"
                 self.emit(events.gate(play.name, "failed", msg))
                 for h in live:

@@ -17,14 +17,14 @@ from dataclasses import asdict, dataclass, field
 TOOLS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew",
          "git", "cmake", "make", "cc", "c++", "gcc", "g++", "ccache", "python3", "ssh", "sshd",
          "nft", "flock", "setpriv", "stdbuf", "nologin", "sudo", "systemctl", "useradd",
-         "glslc", "nvcc", "hipcc", "nvidia-smi", "vulkaninfo", "rocminfo")
+         "glslc", "nvcc", "hipcc", "nvidia-smi", "vulkaninfo", "rocminfo", "haproxy")
 # Headers a build needs (their -dev packages carry no command to look for).
 FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/usr/include/vulkan/vulkan.h",
          "/usr/include/spirv/unified1/spirv.hpp")
 # Where tunnelspec's unit files and the tunnel key's forced command name these tools: the absolute
 # paths every Debian and Ubuntu release puts them at (`prereqs.FIXED_PATHS` checks them).
 FIXED = ("/usr/bin/python3", "/usr/bin/setpriv", "/usr/bin/stdbuf", "/usr/sbin/sshd", "/usr/sbin/nft",
-         "/usr/sbin/nologin")
+         "/usr/sbin/nologin", "/usr/sbin/haproxy")
 # Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin).
 SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
 # A GPU backend's runtime, looked for before any build (prereqs.RUNTIME decides what is missing):

@@ -180,6 +180,8 @@ def _check_roles(inv: Inventory, nodes: tuple[RpcNode, ...]) -> None:
 def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> None:
     # Every tunnel's local end and llama-server listen on the main host: one port each.
     taken: dict[int, str] = {main.server_port: f"llama_server_port of {main.name}"}
+    if main.front is not None:
+        taken[main.front.internal_port] = f"llama_server_internal_port of {main.name}"
     for node in nodes:
         if node.tunnel_port in taken:
             raise cluster_error(

@@ -35,6 +35,8 @@ KNOWN_VARS = frozenset(
         "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
         "tunnelspec_install_packages",  # playbooks/hosts.yml, prerequisites.yml (tasks/host.py)
         "tunnel_ssh_host", "tunnel_ssh_port",  # main's tunnel ssh to a node (inventory/addresses.py)
+        "llama_server_internal_port", "llama_server_hold_timeout", "draft_rejoin_after",
+        "front_user",  # inventory/front_vars.py: the front (HAProxy) and the draft's return
     }
 )
 

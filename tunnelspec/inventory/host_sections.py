@@ -12,6 +12,7 @@ from typing import Any
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.inventory.fields import HostVars, is_full_sha
 from tunnelspec.inventory.placement import node_share
+from tunnelspec.inventory.front_vars import FrontSettings, front_of
 from tunnelspec.inventory.tls_vars import TlsSettings, tls_of
 from tunnelspec.inventory.values import USER_NAME
 from tunnelspec.llama import controller_repo
@@ -137,6 +138,8 @@ class MainHost:
     # Seconds verify waits for /health after a (re)start; None: from the models' sizes
     # (llama/verify.py start_timeout).
     start_timeout: int | None = None
+    # The front (HAProxy) on llama_server_host:llama_server_port; llama-server behind it on loopback.
+    front: FrontSettings | None = None
 
 
 # ---- per-host sections -----------------------------------------------------------------------------
@@ -416,6 +419,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         root=root_of(hv),
         users=users_of(hv),
         tls=tls_of(hv, build.cmake_args) if public else None,
+        front=front_of(hv, hv.port("llama_server_port", DEFAULT_HTTP_PORT)),
     )
 
 

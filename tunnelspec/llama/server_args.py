@@ -229,14 +229,11 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
                      str(main.spec_draft_n_max)]
         if main.spec_draft_p_min is not None:
             argv += [help_.require("--spec-draft-p-min", "--draft-p-min"), f"{main.spec_draft_p_min:g}"]
-    argv += [help_.require("--host"), main.server_host, help_.require("--port"), str(main.server_port)]
+    # Behind the front (tunnelspec/front.py): loopback only, on its own port. The front listens where
+    # users talk (llama_server_host:llama_server_port) and, with public bind, terminates TLS there.
+    argv += [help_.require("--host"), LOOPBACK, help_.require("--port"), str(main.front.internal_port)]
     if main.api_key_file:
         argv += [help_.require("--api-key-file"), main.api_key_file]
-    if main.tls is not None:
-        # llama_server_public_bind=true: TLS terminates in llama-server itself (docs/tls.md). Every
-        # build lists both flags; whether it can serve them is the binary's (tls/build.py, plan task).
-        argv += [help_.require("--ssl-key-file"), main.tls.key_path,
-                 help_.require("--ssl-cert-file"), main.tls.cert_path]
     if help_.supports("--metrics"):
         # Loopback-only like the rest of the server; gives status the spec-decode counters.
         argv.append("--metrics")

@@ -132,6 +132,9 @@ class LocalIsolation(Task):
             "guarded": Arg(list, default=[], help="Units ordered after, and requiring, the rules unit."),
             "guarded_tunnels": Arg(list, default=[],
                                    help="rpc node names: main's tunnelspec-tunnel-<node>.service units, guarded too."),
+            "more": Arg(list, default=[],
+                        help="More guarded ports with their own users: a list of {ports, users} (main: llama-server's "
+                             "own port, for the front's user only)."),
             "label": Arg(str, default="guarded ports", help="What status and verify print when the rules are in place."),
             "enabled": Arg((str, bool), default=True,
                            help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns."),
@@ -156,19 +159,33 @@ class LocalIsolation(Task):
         return {f"/etc/systemd/system/multi-user.target.wants/{nft.UNIT}",
                 *(f"/etc/systemd/system/{u}.requires/{nft.UNIT}" for u in self._guarded())}
 
+    def groups(self) -> list[tuple[list[int], list[str]]]:
+        """(ports, users) of every guard: the main one, then `more`."""
+        out = [([int(p) for p in self.p["ports"]], [str(u) for u in self.p["users"]])]
+        for g in self.p["more"]:
+            if not isinstance(g, dict) or set(g) != {"ports", "users"}:
+                raise TaskFailed(f"more: each entry is {{ports, users}}, got {g!r}")
+            out.append(([int(p) for p in g["ports"]], [str(u) for u in g["users"]]))
+        return out
+
+    def all_users(self) -> list[str]:
+        return list(dict.fromkeys(u for _, users in self.groups() for u in users))
+
     def _desired(self, seen: nft.HostIsolation) -> tuple[tuple, str, str]:
         missing = [u for u, uid in seen.uids.items() if uid is None]
         if missing:
             raise TaskFailed(f"{', '.join(missing)}: no such user (create it before the isolation rules)")
-        rules = nft.rules_for(self.p["ports"], seen.uids.values(), self.p["label"])
-        header = (f"Managed by tunnelspec: {self.p['label']}.\nOnly root and "
-                  f"{', '.join(f'{u} (uid {seen.uids[u]})' for u in self.p['users']) or 'nobody else'} "
-                  f"may connect to these loopback ports.")
-        return rules, nft.ruleset_text(rules, header), _unit_text(self.p["label"], self._guarded())
+        rules: tuple = ()
+        lines = [f"Managed by tunnelspec: {self.p['label']}."]
+        for ports, users in self.groups():
+            rules += nft.rules_for(ports, [seen.uids[u] for u in users], self.p["label"])
+            lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
+                         f"may connect to loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
+        rules = tuple(sorted(rules, key=lambda r: r.port))
+        return rules, nft.ruleset_text(rules, "\n".join(lines)), _unit_text(self.p["label"], self._guarded())
 
     async def check(self, ctx):
-        users = [str(u) for u in self.p["users"]]
-        seen = await nft.observe(ctx.conn, users)
+        seen = await nft.observe(ctx.conn, self.all_users())
         if not self._want_present():
             return await self._check_absent(ctx, seen)
         if not seen.net_admin:
@@ -300,9 +317,8 @@ class LocalIsolationVerify(Task):
             msg = warning(ctx.host, self.p["label"].split(":")[0])
             ctx.emit(events.message(msg))
             return ok(msg)
-        users = [str(u) for u in self.p["users"]]
-        seen = await nft.observe(ctx.conn, users)
         inner = LocalIsolation({**self.p, "state": "present", "install": False})
+        seen = await nft.observe(ctx.conn, inner.all_users())
         rules, _, _ = inner._desired(seen)
         if seen.table_error:
             raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")

@@ -161,8 +161,6 @@ class LlamaServerPlan(Task):
         if helped.rc != 0 or "--rpc" not in helped.stdout:
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
-        if cluster.main.tls is not None:
-            await _require_tls_build(conn, binary, label)
         # The controller keeps this build's --help: the next deploy of the same source checks the
         # inventory's llama-server settings against it before touching any host (llama/preflight.py).
         preflight.save_record(cluster, label, helped.stdout)
@@ -204,6 +202,11 @@ class LlamaServerPlan(Task):
 
         groups, missing = await existing_groups(conn, BACKEND_GROUPS[cluster.main.build.backend])
         fact["unit"].update(supplementary_groups=groups, missing_groups=missing)
+        from tunnelspec.front import add_serving
+
+        add_serving(fact, cluster, lambda absent: build_server_argv(
+            cluster, help_, {int(k): v for k, v in by_port.items()}, binary, self.p["model"], None,
+            absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"])
         ctx.register("llama_server", fact)
         from tunnelspec.llama.speculative import spec_support
 
@@ -245,18 +248,6 @@ async def target_layout(conn, model: str) -> tuple[int | None, list[int] | None]
         except (ValueError, IndexError, KeyError):
             return None, None
     return None, None
-
-
-async def _require_tls_build(conn, binary: str, label: str) -> None:
-    """Public bind means TLS: a llama-server that cannot serve it is refused before its unit is written
-    (every build's --help lists --ssl-key-file; only the binary tells, tls/build.py)."""
-    from tunnelspec.tls import build as tls_build
-
-    res = await conn.run(tls_build.probe_argv(binary), timeout=120)
-    if tls_build.parse(res.stdout) != "yes":
-        raise TaskFailed(f"llama_server_public_bind=true serves the API over TLS only, and this llama-server "
-                         f"({label}) was {tls_build.NO_TLS}; deploy again (the build play configures it with "
-                         "TLS and libssl-dev), or keep llama-server on 127.0.0.1")
 
 
 async def _main_proto(ctx, cluster) -> str | None:
@@ -353,6 +344,9 @@ class LlamaVerify(Task):
         "tls_ca_file": Arg(str, default="",
                            help="Public bind: the CA certificate (controller path) to pin; empty: plain HTTP."),
         "tls_name": Arg(str, default="", help="Public bind: the name the server's certificate must be valid for."),
+        "rejoin_wait": Arg(int, default=0,
+                           help="Degraded while the draft node is reachable: seconds to wait for the draft to come "
+                                "back (deploy: the watcher's steady time and a restart); 0: fail at once (verify)."),
     }
 
     def _tls(self):
@@ -368,7 +362,8 @@ class LlamaVerify(Task):
         configured = self.p["health_timeout"]  # 0: from the sizes of the models llama-server loads
         sizes = [] if configured else await model_sizes(ctx.conn, model_paths(self.p["plan"].get("argv") or []))
         wait = start_timeout(configured, sizes)
-        result = await verify_server(ctx.conn, self.p["port"], self.p["plan"], host=self.p["host"],
+        plan, degraded_note = await self._mode_plan(ctx, wait)
+        result = await verify_server(ctx.conn, self.p["port"], plan, host=self.p["host"],
                                      api_key_file=self.p["api_key_file"],
                                      health_timeout=wait, n_predict=self.p["n_predict"],
                                      prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
@@ -377,4 +372,40 @@ class LlamaVerify(Task):
         text = " ".join(result["content"].split())[:120]
         ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
                      **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
+        if degraded_note:
+            from tunnelspec.reporting import events
+
+            ctx.emit(events.message(f"WARNING: {ctx.host}: {degraded_note}"))
+            return ok(f"{degraded_note}; {result['summary']}")
         return ok(result["summary"])
+
+    async def _mode_plan(self, ctx, health_wait: int) -> tuple[dict, str]:
+        """The plan to prove, from the mode llama-server runs in (docs/degraded.md). Speculative: the
+        draft. Degraded with the draft node unreachable in this run (a deploy while it is away): the
+        target alone, with a warning — the run already fails for that node. Degraded otherwise: wait
+        up to `rejoin_wait` for the watcher to bring the draft back, else fail with the reason."""
+        from tunnelspec import front
+        from tunnelspec.status import serving_state
+
+        plan = self.p["plan"]
+        if not plan.get("draft_skippable") or not plan.get("degraded"):
+            return plan, ""
+        cluster = ctx.require_cluster()
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.p["rejoin_wait"] + (health_wait if self.p["rejoin_wait"] else 0)
+        for _ in range(int(self.p["rejoin_wait"] + health_wait) + 2):
+            sv = await serving_state(ctx.conn, cluster)
+            if sv["mode"] != front.DEGRADED:
+                return plan, ""
+            if sv["node"] in (ctx.vars.get("unreachable_hosts") or []):
+                return plan["degraded"], (f"DEGRADED since {sv['since']}: serving the target alone, without the "
+                                          f"draft on {sv['node']} ({sv['reason']}); the draft comes back by itself "
+                                          "when the node answers again")
+            if loop.time() >= end:
+                detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+                raise TaskFailed(f"DEGRADED since {sv['since']}: llama-server serves the target alone, without the "
+                                 f"draft on {sv['node']}: {sv['reason']}{detail}. Serving continues; the draft "
+                                 f"comes back by itself once {sv['node']} answers steadily "
+                                 f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
+            await asyncio.sleep(1.0)
+        return plan, ""

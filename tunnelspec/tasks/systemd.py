@@ -190,3 +190,27 @@ class ServiceRestart(Task):
         res = await ctx.conn.run(["systemctl", "restart", self.p["name"]])
         if res.rc != 0:
             raise TaskFailed(f"restart of {self.p['name']} failed: {res.stderr.strip()}")
+
+
+@register_task
+class ServiceReload(Task):
+    """Reload a unit (`systemctl reload`: its ExecReload=, e.g. HAProxy re-reading its configuration
+    without dropping a connection). A handler: a reload cannot be idempotent."""
+
+    module = "service_reload"
+    args = {
+        "name": Arg(str, required=True, help="The unit to reload."),
+    }
+    handler_only = True
+
+    async def check(self, ctx):
+        started = ctx.facts.get(STARTED_FACT, [])
+        if self.p["name"] in started:
+            return ok(f"{self.p['name']} was started after the change by this play: it read the new configuration")
+        return change(f"reload {self.p['name']}")
+
+    async def apply(self, ctx, ch):
+        res = await ctx.conn.run(["systemctl", "reload-or-restart", self.p["name"]])
+        if res.rc != 0:
+            j = await ctx.conn.run(["journalctl", "-u", self.p["name"], "-n", "20", "--no-pager", "-o", "cat"])
+            raise TaskFailed(f"reload of {self.p['name']} failed: {res.stderr.strip()}\n{j.stdout.strip()}")

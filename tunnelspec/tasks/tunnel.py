@@ -131,7 +131,15 @@ class TunnelProbe(Task):
 
     async def check(self, ctx):
         expected = await main_rpc_version(ctx.conn, self.p["source_dir"])
-        nodes = selected_nodes(ctx.require_cluster(), self.p["nodes"])
+        cluster = ctx.require_cluster()
+        nodes = selected_nodes(cluster, self.p["nodes"])
+        # A draft-only node this run could not reach: serving goes on without it (docs/degraded.md).
+        from tunnelspec.front import skippable_draft
+
+        spare = skippable_draft(cluster)
+        away = [n for n in nodes if spare is not None and n.name == spare.name
+                and n.name in (ctx.vars.get("unreachable_hosts") or [])]
+        nodes = [n for n in nodes if n not in away]
 
         async def one(node):
             # llama-server connected through the tunnel holds the one-client server: busy, no wait.
@@ -146,4 +154,5 @@ class TunnelProbe(Task):
             (out if good else bad).append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {text}")
         if bad:
             raise TaskFailed(f"tunnel check (expected RPC v{format_version(expected)}): " + "; ".join(bad))
+        out += [f"{n.name}: unreachable in this run, not checked (serving goes on without its draft)" for n in away]
         return ok("; ".join(out))

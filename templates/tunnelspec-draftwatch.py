@@ -1,0 +1,336 @@
+#!/usr/bin/python3
+# Installed by tunnelspec on the main host (docs/degraded.md). Python 3 standard library only.
+#
+#   tunnelspec-draftwatch launch CONFIG   ExecStart= of tunnelspec-llama-server.service (llama-server's user):
+#                                         waits for the nodes serving can not do without, picks the mode,
+#                                         records it, then execs llama-server with that mode's command line.
+#   tunnelspec-draftwatch watch CONFIG    tunnelspec-draftwatch.service (root): notices the draft node
+#                                         leaving and coming back, and restarts llama-server to switch.
+#   tunnelspec-draftwatch state CONFIG    prints the recorded mode (JSON) for `tunnelspec status`.
+#
+# Why: llama.cpp's RPC client aborts llama-server on any socket error and never reconnects, so a draft
+# node that sleeps or loses its link would take the whole API down with it. The draft only makes
+# decoding faster: while a draft-only node is away llama-server serves the target alone (its
+# "degraded" command line has no --spec-* and no --rpc endpoint of that node), and the draft comes
+# back by itself once the node has answered the RPC HELLO steadily and llama-server is idle. A node
+# that holds target layers cannot be skipped: serving waits for it, and says which node and since when.
+# The front (HAProxy, tunnelspec-front.service) holds requests while llama-server restarts.
+import importlib.machinery
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPECULATIVE, DEGRADED, WAITING, PLAIN = "speculative", "degraded", "waiting", "plain"
+
+
+def _rpc_wait():
+    """The HELLO probe of the rpc-wait helper installed next to this file (one implementation)."""
+    path = os.path.join(HERE, "tunnelspec-rpc-wait")
+    if not os.path.exists(path):
+        path += ".py"  # running from the source tree (tests)
+    loader = importlib.machinery.SourceFileLoader("tunnelspec_rpc_wait", path)
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+RPC = _rpc_wait()
+
+
+def log(msg):
+    # One line per event into the unit's journal (stdout of a systemd service).
+    print("tunnelspec: " + msg, flush=True)
+
+
+def load_config(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_state(cfg):
+    try:
+        with open(cfg["state"]) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(cfg, state):
+    path = cfg["state"]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def unit_state(unit):
+    """ActiveState/SubState of a unit (readable by any user over systemd's bus)."""
+    try:
+        res = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "--", unit],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown", ""
+    props = dict(l.split("=", 1) for l in res.stdout.splitlines() if "=" in l)
+    return props.get("ActiveState", "unknown"), props.get("SubState", "")
+
+
+def probe_draft(cfg, timeout):
+    """(ok, reason): the draft node's RPC server answers HELLO through its tunnel with main's version."""
+    d = cfg["draft"]
+    version, err = RPC.probe(d["endpoint"], timeout)
+    if version is not None:
+        if cfg.get("expect") and version != cfg["expect"]:
+            return False, "protocol mismatch (%s speaks RPC v%s, main v%s)" % (d["node"], version, cfg["expect"])
+        return True, "RPC v%s" % version
+    active, sub = unit_state(d["tunnel_unit"])
+    if active != "active":
+        return False, "tunnel down (%s %s/%s)" % (d["tunnel_unit"], active, sub)
+    return False, "no RPC answer through the tunnel (%s)" % err
+
+
+# ---- launch ----------------------------------------------------------------------------------------
+def wait_required(cfg, prev):
+    """Wait for the endpoints serving cannot do without (target-layer nodes). Returns None when all
+    answer, else (node, reason) after the deadline."""
+    w = cfg.get("wait") or {}
+    pending = list(zip(w.get("nodes", []), w.get("endpoints", [])))
+    if not pending:
+        return None
+    deadline = time.monotonic() + float(w.get("timeout", 90))
+    last = {}
+    for _ in range(int(float(w.get("timeout", 90)) / 0.5) + 2):
+        for node, ep in list(pending):
+            version, err = RPC.probe(ep, min(5.0, max(0.5, deadline - time.monotonic())))
+            if version is None:
+                last[node] = err
+            elif cfg.get("expect") and version != cfg["expect"]:
+                last[node] = "protocol mismatch (%s speaks RPC v%s, main v%s)" % (node, version, cfg["expect"])
+            else:
+                pending.remove((node, ep))
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if not pending:
+        return None
+    node = pending[0][0]
+    return node, last.get(node, "no answer")
+
+
+def choose(cfg, prev):
+    """(mode, node, reason) for this start."""
+    if not cfg.get("draft"):
+        return PLAIN, None, ""
+    node = cfg["draft"]["node"]
+    if not cfg["modes"].get(DEGRADED):
+        return SPECULATIVE, node, ""  # the draft node also holds target layers: waited for above
+    # Coming from degraded (a restart in between): no grace, the watcher decides when to come back.
+    # Otherwise (boot, deploy, a crash while speculative) give the tunnel a few seconds.
+    grace = 0.0 if prev.get("mode") == DEGRADED and not cfg.get("_rejoin") else float(cfg.get("grace", 10))
+    deadline = time.monotonic() + grace
+    ok, why = probe_draft(cfg, 3.0)
+    for _ in range(int(grace) + 1):
+        if ok or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+        ok, why = probe_draft(cfg, 3.0)
+    if ok:
+        return SPECULATIVE, node, why
+    return DEGRADED, node, why
+
+
+def launch(cfg_path):
+    cfg = load_config(cfg_path)
+    prev = read_state(cfg)
+    now = time.time()
+    # The watcher asked for this restart to bring the draft back (its own flag file: it cannot write
+    # llama-server's runtime directory, nor should it).
+    cfg["_rejoin"] = _rejoin_flag(cfg) > float(prev.get("at", 0))
+    missing = wait_required(cfg, prev)
+    if missing is not None:
+        node, why = missing
+        since = prev.get("since") if prev.get("mode") == WAITING and prev.get("node") == node else now
+        write_state(cfg, {"mode": WAITING, "node": node, "reason": why, "since": since, "at": now})
+        log("serving waits for %s (it holds target layers) since %s: %s" % (node, _iso(since), why))
+        return 1
+    mode, node, why = choose(cfg, prev)
+    since = prev.get("since", now) if prev.get("mode") == mode else now
+    state = {"mode": mode, "node": node, "reason": why if mode == DEGRADED else "", "since": since, "at": now}
+    write_state(cfg, state)
+    if prev.get("mode") != mode or mode == DEGRADED and prev.get("reason") != why and not prev.get("reason"):
+        if mode == SPECULATIVE:
+            log("mode speculative: draft on %s (%s)" % (",".join(cfg["draft"]["devices"]), node))
+        elif mode == DEGRADED:
+            log("mode degraded: serving the target alone, without the draft on %s: %s" % (node, why))
+        elif mode == PLAIN:
+            log("serving without a draft model")
+    argv = cfg["modes"][mode if mode != PLAIN else SPECULATIVE]
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+
+
+def _iso(t):
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+# ---- watch -----------------------------------------------------------------------------------------
+def close_wait_to(port):
+    """Connections to 127.0.0.1:port whose other end has closed (CLOSE-WAIT), from /proc/net/tcp."""
+    want = "0100007F:%04X" % port
+    n = 0
+    try:
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                parts = line.split()
+                if len(parts) > 3 and parts[2] == want and parts[3] == "08":
+                    n += 1
+    except OSError:
+        pass
+    return n
+
+
+def front_busy(cfg):
+    """True while the front has a request in flight or waiting for llama-server (HAProxy `show stat`);
+    None when it cannot tell (then the watcher does not switch back)."""
+    f = cfg.get("front") or {}
+    path = f.get("stats")
+    if not path:
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(path)
+            s.sendall(b"show stat\n")
+            data = b""
+            for _ in range(1000):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return None
+    lines = data.decode(errors="replace").splitlines()
+    if not lines or not lines[0].startswith("# "):
+        return None
+    head = lines[0][2:].split(",")
+    try:
+        px, sv, qcur, scur = (head.index(k) for k in ("pxname", "svname", "qcur", "scur"))
+    except ValueError:
+        return None
+    for line in lines[1:]:
+        row = line.split(",")
+        if len(row) > max(px, sv, qcur, scur) and row[px] == f.get("backend", "llama") and row[sv] == "BACKEND":
+            return int(row[qcur] or 0) + int(row[scur] or 0) > 0
+    return None
+
+
+def restart_llama(cfg, why):
+    log(why)
+    subprocess.run(["systemctl", "restart", "--no-block", cfg["unit"]], timeout=30)
+
+
+def watch(cfg_path, interval=1.0):
+    cfg = load_config(cfg_path)
+    if not cfg.get("draft") or not cfg["modes"].get(DEGRADED):
+        log("no draft-only node: nothing to watch")
+        return 0
+    d = cfg["draft"]
+    rejoin_after = float(cfg.get("rejoin_after", 20))
+    steady_since = None
+    losses = []  # times speculative mode was lost: a flapping link waits longer before the next rejoin
+    log("watching %s (draft on %s); switching back after %gs of steady answers" % (d["node"], d["endpoint"], rejoin_after))
+    while True:
+        cfg = load_config(cfg_path)  # a deploy may have changed it; same unit, same node names
+        state = read_state(cfg)
+        active, _ = unit_state(cfg["unit"])
+        mode = state.get("mode")
+        if active != "active":
+            steady_since = None
+        elif mode == SPECULATIVE:
+            steady_since = None
+            t_active, t_sub = unit_state(d["tunnel_unit"])
+            why = None
+            if t_active != "active":
+                why = "tunnel down (%s %s/%s)" % (d["tunnel_unit"], t_active, t_sub)
+            elif close_wait_to(int(d["port"])):
+                why = "the RPC connection through the tunnel was closed by the other end"
+            if why:
+                losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                # llama-server would abort at its next request: switch now, busy or not.
+                restart_llama(cfg, "draft on %s lost: %s; restarting llama-server to serve the target alone"
+                              % (d["node"], why))
+                _sleep_until_restarted(cfg)
+        elif mode == DEGRADED:
+            ok, why = probe_draft(cfg, 2.0)
+            if not ok:
+                if steady_since is not None:
+                    log("%s stopped answering again (%s)" % (d["node"], why))
+                steady_since = None
+            else:
+                if steady_since is None:
+                    steady_since = time.monotonic()
+                    wait = _rejoin_wait(rejoin_after, losses)
+                    log("%s answers again (%s); the draft comes back after %gs of steady answers, when idle"
+                        % (d["node"], why, wait))
+                wait = _rejoin_wait(rejoin_after, losses)
+                if time.monotonic() - steady_since >= wait and front_busy(cfg) is False:
+                    _set_rejoin_flag(cfg)
+                    restart_llama(cfg, "%s steady for %gs and llama-server idle: restarting it with the draft on %s"
+                                  % (d["node"], wait, ",".join(d["devices"])))
+                    steady_since = None
+                    _sleep_until_restarted(cfg)
+        time.sleep(interval)
+
+
+def _rejoin_flag(cfg):
+    try:
+        with open(cfg["rejoin_flag"]) as f:
+            return float(f.read().strip() or 0)
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def _set_rejoin_flag(cfg):
+    path = cfg["rejoin_flag"]
+    with open(path + ".tmp", "w") as f:
+        f.write("%f\n" % time.time())
+    os.replace(path + ".tmp", path)
+
+
+def _rejoin_wait(base, losses):
+    recent = len([t for t in losses if time.time() - t < 600])
+    return min(base * (2 ** max(0, recent - 1)), 600.0)
+
+
+def _sleep_until_restarted(cfg, limit=60.0):
+    """Give the restart a moment to record its new mode (bounded)."""
+    before = read_state(cfg).get("at")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        if read_state(cfg).get("at") != before:
+            return
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in ("launch", "watch", "state"):
+        print("usage: tunnelspec-draftwatch launch|watch|state CONFIG", file=sys.stderr)
+        return 2
+    cmd, cfg_path = argv
+    if cmd == "launch":
+        return launch(cfg_path)
+    if cmd == "watch":
+        return watch(cfg_path)
+    print(json.dumps(read_state(load_config(cfg_path)), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
