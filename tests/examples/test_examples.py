@@ -59,6 +59,47 @@ def test_example_parses_validates_and_composes(name):
     assert got == EXPECT[name]
 
 
+def test_seed000_in_the_lab_differs_only_in_hosts_models_and_all_vars(tmp_path):
+    """The variant tests/deploy/test_mtp_lab.py deploys, built here against an inventory as `lab up`
+    writes it: the Mac and the laptop become the lab's CPU hosts, the 27B files the tiny MTP pair;
+    the speculative settings compose as in the example, the target on main's CPU."""
+    from types import SimpleNamespace
+
+    from support.seed000 import changed_lines
+    from support.seed000 import lab_variant as seed000_variant
+
+    from tunnelspec.lab import gguf_mtp
+    from tunnelspec.lab.outputs import inventory_text
+
+    fx = SimpleNamespace(repo="/srv/tunnelspec-fixtures/llama.cpp.git", build_number=11434,
+                         commit="d4f3039b1fa47e918560a0e6f29b9dec16fc54b5",
+                         model="/srv/tunnelspec-fixtures/models/tiny-llama.gguf")
+    (tmp_path / "known_hosts").write_text("")
+    lab = inventory_text({"main": "10.77.0.10", "rpc-a": "10.77.0.11", "rpc-b": "10.77.0.12"},
+                         tmp_path / "id_ed25519", tmp_path / "known_hosts", fx)
+    target, draft = tmp_path / "mtp-target.gguf", tmp_path / "mtp-draft.gguf"
+    gguf_mtp.write_mtp_target(target)
+    gguf_mtp.write_mtp_draft(draft)
+    example = (EXAMPLES / "seed000-mtp-laptop-gpu.ini").read_text()
+    text = seed000_variant(example, lab, str(target), str(draft))
+    diff = changed_lines(example, text)
+    assert {why for why, _, _ in diff} == {"host", "model", "all:vars"}, diff
+    assert [(old, new) for why, old, new in diff if why == "host"] == [
+        ("mac ansible_host=192.0.2.10 llama_backend=metal llama_target_devices=MTL0", "main ansible_host=10.77.0.10"),
+        ("laptop ansible_host=192.0.2.30 rpc_role=draft llama_backend=cuda rpc_devices=CUDA0",
+         "rpc-a ansible_host=10.77.0.11 rpc_role=draft")]
+    assert [new for why, _, new in diff if why == "model"] == [f"llama_model={target}", f"llama_draft_model={draft}"]
+    path = tmp_path / "seed000-lab.ini"
+    path.write_text(text)
+    c = Cluster.from_inventory(load_inventory(path))
+    c.require_models()
+    argv = build_server_argv(c, flags.parse_help(HELP.read_text(), "fixture"), {c.rpc[0].tunnel_port: ["RPC0"]},
+                             "llama-server", c.main.model, c.main.draft_model, n_layer=N_LAYER).argv
+    want = {"-dev": "none", "--spec-type": "draft-mtp", "--spec-draft-device": "RPC0", "--spec-draft-n-max": "3",
+            "--spec-draft-model": str(draft)}
+    assert {flag: argv[argv.index(flag) + 1] if flag in argv else None for flag in want} == want
+
+
 def lab_variant(example: Path, lab) -> Path:
     """The example with the lab's hosts, keys, source and model: its own placement and speculative
     settings kept as written."""
