@@ -3,9 +3,10 @@ on the remote device (rpc-a, RPC0 through its tunnel), one completion with draft
 
 The models come from tunnelspec/lab/gguf_drafts.py: a target that always predicts one token and
 EAGLE-3 / DFlash / DSpark drafts built to predict the same one, so acceptance is the proof that the
-type's own path (feature extraction from the target, the head on RPC0) ran. draft-mtp is not here:
-an MTP draft reads the target's `h_nextn` hidden state, which only MTP-capable target
-architectures (qwen35, glm4-moe, deepseek2, gemma4, …) produce, not the tiny llama target.
+type's own path (feature extraction from the target, the head on RPC0) ran. draft-mtp has its own
+module, tests/deploy/test_mtp_lab.py: an MTP head reads the target's `h_nextn` hidden state, which
+the tiny llama target does not feed it, so it runs with its own pair (lab/gguf_mtp.py), in seed
+000's topology.
 """
 
 from __future__ import annotations
