@@ -1,5 +1,6 @@
-"""`tunnelspec certs rotate|show` and `tunnelspec client-config`: the controller side of TLS for
-llama-server's API (docs/tls.md). No click here, and never a key in anything returned."""
+"""`tunnelspec certs rotate|show` and `tunnelspec client-config`: the controller side of TLS for the
+API, which the front (HAProxy) on main terminates (docs/tls.md). No click here, and never a key in
+anything returned."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from tunnelspec.tls import ca as C
 def _tls(cluster, what: str):
     tls = cluster.main.tls
     if tls is None:
-        raise UsageError(f"{what}: llama-server listens on 127.0.0.1 only (llama_server_public_bind is not true); "
+        raise UsageError(f"{what}: the API listens on 127.0.0.1 only (llama_server_public_bind is not true); "
                          "there is no TLS to manage")
     return tls
 
@@ -41,7 +42,8 @@ def preflight(cluster) -> None:
 
 def rotate(cluster) -> tuple[str | None, str]:
     """Replace the inventory's CA (the old key is deleted); returns (old, new) fingerprints. The caller
-    then runs the certs-rotate playbook: main's certificate is re-issued, llama-server restarts once."""
+    then runs the certs-rotate playbook: main's certificate is re-issued and the front reloads it
+    (llama-server is not restarted)."""
     tls = _tls(cluster, "certs rotate")
     if tls.own:
         raise UsageError("certs rotate: this inventory uses your own certificate files (llama_server_tls_cert_file, "
@@ -76,7 +78,8 @@ def render_show(d: dict) -> str:
     if d["previous_ca"]:
         lines += [f"previous CA:         {d['previous_ca']['sha256']} (rotated away; its key is deleted)"]
     lines += [f"on main:             {d['server_cert_on_main']} (certificate), {d['server_key_on_main']} "
-              "(key, 0600, never shown; `tunnelspec status` shows the served certificate)"]
+              "(key, 0600, the front's user; never shown), served by the front (HAProxy); "
+              "`tunnelspec status` shows the served certificate"]
     return "\n".join(lines) + "\n"
 
 

@@ -76,8 +76,6 @@ TABLE: tuple[Prereq, ...] = (
     Prereq("nft", "nftables", "the loopback isolation rules (only the tunnel / llama-server may connect)",
            when=lambda n: n.isolation, when_text="rpc_local_isolation (default true)"),
     Prereq("ssh", "openssh-client", "the persistent tunnels to the rpc nodes", when=_main, when_text="main"),
-    Prereq("/usr/include/openssl/ssl.h", "libssl-dev", "llama-server built with TLS support (LLAMA_OPENSSL)",
-           when=_main, when_text="main"),
     Prereq("haproxy", "haproxy", "the front of llama-server: holds requests while it restarts or switches between "
            "speculative and degraded, terminates TLS with public bind", when=_main, when_text="main"),
     Prereq("sshd", "openssh-server", "the tunnel user's restricted login", when=_rpc, when_text="rpc nodes"),

@@ -118,7 +118,7 @@ def test_mixed_releases_bare_hosts_as_a_sudoer_with_a_password(mixed, tmp_path):
         assert "gcc" not in msg, f"{host} is not bare: {msg}"
     planned = {e["host"]: e["msg"] for e in chk.results() if e["task"] == "prerequisites installed"}
     assert all("install git cmake make g++ ccache python3 nftables" in m for m in planned.values()), planned
-    assert "libssl-dev" in planned["main"] and "openssh-server" not in planned["rpc-a"]
+    assert "haproxy" in planned["main"] and "openssh-server" not in planned["rpc-a"]
 
     # 2. A bare host that may not install packages: stopped before any change, naming what is missing.
     no = run_cli(outputs, "deploy", inv, "-e", pw, "-e", "tunnelspec_install_packages=false", "--format", "json")

@@ -1,9 +1,10 @@
 """The `server_tls` task over a real sshd "main" (tests/support/sshd_harness.py): issued by the
 inventory's CA on the controller, installed 0600, second run ok; renewal of a near-expiry certificate,
 re-issue after a CA rotation, an interrupted install, your own files, removal without public bind,
---check creating nothing; never a key in any output. Then the real llama-server (the controller's
-dev build, with OpenSSL) serving the installed pair, reached the way verify and status reach it:
-TLS inside the SSH connection, the CA pinned."""
+--check creating nothing; never a key in any output. Then the real front (HAProxy with tunnelspec's
+front configuration) serving the installed pair in front of the controller's real llama-server (plain
+HTTP on loopback), reached the way verify and status reach it: TLS inside the SSH connection, the CA
+pinned."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _inventory(cluster, tmp_path, main_vars: str = "", name: str = "inventory.in
 PLAY = """- hosts: main
   tasks:
     - name: tls
-      server_tls: {owner: root, dir: "{{ root }}/tls", key: "{{ root }}/tls/k.key", cert: "{{ root }}/tls/c.crt"}
+      server_tls: {owner: root, dir: "{{ root }}/tls", cert: "{{ root }}/tls/c.crt"}
 """
 
 
@@ -80,8 +81,8 @@ def test_issue_renew_rotate(setup, tmp_path):
     ca = C.load_ca(ca_dir)
     assert stat.S_IMODE(os.stat(ca_dir).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(ca_dir / "ca.key").st_mode) == 0o600
-    key, cert = (d / "k.key").read_text(), (d / "c.crt").read_text()
-    assert stat.S_IMODE((d / "k.key").stat().st_mode) == 0o600 and stat.S_IMODE(d.stat().st_mode) == 0o750
+    key, cert = (d / "c.crt.key").read_text(), (d / "c.crt").read_text()
+    assert stat.S_IMODE((d / "c.crt.key").stat().st_mode) == 0o600 and stat.S_IMODE(d.stat().st_mode) == 0o750
     assert C.issued_by(cert, ca) and set(C.cert_names(cert)) == {"main.test", "127.0.0.1"}
     assert "key: ***" in first.stdout
     _no_key(first, key, (ca_dir / "ca.key").read_text())
@@ -93,7 +94,7 @@ def test_issue_renew_rotate(setup, tmp_path):
     # A certificate ending in 10 days (put there by hand) is renewed by the next run.
     near = C.issue_server_cert(ca, ["main.test", "127.0.0.1"], days=10)
     (d / "c.crt").write_text(near.cert_pem)
-    (d / "k.key").write_text(near.key_pem.reveal())
+    (d / "c.crt.key").write_text(near.key_pem.reveal())
     renewed = _play(inv, pb)
     assert renewed.rc == 0 and "within 30 days" in _status(renewed)[0][1], renewed.stdout
     assert C.describe((d / "c.crt").read_text())["not_after"] > C.describe(near.cert_pem)["not_after"]
@@ -120,10 +121,24 @@ def test_issue_renew_rotate(setup, tmp_path):
 def test_wrong_key_owner_mode_is_fixed(setup):
     cluster, inv, pb, d = setup
     assert _play(inv, pb).rc == 0
-    os.chmod(d / "k.key", 0o644)
+    os.chmod(d / "c.crt.key", 0o644)
     fixed = _play(inv, pb)
     assert _status(fixed)[0][0] == "changed" and "→ 600 root" in _status(fixed)[0][1]
-    assert stat.S_IMODE((d / "k.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((d / "c.crt.key").stat().st_mode) == 0o600
+
+
+def test_llama_servers_earlier_tls_files_are_removed(setup):
+    """Before the front, llama-server terminated TLS with llama-server.key/.crt in this directory: a
+    deploy removes them (no second private key left on main), then changes nothing."""
+    cluster, inv, pb, d = setup
+    assert _play(inv, pb).rc == 0
+    for name in ("llama-server.key", "llama-server.crt"):
+        (d / name).write_text("earlier\n")
+    cleaned = _play(inv, pb)
+    assert _status(cleaned)[0][0] == "changed" and "llama-server's own TLS files" in _status(cleaned)[0][1], \
+        cleaned.stdout
+    assert sorted(p.name for p in d.iterdir()) == ["c.crt", "c.crt.key"]
+    assert _status(_play(inv, pb))[0][0] == "ok"
 
 
 def test_own_files_and_removal(setup, tmp_path):
@@ -138,7 +153,7 @@ def test_own_files_and_removal(setup, tmp_path):
     first = _play(inv, pb)
     assert first.rc == 0 and _status(first)[0][0] == "changed", first.stdout
     assert (d / "c.crt").read_text().strip() == own.cert_pem.strip()
-    assert (d / "k.key").read_text() == own.key_pem.reveal()
+    assert (d / "c.crt.key").read_text() == own.key_pem.reveal()
     assert not (tmp_path / "inventory.ini.tls").exists()  # no CA of ours with your own files
     _no_key(first, own.key_pem.reveal())
     assert _status(_play(inv, pb))[0][0] == "ok"
@@ -167,9 +182,24 @@ def test_certs_rotate_refuses_own_files_and_loopback(setup, tmp_path):
     assert r.rc == 2 and "no TLS to manage" in r.stderr
 
 
-# ---- the real llama-server with the installed pair -----------------------------------------------
+# ---- the real front with the installed pair, in front of the real llama-server --------------------
+SERVED = """- hosts: main
+  tasks:
+    - name: served
+      server_tls_served: {cert: "{{ root }}/tls/c.crt", timeout: 3}
+"""
+
+
 @pytest.mark.llama
-def test_llama_server_serves_the_installed_pair_pinned_through_ssh(setup, tmp_path, llama_bin, llama_fixtures):
+def test_front_serves_the_installed_pair_pinned_through_ssh(setup, tmp_path, llama_bin, llama_fixtures):
+    """The front (HAProxy, master-worker as its unit runs it) with `crt c.crt` finds the key the task
+    installed at c.crt.key; verify's way in (TLS inside SSH, CA pinned) reaches llama-server through
+    it. server_tls_served: ok once the front serves main's certificate; after a rotation re-issued the
+    pair but before the front reloaded it, a failure naming both; after the reload, ok again."""
+    import signal
+
+    from support import front as front_proc
+    from tunnelspec import front
     from tunnelspec.connection import ConnectOptions, connect
     from tunnelspec.constants import LOOPBACK
     from tunnelspec.inventory import load_inventory
@@ -177,12 +207,21 @@ def test_llama_server_serves_the_installed_pair_pinned_through_ssh(setup, tmp_pa
     from tunnelspec.llama import http
     from tunnelspec.tls.reach import ApiTls, Seen, api_opener
 
-    cluster, inv, pb, d = setup
-    assert _play(inv, pb).rc == 0
+    if not os.path.exists(front.HAPROXY):
+        pytest.skip("no haproxy (scripts/setup.sh installs it)")
+    cluster, _, _, d = setup
     port = free_port()
-    proc = spawn([llama_bin.llama_server, "-m", llama_fixtures.model_local, "--host", LOOPBACK, "--port", str(port),
-                  "-c", "256", "-t", "1", "--ssl-key-file", str(d / "k.key"), "--ssl-cert-file", str(d / "c.crt")],
-                 tmp_path / "server.log")
+    inv = _inventory(cluster, tmp_path, f"llama_server_port={port}")
+    pb = tmp_path / "tls.yml"
+    assert _play(inv, pb).rc == 0
+    served_pb = tmp_path / "served.yml"
+    served_pb.write_text(SERVED)
+    llama_port = free_port()
+    llama = spawn([llama_bin.llama_server, "-m", llama_fixtures.model_local, "--host", LOOPBACK, "--port",
+                   str(llama_port), "-c", "256", "-t", "1"], tmp_path / "server.log")
+    (tmp_path / "front").mkdir()
+    cfg = front_proc.render(tmp_path / "front", llama_port, port, hold=30, tls_pem=str(d / "c.crt"))
+    haproxy = spawn([front.HAPROXY, "-W", "-db", "-f", str(cfg)], tmp_path / "front" / "haproxy.log")
     ca_file = str(tmp_path / "inventory.ini.tls" / "ca.crt")
     other = C.ensure_ca(tmp_path / "other.tls")[0]
     inventory = load_inventory(str(inv))
@@ -192,7 +231,7 @@ def test_llama_server_serves_the_installed_pair_pinned_through_ssh(setup, tmp_pa
         try:
             seen = Seen()
             ok = api_opener(conn, port, LOOPBACK, ApiTls(ca_file, "main.test"), seen)
-            await http.wait_health(ok, 60)
+            await http.wait_health(ok, 120)  # the front holds /health until llama-server has loaded
             body = await http.completion(ok, "Hello", 4)
             loop = asyncio.get_running_loop()
             t0 = loop.time()
@@ -213,9 +252,25 @@ def test_llama_server_serves_the_installed_pair_pinned_through_ssh(setup, tmp_pa
 
     try:
         served, body, wrong, fast, plain = asyncio.run(go())
+        first = _play(inv, served_pb)
+        want = C.fingerprint((d / "c.crt").read_text())
+        # A rotation re-issues main's pair; until the front reloads, it serves the old certificate.
+        C.rotate_ca(tmp_path / "inventory.ini.tls")
+        assert _play(inv, pb).rc == 0
+        stale = _play(inv, served_pb)
+        haproxy.proc.send_signal(signal.SIGUSR2)  # what `systemctl reload tunnelspec-front` sends
+        reloaded = _play(inv, served_pb)
     finally:
-        proc.stop()
+        haproxy.stop()
+        llama.stop()
     assert "content" in body
     assert served["names"] == ["main.test", "127.0.0.1"] and served["days_left"] >= 360 and not served["warning"]
+    assert served["sha256"] == want
     assert "not trusted by the pinned CA" in wrong and fast < 30, (wrong, fast)  # no 60 s wait on a refusal
     assert not plain.startswith("HTTP 200"), plain
+    assert first.rc == 0 and _status(first)[0] == ("ok", f"the front on 127.0.0.1:{port} serves {want} "
+                                                         f"(CA {ca_file} pinned, name main.test)"), first.stdout
+    assert stale.rc == 1 and "does not serve the certificate installed on main" in stale.results("failed")[0]["msg"]
+    new = C.fingerprint((d / "c.crt").read_text())
+    assert new != want and new in stale.results("failed")[0]["msg"], stale.stdout
+    assert reloaded.rc == 0 and new in _status(reloaded)[0][1], reloaded.stdout + haproxy.log()[-2000:]

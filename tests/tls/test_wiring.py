@@ -1,5 +1,6 @@
-"""The pure parts of the TLS wiring: the inventory's TLS variables (errors name file:line), the
-build option read from the tree, the argv flags, the binary's TLS evidence, bench's baseline."""
+"""The pure parts of the TLS wiring: the inventory's TLS variables (errors name file:line), where the
+front's certificate and key go on main, the front's TLS bind in its configuration, and that
+llama-server's own command line never serves TLS (it stays plain HTTP on loopback behind the front)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import pytest
 from tunnelspec.errors import ClusterError
 from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.llama import build_plan as bp
-from tunnelspec.tls import build as tls_build
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -35,7 +34,8 @@ def test_public_bind_means_tls_with_default_names(tmp_path):
     tls = cluster(tmp_path).main.tls
     assert tls.names == ("192.168.1.20", "gpu") and tls.server_name == "192.168.1.20"
     assert tls.ca_file == str(tmp_path / "prod.ini.tls" / "ca.crt") and not tls.own
-    assert tls.key_path == "/etc/tunnelspec/tls/llama-server.key"
+    # HAProxy's `crt <file>` reads the key from <file>.key: the front finds it beside the certificate.
+    assert tls.cert_path == "/etc/tunnelspec/tls/front.crt" and tls.key_path == tls.cert_path + ".key"
     assert cluster(tmp_path, "").main.tls is None
 
 
@@ -52,7 +52,6 @@ def test_names_dir_and_own_files(tmp_path):
 @pytest.mark.parametrize("main_vars,var,words", [
     ("llama_server_tls_names=*.example.org", "llama_server_tls_names", "wildcards"),
     ("llama_server_tls_cert_file=a.crt", "llama_server_tls_cert_file", "missing: llama_server_tls_key_file"),
-    ("llama_cmake_args=-DLLAMA_OPENSSL=OFF", "llama_cmake_args", "without TLS"),
 ])
 def test_refusals_name_the_variable_and_line(tmp_path, main_vars, var, words):
     with pytest.raises(ClusterError) as e:
@@ -60,43 +59,43 @@ def test_refusals_name_the_variable_and_line(tmp_path, main_vars, var, words):
     assert e.value.var == var and words in str(e.value) and "prod.ini:2:" in str(e.value)
 
 
-def test_tree_option_for_tls():
-    assert bp.tls_options({"LLAMA_OPENSSL", "GGML_RPC"}, "t") == ["-DLLAMA_OPENSSL=ON"]
-    assert bp.tls_options({"LLAMA_SERVER_SSL"}, "t") == ["-DLLAMA_SERVER_SSL=ON"]
-    with pytest.raises(ValueError, match="declares neither LLAMA_OPENSSL nor LLAMA_SERVER_SSL"):
-        bp.tls_options({"GGML_RPC"}, "t")
-
-
-def test_binary_evidence(tmp_path):
-    import subprocess
-
-    def probe(text: bytes):
-        d = tmp_path / str(len(list(tmp_path.iterdir())))
-        d.mkdir()
-        exe = d / "llama-server"
-        exe.write_bytes(b"\x7fELF" + text)
-        exe.chmod(0o755)
-        return tls_build.parse(subprocess.run(tls_build.probe_argv(str(exe)), capture_output=True, text=True).stdout)
-
-    assert probe(b"...Running with SSL: key = %s...") == "yes"
-    assert probe(b"...the server is built without SSL support\n...") == "no"
-    assert probe(b"nothing") == "unknown"
-    assert tls_build.parse(subprocess.run(tls_build.probe_argv(str(tmp_path / "none")), capture_output=True,
-                                          text=True).stdout) == "missing"
-
-
-def test_argv_has_the_tls_flags_and_extra_args_may_not(tmp_path):
+def test_llama_servers_own_tls_flags_stay_refused_in_extra_args(tmp_path):
+    """The front speaks plain HTTP to llama-server: --ssl-* in the extra args would break it."""
     from tunnelspec.llama.speculative import owned_variable
 
     assert "llama_server_public_bind" in owned_variable(None, "--ssl-key-file")
     with pytest.raises(ClusterError, match="--ssl-cert-file is set by tunnelspec"):
         cluster(tmp_path, "llama_server_public_bind=true llama_server_extra_args='--ssl-cert-file /x'")
+    # A cmake option that builds llama-server without OpenSSL no longer matters: TLS is the front's.
+    assert cluster(tmp_path, "llama_server_public_bind=true llama_cmake_args=-DLLAMA_OPENSSL=OFF").main.tls
 
 
-def test_bench_baseline_listens_on_loopback():
-    from tunnelspec.bench import baseline_argv
+def test_front_terminates_tls_and_llama_server_stays_plain(tmp_path):
+    """The front's variables bind TLS where users talk with the installed pair; llama-server's argv
+    (from a real --help) has no --ssl-* and listens on loopback's internal port."""
+    from pathlib import Path
 
-    argv = shlex.split("/b/llama-server -m /t --spec-draft-model /d --host 10.0.0.5 --port 8080 "
-                       "--ssl-key-file /k --ssl-cert-file /c")
-    assert baseline_argv(argv, "none", 8081) == shlex.split(
-        "/b/llama-server -m /t --host 127.0.0.1 --ssl-key-file /k --ssl-cert-file /c -dev none --port 8081")
+    from tunnelspec.engine.templating import render_file
+    from tunnelspec.front import front_vars
+    from tunnelspec.llama import flags
+    from tunnelspec.llama.server_args import build_server_argv
+
+    c = cluster(tmp_path, "llama_server_public_bind=true llama_server_host=192.168.1.20 "
+                "llama_server_api_key_file=/etc/tunnelspec/key")
+    v = front_vars(c.main)
+    assert v["public_bind"] and v["tls_pem"] == "/etc/tunnelspec/tls/front.crt"
+    root = Path(__file__).resolve().parents[2]
+    cfg = render_file((root / "templates" / "tunnelspec-front.cfg.j2").read_text(), v)
+    assert "bind 192.168.1.20:8080 ssl crt /etc/tunnelspec/tls/front.crt ssl-min-ver TLSv1.2" in cfg, cfg
+    assert f"server llama 127.0.0.1:{c.main.front.internal_port} check" in cfg and " ssl " not in cfg.split(
+        "backend ")[1], cfg  # plain HTTP to llama-server
+    plain = render_file((root / "templates" / "tunnelspec-front.cfg.j2").read_text(),
+                        front_vars(cluster(tmp_path, "", name="plain.ini").main))
+    assert "ssl" not in plain.replace("ssl-", "")
+
+    help_ = flags.parse_help((root / "tests" / "server" / "data" / "llama-server-help-b11434.txt").read_text(),
+                             build="b11434")
+    argv = build_server_argv(c, help_, {15052: ["RPC0"]}, "/opt/bin/llama-server", "/m/t.gguf", "/m/d.gguf").argv
+    assert not [a for a in argv if a.startswith("--ssl")], argv
+    assert argv[argv.index("--host") + 1] == "127.0.0.1", argv
+    assert argv[argv.index("--port") + 1] == str(c.main.front.internal_port), argv

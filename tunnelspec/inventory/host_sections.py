@@ -418,7 +418,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         build=build,
         root=root_of(hv),
         users=users_of(hv),
-        tls=tls_of(hv, build.cmake_args) if public else None,
+        tls=tls_of(hv) if public else None,
         front=front_of(hv, hv.port("llama_server_port", DEFAULT_HTTP_PORT)),
     )
 

@@ -1,6 +1,8 @@
 """The TLS part of the main host (docs/tls.md): read when `llama_server_public_bind=true`, which
-always means TLS. The names clients use, where the inventory's CA lives on the controller, or the
-user's own certificate files; and where key and certificate go on main."""
+always means TLS, terminated by the front (HAProxy) on main; llama-server itself stays plain HTTP
+on loopback, so nothing about its build matters here. The names clients use, where the inventory's
+CA lives on the controller, or the user's own certificate files; and where the front's certificate
+and key go on main."""
 
 from __future__ import annotations
 
@@ -11,9 +13,6 @@ from tunnelspec.constants import TLS_CERT, TLS_KEY
 from tunnelspec.inventory.fields import HostVars
 
 OWN_VARS = ("llama_server_tls_cert_file", "llama_server_tls_key_file", "llama_server_tls_ca_file")
-# The trees' CMake options that build llama-server's HTTPS support (LLAMA_OPENSSL since mid 2025,
-# LLAMA_SERVER_SSL before): set to OFF in llama_cmake_args they would build a server without TLS.
-TLS_CMAKE_OPTIONS = ("LLAMA_OPENSSL", "LLAMA_SERVER_SSL")
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,7 @@ class TlsSettings:
     own_cert: Path | None = None    # the user's own files (all three or none)
     own_key: Path | None = None
     own_ca: Path | None = None
-    key_path: str = TLS_KEY         # on main
+    key_path: str = TLS_KEY         # on main: HAProxy's `crt <cert_path>` loads the key from <cert_path>.key
     cert_path: str = TLS_CERT
 
     @property
@@ -61,14 +60,9 @@ def _controller_path(hv: HostVars, var: str) -> Path | None:
     return (hv.inv.path.parent / Path(value).expanduser()).absolute()
 
 
-def tls_of(hv: HostVars, cmake_args: tuple[str, ...]) -> TlsSettings:
+def tls_of(hv: HostVars) -> TlsSettings:
     from tunnelspec.tls.ca import ca_dir_for, parse_names
 
-    for arg in cmake_args:
-        name, _, value = arg[2:].partition("=")
-        if name.split(":", 1)[0] in TLS_CMAKE_OPTIONS and value.upper() in ("OFF", "0", "NO", "FALSE", "N"):
-            raise hv.fail("llama_cmake_args", f"{arg!r} builds llama-server without TLS, and "
-                          "llama_server_public_bind=true always serves TLS; remove it")
     raw = hv.raw("llama_server_tls_names", None)
     names = list(hv.csv("llama_server_tls_names")) if raw is not None else _default_names(hv)
     if raw is not None and not names:

@@ -248,31 +248,3 @@ def stamp_ok(stamp: dict | None, key: str, targets: list[str], bins: set[str]) -
         return False
     built = set(stamp.get("targets", []))
     return set(targets) <= built and set(targets) <= bins
-
-
-# ---- TLS (llama_server_public_bind=true, docs/tls.md) ---------------------------------------------
-# The tree's own option for llama-server's HTTPS support: LLAMA_OPENSSL (newer trees, vendor/cpp-httplib),
-# LLAMA_SERVER_SSL (older ones, tools|examples/server). ON by default where it exists, but stated and
-# keyed when TLS is asked: a build configured before OpenSSL's headers were on main lacks TLS, and a
-# new key configures afresh.
-TLS_TREE_OPTIONS = ("LLAMA_OPENSSL", "LLAMA_SERVER_SSL")
-
-
-def tls_options(names: set[str], where: str) -> list[str]:
-    """The option that builds llama-server with TLS, from the tree's declared options; ValueError
-    naming the tree when it declares none (its llama-server cannot serve TLS)."""
-    for name in TLS_TREE_OPTIONS:
-        if name in names:
-            return [f"-D{name}=ON"]
-    raise ValueError(f"{where}: the tree declares neither {' nor '.join(TLS_TREE_OPTIONS)}: its llama-server "
-                     "cannot be built with TLS, and llama_server_public_bind=true serves the API over TLS only; "
-                     "pin a newer llama.cpp or keep llama-server on 127.0.0.1")
-
-
-OPTIONS_SCRIPT = r"""
-src=$1
-for f in CMakeLists.txt ggml/CMakeLists.txt tools/server/CMakeLists.txt examples/server/CMakeLists.txt; do
-  grep -E '^[[:space:]]*option[[:space:]]*\(' -- "$src/$f" 2>/dev/null
-done
-exit 0
-"""

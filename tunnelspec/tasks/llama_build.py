@@ -86,9 +86,6 @@ class LlamaBuild(Task):
         "jobs": Arg(int, help="Parallel build jobs (default: the host's cores)."),
         "keep_builds": Arg(int, default=3,
                            help="Build directories kept per host (the current one included); least recently used go first."),
-        "tls": Arg(bool, default=False,
-                   help="role main: llama-server with TLS (llama_server_public_bind=true): the tree's own option "
-                        "(LLAMA_OPENSSL) is set and keyed, and a build without TLS fails."),
     }
 
     @property
@@ -100,7 +97,7 @@ class LlamaBuild(Task):
         return shlex.split(extra) if isinstance(extra, str) else [str(a) for a in extra]
 
     def _options(self) -> list[str]:
-        extra = [*self._extra(), *getattr(self, "_cuda_options", []), *getattr(self, "_tls_options", [])]
+        extra = [*self._extra(), *getattr(self, "_cuda_options", [])]
         return bp.keyed_options(self.p["commit"], self.p["build_number"], self.p["backend"], extra)
 
     def probes(self) -> list[list[str]]:
@@ -152,7 +149,6 @@ class LlamaBuild(Task):
             raise TaskFailed("no proven source tree for this host: the source play did not run in this "
                              "invocation (e.g. --tags build alone); run with --tags source,build")
         note = self._advisory_note(ctx) + self._cuda_note
-        self._tls_options = await self._tls_plan(ctx)
         options = self._options()
         key = bp.build_key(self.p["tree"], options)
         self._key, self._dir = key, posixpath.join(self.p["root"], "build", key)
@@ -217,17 +213,6 @@ class LlamaBuild(Task):
         if why:
             raise TaskFailed(why)
 
-    async def _tls_plan(self, ctx) -> list[str]:
-        """TLS asked on main: the tree's own option for it, read from its CMakeLists (as the UI options
-        are), or a refusal naming the tree."""
-        if not (self.p["tls"] and self.p["role"] == "main"):
-            return []
-        res = await ctx.conn.run(["sh", "-c", bp.OPTIONS_SCRIPT, "sh", self.src], check=True)
-        try:
-            return bp.tls_options(bp.option_names(res.stdout), f"{self.src} (commit {self.p['commit'][:12]})")
-        except ValueError as e:
-            raise TaskFailed(str(e)) from None
-
     def _register(self, ctx, stamp: dict) -> None:
         root = self.p["root"]
         bins = {t: posixpath.join(self._dir, "bin", t) for t in stamp.get("targets", [])}
@@ -276,22 +261,10 @@ class LlamaBuild(Task):
                                   on_line, timeout=BUILD_TIMEOUT, check=True)
         if bp.LLAMA_SERVER in self._targets:
             await self._verify_version(ctx)
-            if self._tls_options:
-                await self._verify_tls(ctx)
         stamp = {"key": self._key, "tree": self.p["tree"], "commit": self.p["commit"],
                  "build_number": self.p["build_number"], "targets": self._targets, "options": options,
                  "seconds": round(time.monotonic() - started, 1), "recipe": bp.BUILD_RECIPE}
         await ctx.conn.put(json.dumps(stamp, indent=2, sort_keys=True) + "\n", posixpath.join(d, bp.STAMP))
-
-    async def _verify_tls(self, ctx) -> None:
-        from tunnelspec.tls import build as tls_build
-
-        exe = posixpath.join(self._dir, "bin", bp.LLAMA_SERVER)
-        res = await ctx.conn.run(tls_build.probe_argv(exe), timeout=120)
-        if tls_build.parse(res.stdout) != "yes":
-            raise TaskFailed(f"{exe} was {tls_build.NO_TLS} ({' '.join(self._tls_options)} was passed); "
-                             "llama_server_public_bind=true serves the API over TLS only: install libssl-dev "
-                             "(OpenSSL 3) on main and deploy again")
 
     async def _verify_version(self, ctx) -> None:
         exe = posixpath.join(self._dir, "bin", bp.LLAMA_SERVER)

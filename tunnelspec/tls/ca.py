@@ -6,7 +6,7 @@ Design (docs/tls.md has the reasons):
   host), `ca.previous.crt` (the certificate of the CA a rotation replaced, for display only; its key
   is deleted by the rotation), a `.gitignore` keeping the keys out of a repository.
 - Keys are EC P-256 (ECDSA with SHA-256): accepted by every TLS stack a client may use (OpenSSL 1.1
-  and 3 — cpp-httplib in llama-server, Python's ssl, curl —, browsers, Go, Java, rustls), where
+  and 3 — HAProxy, Python's ssl, curl —, browsers, Go, Java, rustls), where
   Ed25519 certificates are refused by browsers, by many Java and Windows clients and by TLS 1.2.
 - The CA key is kept like an SSH private key (unencrypted, 0600): a deploy must issue and renew
   without a prompt, and it trusts the controller's unencrypted SSH key (root on every host) anyway.
@@ -78,7 +78,7 @@ class CA:
 @dataclass(frozen=True)
 class ServerCert:
     cert_pem: str
-    key_pem: Secret  # PKCS#8 PEM, unencrypted (llama-server cannot ask for a passphrase)
+    key_pem: Secret  # PKCS#8 PEM, unencrypted (the front, HAProxy, cannot ask for a passphrase)
     names: tuple[str, ...]
 
     @property

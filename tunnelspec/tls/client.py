@@ -2,8 +2,8 @@
 
 `tls_opener(opener, ...)` wraps any asyncio-like (reader, writer) pair — a TCP stream, an asyncssh
 channel from `conn.open_connection(host, port)` — with Python's ssl through ssl.MemoryBIO and
-SSLObject, so the TLS session runs end to end from the controller to llama-server even when the bytes
-travel inside SSH. `tcp_tls_opener` is the same for a direct TCP connection (asyncio's own TLS).
+SSLObject, so the TLS session runs end to end from the controller to the front (HAProxy on main,
+where TLS terminates) even when the bytes travel inside SSH. `tcp_tls_opener` is the same for a direct TCP connection (asyncio's own TLS).
 
 Both verify against the pinned CA only: no system trust store (load_default_certs is never called,
 SSL_CERT_FILE/SSL_CERT_DIR are never read), certificate and name always checked, TLS 1.2 at least,
@@ -22,9 +22,9 @@ from pathlib import Path
 from tunnelspec.llama.http import Opener
 
 CHUNK = 65536
-# A plain-HTTP llama-server never answers a ClientHello (cpp-httplib waits for a request line that
-# never comes, up to --timeout, 600 s): the handshake needs its own limit, shorter than a request's,
-# so that the error says what happened instead of "no answer".
+# A plain-HTTP server may never answer a ClientHello (llama-server's cpp-httplib waits for a request
+# line that never comes, up to --timeout, 600 s): the handshake needs its own limit, shorter than a
+# request's, so that the error says what happened instead of "no answer".
 HANDSHAKE_TIMEOUT = 8.0
 
 

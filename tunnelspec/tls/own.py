@@ -19,8 +19,8 @@ from tunnelspec.tls.ca import CertError, _same_public, cert_names, check_private
 
 @dataclass(frozen=True)
 class OwnCert:
-    cert_pem: str    # the server certificate followed by any intermediates (what llama-server serves)
-    key_pem: Secret  # unencrypted PEM, as llama-server reads it
+    cert_pem: str    # the server certificate followed by any intermediates (what the front serves)
+    key_pem: Secret  # unencrypted PEM, as the front (HAProxy) reads it
     ca_pem: str      # what clients pin
     ca_file: Path
     names: tuple[str, ...]
@@ -55,7 +55,7 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
     try:
         key = serialization.load_pem_private_key(key_data, password=None)
     except TypeError:
-        raise CertError("the private key is encrypted: llama-server cannot ask for a passphrase; "
+        raise CertError("the private key is encrypted: the front (HAProxy) cannot ask for a passphrase; "
                         "give an unencrypted key (mode 0600)", key_file) from None
     except ValueError as e:
         raise CertError(f"not a PEM private key ({e})", key_file) from None

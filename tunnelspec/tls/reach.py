@@ -1,7 +1,8 @@
-"""How tunnelspec's own commands (verify, status, bench, logs) reach the deployed llama-server: through
-the SSH connection to main, as plain HTTP on loopback, or — public bind — TLS end to end inside SSH,
-the CA pinned (tls/client.py: no system store, no switch to turn checks off) and the name checked the
-first of llama_server_tls_names, the one clients use."""
+"""How tunnelspec's own commands (verify, status, bench, logs) reach the deployed API — the front
+(HAProxy) on main, in front of llama-server: through the SSH connection to main, as plain HTTP on
+loopback, or — public bind — TLS end to end to the front inside SSH, the CA pinned (tls/client.py:
+no system store, no switch to turn checks off) and the name checked the first of
+llama_server_tls_names, the one clients use."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ class ApiTls:
 
     @classmethod
     def of(cls, main) -> "ApiTls | None":
-        """From cluster.main (None: llama-server on loopback, plain HTTP)."""
+        """From cluster.main (None: the API on loopback, plain HTTP)."""
         tls = getattr(main, "tls", None)
         return cls(tls.ca_file, tls.server_name) if tls is not None else None
 
@@ -51,7 +52,8 @@ class Seen:
 
 def api_opener(conn, port: int, host: str = LOOPBACK, tls: ApiTls | None = None,
                seen: Seen | None = None) -> http.Opener:
-    """Streams to llama-server at host:port as seen from main; with `tls`, TLS over them."""
+    """Streams to host:port as seen from main (the front, or llama-server's own loopback port); with
+    `tls`, TLS over them."""
     base = http.ssh_opener(conn, port, host)
     if tls is None:
         return base
