@@ -15,11 +15,14 @@ After each fault the soak waits until a completion drafts again (or --recover-ti
 --gap seconds of quiet before the next one. Outage: from the fault to the end of the first served
 request that started after it.
 
-Each request is a real completion made on main (llama-server listens on its loopback), 24 tokens,
-bounded by a 20 s timeout; it counts as served when it returns timings with draft tokens. Reported:
-requests, served, failed, the fraction served, and per fault kind the longest outage (from the
-fault until the first request started after it has been served) and whether the service always came
-back. Every request's outcome is in the JSON output (`requests_log`: start, seconds, ok, error).
+Each request is a real completion made on main through the front (docs/degraded.md), 24 tokens, one
+started every --interval seconds whatever the others are doing (a held request does not delay the
+next), bounded by a 400 s timeout (longer than the front's hold). It counts as **answered** when it
+returns HTTP 200 with timings, and as **drafted** when those show draft tokens (a degraded answer has
+none). Reported: requests, answered, failed, the fraction answered, the fraction drafted, and per
+fault kind the longest wait of a request around it and the time until the draft was accepted again
+(from the fault to the end of the first drafted answer started after it), and whether the service
+always came back. Every request's outcome is in the JSON output (`requests_log`).
 At the end a `tunnelspec deploy` must report changed=0 (the faults left nothing to repair).
 
 Run it under the lab lock like every lab command: flock /tmp/tunnelspec-lab.lock python benchmarks/soak.py …
@@ -45,7 +48,7 @@ from tunnelspec.lab import state as lab_state  # noqa: E402
 FAULTS = ("tunnel_kill", "rpc_kill", "link_cut_10", "link_cut_60", "node_reboot")
 NODES = ("rpc-a", "rpc-b")
 LAB_DIR = "/var/tmp/tunnelspec-soak-lab"
-REQUEST_TIMEOUT_S = 20
+REQUEST_TIMEOUT_S = 400  # longer than the front's hold (llama_server_hold_timeout, 180 s)
 
 _COMPLETION = (
     "import json,sys,time,urllib.request\n"
@@ -53,8 +56,8 @@ _COMPLETION = (
     "'n_predict':24,'temperature':0,'top_k':1,'cache_prompt':False}).encode(),"
     "headers={'Content-Type':'application/json'})\n"
     "try:\n b=json.loads(urllib.request.urlopen(req,timeout=%d).read().decode())\n"
-    " t=b.get('timings',{})\n print(json.dumps({'ok':t.get('draft_n',0)>0,'draft_n':t.get('draft_n',0),"
-    "'accepted':t.get('draft_n_accepted',0)}))\n"
+    " t=b.get('timings')\n print(json.dumps({'ok':t is not None,'drafted':bool(t and t.get('draft_n',0)>0),"
+    "'draft_n':(t or {}).get('draft_n',0),'accepted':(t or {}).get('draft_n_accepted',0)}))\n"
     "except Exception as e:\n print(json.dumps({'ok':False,'error':type(e).__name__+': '+str(e)[:200]}))\n")
 
 
@@ -77,20 +80,38 @@ class Requests(threading.Thread):
         self.lock = threading.Lock()
         self.stop = threading.Event()
 
+    def one(self) -> None:
+        t0 = time.time()
+        got = completion(self.lab, self.port)
+        with self.lock:
+            self.records.append({"start": t0, "end": time.time(), **got})
+
     def run(self) -> None:
-        while not self.stop.is_set():
-            t0 = time.time()
-            got = completion(self.lab, self.port)
-            with self.lock:
-                self.records.append({"start": t0, "end": time.time(), **got})
-            self.stop.wait(max(0.0, self.interval - (time.time() - t0)))
+        # One request every `interval`, each in its own thread: a request the front holds does not
+        # delay the next. Bounded: the soak stops it; each request by REQUEST_TIMEOUT_S.
+        self.threads: list[threading.Thread] = []
+        start = time.time()
+        for i in range(10 ** 6):
+            if self.stop.is_set():
+                break
+            t = threading.Thread(target=self.one, daemon=True)
+            t.start()
+            self.threads.append(t)
+            self.stop.wait(max(0.0, start + (i + 1) * self.interval - time.time()))
+        for t in self.threads:
+            t.join(REQUEST_TIMEOUT_S + 30)
 
     def served_since(self, t: float) -> float | None:
-        """When the first request started after `t` and served came back (its end: a request that
-        started during a short link cut stalls until the link is back, then completes)."""
+        """When the first request started after `t` came back drafted (its end: a request started
+        during a fault may be held by the front, then answered)."""
         with self.lock:
-            ok = [r for r in self.records if r["ok"] and r["start"] >= t]
+            ok = [r for r in self.records if r.get("drafted") and r["start"] >= t]
         return min(ok, key=lambda r: r["start"])["end"] if ok else None
+
+    def longest_wait(self, t0: float, t1: float) -> float | None:
+        with self.lock:
+            waits = [r["end"] - r["start"] for r in self.records if r["ok"] and t0 <= r["start"] <= t1]
+        return max(waits) if waits else None
 
 
 def _sh(lab: Lab, host: str, script: str, timeout: float = 30) -> str:
@@ -151,10 +172,13 @@ def soak(lab: Lab, duration: float, interval: float, faults: list[str], gap: flo
                 time.sleep(0.5)
                 back = req.served_since(t_fault)
             outage = (back - t_fault) if back is not None else None
+            wait = req.longest_wait(t_fault, back if back is not None else time.time())
             events.append({"kind": kind, "node": node, "at": round(t_fault - started, 1),
                            "outage_s": round(outage, 1) if outage is not None else None,
+                           "longest_wait_s": round(wait, 1) if wait is not None else None,
                            "recovered": back is not None})
-            log(f"           {'served again after %.1fs' % outage if back else 'NOT RECOVERED'}")
+            log(f"           {'drafting again after %.1fs' % outage if back else 'NOT RECOVERED'}"
+                + (f"; longest wait of an answered request {wait:.1f}s" if wait is not None else ""))
             end_gap = time.time() + gap
             while time.time() < end_gap and time.time() - started < duration:
                 time.sleep(0.5)
@@ -163,36 +187,42 @@ def soak(lab: Lab, duration: float, interval: float, faults: list[str], gap: flo
         req.join(REQUEST_TIMEOUT_S + 30)
     recs = req.records
     served = sum(1 for r in recs if r["ok"])
+    drafted = sum(1 for r in recs if r.get("drafted"))
     per_kind = {}
     for k in dict.fromkeys(e["kind"] for e in events):
         evs = [e for e in events if e["kind"] == k]
         outs = [e["outage_s"] for e in evs if e["outage_s"] is not None]
+        waits = [e["longest_wait_s"] for e in evs if e["longest_wait_s"] is not None]
         per_kind[k] = {"injected": len(evs), "recovered": sum(e["recovered"] for e in evs),
                        "longest_outage_s": max(outs) if outs else None,
-                       "median_outage_s": sorted(outs)[len(outs) // 2] if outs else None}
+                       "median_outage_s": sorted(outs)[len(outs) // 2] if outs else None,
+                       "longest_wait_s": max(waits) if waits else None}
     errors = {}
     for r in recs:
         if not r["ok"]:
-            key = (r.get("error") or "no draft tokens").split(":")[0]
+            key = (r.get("error") or "no timings").split(":")[0]
             errors[key] = errors.get(key, 0) + 1
     return {"duration_s": round(time.time() - started, 1), "interval_s": interval, "requests": len(recs),
-            "served": served, "failed": len(recs) - served,
+            "served": served, "failed": len(recs) - served, "drafted": drafted,
             "fraction_served": round(served / len(recs), 4) if recs else 0.0,
+            "fraction_drafted": round(drafted / len(recs), 4) if recs else 0.0,
             "always_recovered": all(e["recovered"] for e in events), "faults": per_kind,
             "failure_kinds": errors, "events": events,
             "requests_log": [{"t": round(r["start"] - started, 2), "s": round(r["end"] - r["start"], 2),
-                              "ok": r["ok"], **({"error": r["error"]} if r.get("error") else {})} for r in recs]}
+                              "ok": r["ok"], "drafted": bool(r.get("drafted")),
+                              **({"error": r["error"]} if r.get("error") else {})} for r in recs]}
 
 
 def render(result: dict) -> str:
     lines = [f"soak {result['duration_s']:.0f}s, a completion every {result['interval_s']:g}s: "
-             f"{result['requests']} requests, {result['served']} served, {result['failed']} failed "
-             f"({100 * result['fraction_served']:.1f}% served)",
-             f"{'fault':<14} {'injected':>8} {'recovered':>9} {'longest outage':>15} {'median':>8}"]
+             f"{result['requests']} requests, {result['served']} answered, {result['failed']} failed "
+             f"({100 * result['fraction_served']:.1f}% answered; {100 * result['fraction_drafted']:.1f}% with the draft)",
+             f"{'fault':<14} {'injected':>8} {'recovered':>9} {'draft back (max)':>17} {'median':>8} {'longest wait':>13}"]
     for k, v in result["faults"].items():
         lo = f"{v['longest_outage_s']:.1f}s" if v["longest_outage_s"] is not None else "-"
         me = f"{v['median_outage_s']:.1f}s" if v["median_outage_s"] is not None else "-"
-        lines.append(f"{k:<14} {v['injected']:>8} {v['recovered']:>9} {lo:>15} {me:>8}")
+        wa = f"{v['longest_wait_s']:.1f}s" if v.get("longest_wait_s") is not None else "-"
+        lines.append(f"{k:<14} {v['injected']:>8} {v['recovered']:>9} {lo:>17} {me:>8} {wa:>13}")
     lines.append(f"service always came back without a manual step: {'yes' if result['always_recovered'] else 'NO'}")
     if "deploy_after" in result:
         d = result["deploy_after"]

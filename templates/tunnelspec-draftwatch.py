@@ -136,13 +136,20 @@ def choose(cfg, prev):
     deadline = time.monotonic() + grace
     ok, why = probe_draft(cfg, 3.0)
     for _ in range(int(grace) + 1):
-        if ok or time.monotonic() >= deadline:
+        if ok or time.monotonic() >= deadline or not _tunnel_may_come(cfg):
             break
         time.sleep(1.0)
         ok, why = probe_draft(cfg, 3.0)
     if ok:
         return SPECULATIVE, node, why
     return DEGRADED, node, why
+
+
+def _tunnel_may_come(cfg):
+    """Worth waiting a few seconds for: the tunnel's ssh is running or starting (at boot, after a
+    deploy). One that failed and waits to be restarted is not coming back within the grace."""
+    active, sub = unit_state(cfg["draft"]["tunnel_unit"])
+    return active == "active" or (active == "activating" and sub == "start")
 
 
 def launch(cfg_path):
@@ -163,7 +170,7 @@ def launch(cfg_path):
     since = prev.get("since", now) if prev.get("mode") == mode else now
     state = {"mode": mode, "node": node, "reason": why if mode == DEGRADED else "", "since": since, "at": now}
     write_state(cfg, state)
-    if prev.get("mode") != mode or mode == DEGRADED and prev.get("reason") != why and not prev.get("reason"):
+    if prev.get("mode") != mode:
         if mode == SPECULATIVE:
             log("mode speculative: draft on %s (%s)" % (",".join(cfg["draft"]["devices"]), node))
         elif mode == DEGRADED:
