@@ -6,6 +6,7 @@ tunnels) are proven in the lab: tests/deploy/test_degraded_lab.py."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -181,4 +182,83 @@ def test_front_gives_up_after_the_hold(tmp_path):
         waited = time.monotonic() - started
         assert status == 503 and 1.5 <= waited < 30, (status, waited)
     finally:
+        haproxy.stop()
+
+
+def _aborting_backend(port: int, aborts: int):
+    """A plain HTTP server on 127.0.0.1:port that reads each request whole and, for the first
+    `aborts` non-health requests, dies on it the way an aborting llama-server does (the connection
+    reset with no byte answered); then answers 200."""
+    import struct
+
+    seen = {"n": 0}
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((LOOPBACK, port))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    stop = threading.Event()
+
+    def handle(c):
+        with c:
+            data = b""
+            for _ in range(1000):
+                if b"\r\n\r\n" in data:
+                    head, _, body = data.partition(b"\r\n\r\n")
+                    n = int(next((l.split(b":")[1] for l in head.split(b"\r\n") if l.lower().startswith(b"content-length")), 0))
+                    if len(body) >= n:
+                        break
+                chunk = c.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            if data.startswith(b"GET /health"):
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                return
+            seen["n"] += 1
+            if seen["n"] <= aborts:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nConnection: close\r\n\r\nanswered!")
+
+    def loop():
+        for _ in range(100000):
+            if stop.is_set():
+                break
+            try:
+                c, _ = srv.accept()
+            except socket.timeout:
+                continue
+            threading.Thread(target=handle, args=(c,), daemon=True).start()
+        srv.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return stop, seen
+
+
+def test_front_retries_a_dropped_request_whose_body_came_late(tmp_path):
+    # A client that sends the body after the headers (urllib and many others do): the front must
+    # hold the whole request before it picks a server, else it cannot send it again once llama-server
+    # dropped it (seen in the lab: a 502 'SH' with no retry).
+    internal = free_port()
+    stop, seen = _aborting_backend(internal, aborts=1)
+    haproxy, port = front_proc.start(tmp_path, internal)
+    try:
+        body = b'{"prompt": "Once upon a time", "n_predict": 4}'
+        with socket.create_connection((LOOPBACK, port), timeout=30) as c:
+            c.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            time.sleep(0.5)  # the body follows later, as a slow client sends it
+            c.sendall(body)
+            c.settimeout(30)
+            got = b""
+            for _ in range(100):
+                chunk = c.recv(65536)
+                got += chunk
+                if not chunk or got.endswith(b"answered!"):
+                    break
+        assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"answered!"), got
+        assert seen["n"] == 2  # dropped once, sent again
+    finally:
+        stop.set()
         haproxy.stop()
