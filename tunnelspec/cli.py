@@ -213,25 +213,35 @@ def logs_cmd(inventory_file, output, since, extra_vars):
 
 @main.command("bench")
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
-@click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096))
-@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50))
-@click.option("--prompt", default=None, help="Prompt text (a fixed story prompt by default).")
+@click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096),
+              help="Tokens generated per completion.")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50),
+              help="Measured completions per side, after one warm-up; speeds are their median.")
+@click.option("--prompt", default=None, help="Prompt text, the same for both sides (a fixed story prompt by default).")
 @click.option("--same-placement", is_flag=True,
-              help="Baseline keeps the deployed target placement (RPC target nodes); stops llama-server meanwhile.")
-@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+              help="Baseline keeps the deployed target placement (--rpc, -dev, -ts) and drops only the draft. "
+                   "INTERRUPTS SERVING: stops the deployed llama-server meanwhile; needs --yes.")
+@click.option("--yes", is_flag=True, help="Allow an option that interrupts serving (--same-placement); never asked.")
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
+              help="A side-by-side table, or one JSON object (schema 2, docs/cli.md).")
 @_extra_vars_option
-def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, fmt, extra_vars):
-    """Tokens/s and draft acceptance: the deployed remote draft vs. no speculation, same prompt."""
+def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt, extra_vars):
+    """The cluster as deployed vs. the same model on main alone (when it fits main; else why, with both
+    figures): load time, prompt and generation tokens/s, draft accepted, time waiting on the network.
+    Read-only unless --same-placement (docs/cli.md, "tunnelspec bench")."""
     import json
 
     from tunnelspec import bench
 
+    if same_placement:
+        bench.refuse_same_placement(yes)  # before anything is read or contacted
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
-    kw = {"n_predict": n_predict, "runs": runs, "same_placement": same_placement}
+    kw = {"n_predict": n_predict, "runs": runs, "same_placement": same_placement, "yes": yes}
     if prompt:
         kw["prompt"] = prompt
     result = bench.bench_sync(inv, cluster, opts, **kw)
     click.echo(json.dumps(result, sort_keys=True) if fmt == "json" else bench.render(result))
+    sys.exit(bench.exit_code(result))
 
 
 # ---- inventory -------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ main's CPU 4, rpc-a 2, rpc-b 6, exactly the asked 2:1:3).
 
 deploy → verify's completion and the layers in the load lines → the running command line has no
 draft flag → the journal's own figures (offloaded N/M, the KV cache per device) → status says
-split, no draft (human and JSON) → a second deploy changes nothing.
+split, no draft (human and JSON) → bench: the split against main alone → a second deploy changes
+nothing.
 """
 
 from __future__ import annotations
@@ -105,6 +106,39 @@ def test_status_says_split_with_no_draft(lab, inventory, deployed):
     line = next(l for l in human.stdout.splitlines() if "llama-server:" in l)
     assert "split, no draft: main's CPU keeps 4 of 12 layers; RPC0" in line, line
     assert "speculative type" not in line
+
+
+def test_bench_compares_the_split_with_main_alone(lab, inventory, deployed):
+    """Seed 003's baseline: the split as deployed against the same GGUF on main alone (the tiny
+    model fits main), every figure on both sides; both nodes hold layers, so the deployed side waits
+    on both tunnels and main alone on none. --same-placement has no draft to drop: refused."""
+    from support.labdeploy import main_pid
+
+    b = tunnelspec("bench", str(inventory), "--format", "json", "--runs", "2", "--n-predict", "32", timeout=600)
+    assert b.rc == 0, b.stdout + b.stderr
+    result = json.loads(b.stdout)
+    print("bench --format json:", json.dumps(result, sort_keys=True))
+    deployed_side, alone = result["deployed"], result["baseline"]
+    assert result["schema"] == 2 and deployed_side["kind"] == "split", deployed_side
+    assert "-ngl 8" in deployed_side["placement"] and "no draft" in deployed_side["placement"]
+    assert alone["kind"] == "main_alone" and alone["ran"] and not alone["rpc"] and alone["devices"] == "none", alone
+    assert alone["fit"]["fits"] and alone["fit"]["need_mib"] <= alone["fit"]["free_mib"], alone["fit"]
+    for side in (deployed_side, alone):
+        assert side["draft_n"] == 0 and side["prompt_per_second"] > 0 and side["predicted_per_second"] > 0, side
+        assert side["load"]["seconds"] > 0, side["load"]
+    wait = deployed_side["network_wait"]
+    assert wait["seconds"] > 0 and set(wait["by_node"]) == {"rpc-a", "rpc-b"}, wait
+    assert all(s > 0 for s in wait["by_node"].values()), wait
+    assert alone["network_wait"]["seconds"] == 0 and result["speedup"] > 0
+    h = tunnelspec("bench", str(inventory), "--runs", "1", "--n-predict", "16", timeout=600)
+    assert h.rc == 0, h.stdout + h.stderr
+    print("bench:\n" + h.stdout)
+    assert "as deployed (split)" in h.stdout and "main alone" in h.stdout
+    assert all(row in h.stdout for row in ("load time", "prompt tok/s", "generation tok/s", "network wait")), h.stdout
+    pid = main_pid(lab)
+    r = tunnelspec("bench", str(inventory), "--same-placement", "--yes", timeout=120)
+    assert r.rc == 2 and "has none (split)" in r.stderr and main_pid(lab) == pid, r.stdout + r.stderr
+    assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
 
 
 def test_second_deploy_changes_nothing(lab, inventory, deployed):

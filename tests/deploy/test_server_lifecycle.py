@@ -111,19 +111,39 @@ def test_status_and_bench_report_the_remote_draft(lab, inventory, deployed):
     assert [(t["node"], t["devices"], t["listening"]) for t in main["tunnels"]] == [
         ("rpc-a", ["RPC0"], True), ("rpc-b", ["RPC1"], True)]
     assert report["rpc-a"]["rpc"]["version"] and report["rpc-a"]["commit"] == main["commit"]
+    # bench: the deployed remote draft against the same model on main alone (the lab's tiny model
+    # fits main), both sides with every figure; the draft is on rpc-a, so the deployed side waits
+    # on the network and main alone does not.
     b = tunnelspec("bench", inventory, "--format", "json", "--runs", "1", "--n-predict", "32", timeout=600)
     assert b.rc == 0, b.stdout + b.stderr
     bench = json.loads(b.stdout)
-    assert bench["remote_draft"]["draft_n"] > 0 and bench["no_speculation"]["draft_n"] == 0
-    assert bench["remote_draft"]["tokens_per_second"] > 0 and bench["no_speculation"]["tokens_per_second"] > 0
-    # Same target placement (RPC1 on rpc-b) without the draft: the deployed server is stopped for it
-    # and must be serving again afterwards.
+    assert bench["schema"] == 2
+    deployed, alone = bench["deployed"], bench["baseline"]
+    assert deployed["kind"] == "speculative" and alone["kind"] == "main_alone" and alone["ran"], alone
+    assert alone["fit"]["fits"] and alone["fit"]["need_mib"] <= alone["fit"]["free_mib"], alone["fit"]
+    assert deployed["draft_n"] > 0 and alone["draft_n"] == 0 and not alone["rpc"]
+    for side in (deployed, alone):
+        assert side["prompt_per_second"] > 0 and side["predicted_per_second"] > 0, side
+        assert side["load"]["seconds"] > 0, side["load"]  # b11434 logs "model loaded" with its own time
+    wait = deployed["network_wait"]
+    assert wait["seconds"] > 0 and wait["share"] > 0 and "rpc-a" in wait["by_node"], wait
+    assert alone["network_wait"]["seconds"] == 0 and alone["ready_seconds"] > 0
+    h = tunnelspec("bench", inventory, "--runs", "1", "--n-predict", "16", timeout=600)
+    assert h.rc == 0, h.stdout + h.stderr
+    assert "as deployed (speculative)" in h.stdout and "main alone" in h.stdout
+    assert all(row in h.stdout for row in ("load time", "prompt tok/s", "generation tok/s", "network wait")), h.stdout
+    # Same target placement (RPC1 on rpc-b) without the draft stops the deployed server: refused
+    # without --yes (nothing stopped), and with it the server is serving again afterwards.
+    pid = main_pid(lab)
+    r = tunnelspec("bench", inventory, "--same-placement", timeout=120)
+    assert r.rc == 2 and "--yes" in r.stderr and main_pid(lab) == pid, r.stdout + r.stderr
     b = tunnelspec("bench", inventory, "--format", "json", "--runs", "1", "--n-predict", "32", "--same-placement",
-                   timeout=600)
+                   "--yes", timeout=600)
     assert b.rc == 0, b.stdout + b.stderr
-    bench = json.loads(b.stdout)
-    assert bench["baseline_rpc"] and bench["baseline_devices"] == "RPC1"
-    assert bench["no_speculation"]["tokens_per_second"] > 0
+    same = json.loads(b.stdout)["baseline"]
+    assert same["kind"] == "same_placement" and same["rpc"] and same["devices"] == "RPC1" and same["fit"] is None
+    assert same["predicted_per_second"] > 0 and same["draft_n"] == 0
+    assert same["network_wait"]["seconds"] > 0 and "rpc-b" in same["network_wait"]["by_node"], same["network_wait"]
     assert completion_on_main(lab)["timings"]["draft_n"] > 0
     # The temporary baseline server is gone again.
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
