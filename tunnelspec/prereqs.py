@@ -86,8 +86,8 @@ TABLE: tuple[Prereq, ...] = (
     Prereq("/usr/include/spirv/unified1/spirv.hpp", "spirv-headers",
            "the SPIR-V headers ggml-vulkan's build requires (find_package(SPIRV-Headers), b11434)",
            when=lambda n: n.backend == "vulkan", when_text="llama_backend=vulkan"),
-    Prereq("nvcc", None, "compiles ggml-cuda (install NVIDIA's CUDA toolkit; a release the tree supports for "
-           "the GPU's architecture: llama/cuda_toolkit.py)",
+    Prereq("nvcc", None, "compiles ggml-cuda (install NVIDIA's CUDA toolkit, on the PATH or in /usr/local/cuda/bin; "
+           "a release the tree supports for the GPU's architecture: llama/cuda_toolkit.py)",
            when=lambda n: n.backend == "cuda", when_text="llama_backend=cuda"),
     Prereq("hipcc", None, "compiles ggml-hip (install AMD's ROCm)",
            when=lambda n: n.backend == "hip", when_text="llama_backend=hip"),

@@ -203,3 +203,15 @@ def test_the_default_reaches_the_command_line(tmp_path):
     # The target stays on main's GPU (never spread onto the RPC devices, as without -dev).
     assert target_device_list(c.main.target_devices, []) == "Vulkan0"
     assert target_device_list(c.main.target_devices, ["RPC1"]) == "Vulkan0,RPC1"
+
+
+def test_nvcc_off_the_path_is_named_to_cmake():
+    # NVIDIA's installer puts nvcc in /usr/local/cuda/bin, which no non-interactive PATH has: the facts
+    # look there too, and the build names it to CMake (which finds the toolkit from it).
+    from tunnelspec.facts.host import CUDA_BIN, SCRIPT
+
+    assert f':{CUDA_BIN}"' in SCRIPT.splitlines()[1]
+    assert bp.cuda_compiler_options("/usr/local/cuda/bin/nvcc", []) == ["-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc"]
+    assert bp.cuda_compiler_options("/usr/bin/nvcc", []) == []   # Debian's nvidia-cuda-toolkit
+    assert bp.cuda_compiler_options(None, []) == []
+    assert bp.cuda_compiler_options("/usr/local/cuda/bin/nvcc", ["-DCMAKE_CUDA_COMPILER=/opt/cuda/bin/nvcc"]) == []

@@ -25,8 +25,11 @@ FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/u
 # paths every Debian and Ubuntu release puts them at (`prereqs.FIXED_PATHS` checks them).
 FIXED = ("/usr/bin/python3", "/usr/bin/setpriv", "/usr/bin/stdbuf", "/usr/sbin/sshd", "/usr/sbin/nft",
          "/usr/sbin/nologin", "/usr/sbin/haproxy")
-# Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin).
+# Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin), and
+# where NVIDIA's own CUDA installer puts nvcc (never on a non-interactive PATH; the build then names it
+# to CMake: build_plan.cuda_compiler_options).
 SBIN_DIRS = "/usr/local/sbin:/usr/sbin:/sbin"
+CUDA_BIN = "/usr/local/cuda/bin"
 # A GPU backend's runtime, looked for before any build (prereqs.RUNTIME decides what is missing):
 # the Vulkan loader reads its drivers' manifests (ICDs) from these directories; ROCm's kernel
 # driver makes /dev/kfd, and AMD's packages put rocminfo in /opt/rocm/bin, off the PATH.
@@ -36,7 +39,7 @@ PACKAGE_MANAGERS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew")
 
 # $1: the directory whose file system holds builds (its nearest existing parent is measured).
 _SCRIPT = r"""
-PATH="$PATH:__SBIN__"; export PATH LC_ALL=C
+PATH="$PATH:__SBIN__:__CUDA_BIN__"; export PATH LC_ALL=C
 say() { printf '%s=%s\n' "$1" "$(printf '%s' "$2" | tr '\n' ' ')"; }
 say system "$(uname -s 2>/dev/null)"
 say kernel "$(uname -r 2>/dev/null)"
@@ -71,7 +74,7 @@ fi
 exit 0
 """
 
-SCRIPT = _SCRIPT.replace("__SBIN__", SBIN_DIRS).replace("__TOOLS__", " ".join(TOOLS)) \
+SCRIPT = _SCRIPT.replace("__SBIN__", SBIN_DIRS).replace("__CUDA_BIN__", CUDA_BIN).replace("__TOOLS__", " ".join(TOOLS)) \
     .replace("__FILES__", " ".join(FILES + FIXED + DEVICE_FILES)).replace("__ICD_DIRS__", " ".join(VULKAN_ICD_DIRS))
 
 

@@ -111,6 +111,22 @@ def cuda_arch_plan(backend: str, extra: list[str], inventory_archs: str | None,
     return [f"-D{CUDA_ARCH_VAR}={archs}"], f"CUDA architectures {archs} (nvidia-smi: {gpus or 'detected'})"
 
 
+# Directories a non-interactive login's PATH has on Debian and Ubuntu: an nvcc elsewhere (NVIDIA's
+# installer: /usr/local/cuda/bin) is not found by CMake unless named.
+DEFAULT_PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+def cuda_compiler_options(nvcc_path: str | None, extra: list[str]) -> list[str]:
+    """`-DCMAKE_CUDA_COMPILER=<path>` when the host's nvcc lies off the default PATH (the facts look in
+    /usr/local/cuda/bin too), unless llama_cmake_args names a compiler itself; CMake finds the toolkit
+    from the compiler's place."""
+    if not nvcc_path or cmake_sets(extra, "CMAKE_CUDA_COMPILER") is not None:
+        return []
+    if nvcc_path.rsplit("/", 1)[0] in DEFAULT_PATH_DIRS:
+        return []
+    return [f"-DCMAKE_CUDA_COMPILER={nvcc_path}"]
+
+
 def option_names(cmake_text: str) -> set[str]:
     """Names declared with `option(NAME ...)` in CMakeLists text."""
     return set(_OPTION.findall(cmake_text or ""))

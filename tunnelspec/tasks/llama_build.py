@@ -117,13 +117,20 @@ class LlamaBuild(Task):
     async def _cuda_plan(self, ctx) -> tuple[list[str], str]:
         """backend cuda: the driver must answer (read-only nvidia-smi, before any configure), and the
         architectures come from the inventory or from the GPUs it reports."""
+        from tunnelspec.tasks.host import facts_of
+
         res = await ctx.conn.probe(devices.NVIDIA_SMI_PROBE)
         gpus = devices.parse_nvidia_smi(res.stdout + res.stderr, res.rc, ctx.host)
         try:
-            return bp.cuda_arch_plan("cuda", self._extra(), self._inventory_archs(ctx),
-                                     devices.cuda_architectures(gpus), devices.describe_gpus(gpus))
+            options, note = bp.cuda_arch_plan("cuda", self._extra(), self._inventory_archs(ctx),
+                                              devices.cuda_architectures(gpus), devices.describe_gpus(gpus))
         except ValueError as e:
             raise TaskFailed(f"{ctx.host}: {e}") from None
+        f = facts_of(ctx)
+        compiler = bp.cuda_compiler_options((f.tools.get("nvcc") if f is not None else None), self._extra())
+        if compiler:
+            note += f"; nvcc {compiler[0].split('=', 1)[1]} (off the PATH: named to CMake)"
+        return options + compiler, note
 
     def _advisory_note(self, ctx) -> str:
         result = advisories.check(self.p["build_number"], rdma=False)
@@ -194,6 +201,7 @@ class LlamaBuild(Task):
 
     async def _cuda_toolkit(self, ctx) -> None:
         """Before configuring a CUDA build: the host's nvcc is one the tree builds these architectures with."""
+        from tunnelspec.facts.host import CUDA_BIN
         from tunnelspec.llama import cuda_toolkit
         from tunnelspec.tasks.host import facts_of
 
@@ -203,7 +211,7 @@ class LlamaBuild(Task):
         f = facts_of(ctx)
         nvcc, text = (f.nvcc, f.nvcc_text) if f is not None and f.nvcc else (None, "")
         if nvcc is None:  # no facts in this run's context (a task run on its own)
-            res = await ctx.conn.run(["sh", "-c", "nvcc --version 2>/dev/null | grep release"])
+            res = await ctx.conn.run(["sh", "-c", f'PATH="$PATH:{CUDA_BIN}" nvcc --version 2>/dev/null | grep release'])
             nvcc, text = cuda_toolkit.parse_nvcc(res.stdout), res.stdout.strip()
         res = await ctx.conn.run(["cat", "--", posixpath.join(self.src, cuda_toolkit.CMAKELISTS)])
         if res.rc != 0:  # a tree without ggml-cuda: cmake says so itself
