@@ -291,7 +291,9 @@ class RpcServedDevices(Task):
 
     module = "rpc_served_devices"
     args = {"binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
-            "timeout": Arg((int, float), default=60, help="Seconds to wait for the banner after a restart.")}
+            "timeout": Arg((int, float), default=60, help="Seconds to wait for the banner after a restart."),
+            "restart": Arg(bool, default=True,
+                           help="Restart a server serving the wrong device once (deploy); false: refuse at once (verify).")}
 
     async def _served(self, ctx):
         from tunnelspec.llama import devices
@@ -312,7 +314,7 @@ class RpcServedDevices(Task):
         try:
             summary, log = await self._served(ctx)
         except devices.DeviceError as e:
-            if getattr(self, "_restarted", False) or ctx.check_mode:
+            if getattr(self, "_restarted", False) or ctx.check_mode or not self.p["restart"]:
                 raise
             return change(f"restart the RPC server once (it may have started before its device was usable): {e}")
         ctx.register("rpc_served", [d.as_fact() for d in log.banner.devices])

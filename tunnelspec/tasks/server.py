@@ -372,6 +372,9 @@ class LlamaVerify(Task):
         text = " ".join(result["content"].split())[:120]
         ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
                      **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
+        served = _served_devices(ctx, plan)
+        if served:
+            result["summary"] += f"; devices {served}"
         if degraded_note:
             from tunnelspec.reporting import events
 
@@ -409,3 +412,17 @@ class LlamaVerify(Task):
                                  f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
             await asyncio.sleep(1.0)
         return plan, ""
+
+
+def _served_devices(ctx, plan: dict) -> str:
+    """What each node in llama-server's --rpc serves, as main names it: `RPC0 = rpc-a Vulkan0 (llvmpipe …,
+    23272/24105 MiB free)` — from the rpc nodes' start banners this run read (`rpc_served`)."""
+    from tunnelspec.status import _served_text
+
+    hostvars = ctx.vars.get("hostvars", {})
+    out = []
+    for node, names in (plan.get("nodes") or {}).items():
+        served = (hostvars.get(node) or {}).get("rpc_served")
+        if served:
+            out.append(f"{node}: {_served_text(names, served)}")
+    return "; ".join(out)
