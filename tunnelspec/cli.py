@@ -163,7 +163,8 @@ def teardown_cmd(inventory_file, purge, **kw):
 @click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
 @run_options
 def verify_cmd(inventory_file, **kw):
-    """Read-only: /health, a completion with draft tokens, the draft buffer on the remote device."""
+    """Read-only: /health, a completion with draft tokens and the draft buffer on the remote device (no draft:
+    a completion and the target's layers per device from its load lines)."""
     _play(inventory_file, _builtin("verify.yml"), require_cluster=True, **kw)
 
 

@@ -108,6 +108,15 @@ def test_status_says_split_with_no_draft(lab, inventory, deployed):
     assert "speculative type" not in line
 
 
+def test_verify_command_proves_the_split_again(inventory, deployed):
+    # `tunnelspec verify` plans from the inventory's own model path (a controller file here): the
+    # block count is read from the upload on main.
+    r = tunnelspec("verify", str(inventory), "--format", "json", timeout=600)
+    assert r.rc == 0, failed_report(r)
+    ev = next(e for e in r.results() if e.get("module") == "llama_verify")
+    assert "split, no draft" in ev["msg"] and "layers CPU 4, RPC0 2, RPC1 6 of 12 as asked" in ev["msg"], ev["msg"]
+
+
 def test_bench_compares_the_split_with_main_alone(lab, inventory, deployed):
     """Seed 003's baseline: the split as deployed against the same GGUF on main alone (the tiny
     model fits main), every figure on both sides; both nodes hold layers, so the deployed side waits
