@@ -175,15 +175,17 @@ def test_rpc_server_killed_and_kept_down(served):
     lab = served
     client = Client(lab, "rpckill", 120 + 75)
     t0 = main_time(lab)
-    # Masked first: systemd cannot start it again (Restart=always) until the test says so.
-    sh(lab, "rpc-a", "systemctl", "mask", "--runtime", "tunnelspec-rpc.service")
-    sh(lab, "rpc-a", "systemctl", "kill", "--signal=KILL", "tunnelspec-rpc.service")
+    # SIGKILL, then kept down: the stop cancels the restart systemd schedules (Restart=always, 2 s
+    # later) until the test starts it again (masking does not stop an automatic restart).
+    sh(lab, "rpc-a", "sh", "-c", "systemctl kill --signal=KILL tunnelspec-rpc.service && "
+       "systemctl stop tunnelspec-rpc.service")
     try:
+        assert sh(lab, "rpc-a", "systemctl", "is-active", "tunnelspec-rpc.service").strip() != "active"
         sv, took = wait_mode(lab, "degraded", 60)
         print(f"\n  rpc-server SIGKILLed: degraded after {took:.1f}s: {sv}")
+        assert sv["node"] == "rpc-a" and "no RPC answer through the tunnel" in sv["reason"], sv
         time.sleep(max(0.0, t0 + 120 - main_time(lab)))
     finally:
-        sh(lab, "rpc-a", "systemctl", "unmask", "--runtime", "tunnelspec-rpc.service")
         sh(lab, "rpc-a", "systemctl", "start", "tunnelspec-rpc.service")
     t_back = main_time(lab)
     check_fault(client.wait_done(), t0, t_back, "rpc-a rpc-server SIGKILLed, down 120 s")
