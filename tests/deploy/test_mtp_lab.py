@@ -20,7 +20,7 @@ import pytest
 from tunnelspec.lab import gguf_mtp
 
 from support.cli import failed_report, tunnelspec
-from support.labdeploy import UNIT, deploy, main_pid, sh
+from support.labdeploy import UNIT, deploy, main_pid, running_argv, sh
 from support.seed000 import changed_lines, lab_variant
 
 pytestmark = pytest.mark.lab
@@ -67,16 +67,13 @@ def test_the_lab_runs_seed000_with_only_hosts_models_and_all_vars_swapped(seed00
 
 
 def test_mtp_draft_on_rpc0_drafts_tokens_the_target_accepts(lab, deployed):
-    # The command line is in the unit's ExecStart (or the launcher's JSON file, where there is one).
-    unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
-    if "--spec-type" not in unit:
-        unit = sh(lab, "main", "cat", "/etc/tunnelspec/llama-server.json")
-    words = re.findall(r"[^\s\"',\[\]]+", unit)
-    after = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--spec")}
-    assert after.get("--spec-type") == "draft-mtp" and after.get("--spec-draft-device") == "RPC0", unit
-    assert after.get("--spec-draft-n-max") == "3", unit
+    # The command line llama-server runs now (whatever launched it).
+    argv = running_argv(lab)
+    after = {w: argv[i + 1] for i, w in enumerate(argv[:-1]) if w.startswith("--spec")}
+    assert after.get("--spec-type") == "draft-mtp" and after.get("--spec-draft-device") == "RPC0", argv
+    assert after.get("--spec-draft-n-max") == "3", argv
     draft_path = after.get("--spec-draft-model", "")
-    assert draft_path.endswith("mtp-draft.gguf"), unit
+    assert draft_path.endswith("mtp-draft.gguf"), argv
 
     ev = next(e for e in deployed.results() if e.get("module") == "llama_verify")
     print(ev["msg"])
