@@ -1,13 +1,16 @@
 """Issue 25's acceptance in the lab: llama_server_public_bind=true serves the API over TLS, from a
-certificate of the inventory's CA, and nothing secret leaks.
+certificate of the inventory's CA, and nothing secret leaks. Since issue 22 TLS terminates in the
+front (HAProxy, tunnelspec-front.service, its own user): its `bind ... ssl crt front.crt` with the key
+in front.crt.key; llama-server stays plain HTTP on 127.0.0.1:18080 behind it.
 
-One test, few deploys (each costs CI minutes): a public-bind deploy (main's llama-server is rebuilt
-once with TLS keyed), a second deploy (changed=0), `certs rotate` (one restart), a deploy after a
-near-expiry certificate put on main (renewed), then the lab's own inventory again. Between them:
-clients on the lab bridge that are not main — rpc-b (Python's ssl) and this controller (curl, and
-tunnelspec's own client) —, plain HTTP, a client without the CA, verify/status, client-config, and a
-search of every output, the logs bundle, main's journals and process list for the CA key, the
-server key and the API key.
+One test, few deploys (each costs CI minutes): a public-bind deploy (no rebuild: llama-server needs
+no TLS of its own), a second deploy (changed=0), `certs rotate` (a reload of the front: llama-server
+keeps its PID), a deploy after a near-expiry certificate put on main (renewed), then the lab's own
+inventory again. Between them: clients on the lab bridge that are not main — rpc-b (Python's ssl
+and curl) and this controller (curl, and tunnelspec's own client) —, plain HTTP, a client without
+the CA, llama-server's own port out of reach, verify/status, client-config, and a search of every
+output, the logs bundle, main's journals and process list for the CA key, the server key and the
+API key.
 
 Another engineer may use the lab at the same time, so the test starts and ends with a deploy of the
 lab's own inventory (loopback bind), as tests/deploy/test_lifecycle_extra.py does.
@@ -25,14 +28,18 @@ from pathlib import Path
 import pytest
 
 from support.cli import tunnelspec
-from support.labdeploy import DEPLOY_TIMEOUT, UNIT, converge, deploy, failures, main_pid, sh
+from support.labdeploy import DEPLOY_TIMEOUT, converge, deploy, failures, main_pid, running_argv, sh
 from tunnelspec.tls import ca as C
 
 pytestmark = pytest.mark.lab
 
 KEY_FILE = "/etc/tunnelspec/tls-test-api-key"
-TLS_KEY = "/etc/tunnelspec/tls/llama-server.key"
-TLS_CERT = "/etc/tunnelspec/tls/llama-server.crt"
+TLS_CERT = "/etc/tunnelspec/tls/front.crt"
+TLS_KEY = "/etc/tunnelspec/tls/front.crt.key"  # HAProxy's `crt <file>` loads the key from <file>.key
+FRONT_CFG = "/etc/tunnelspec/front.cfg"
+FRONT_UNIT = "tunnelspec-front.service"
+FRONT_USER = "tunnelspec-front"
+INTERNAL_PORT = 18080  # llama-server's own port, behind the front
 
 
 def pem_body(pem: str) -> str:
@@ -98,11 +105,17 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
         ca = C.load_ca(ca_dir)
         ca_file = str(ca.cert_file)
         assert (ca_dir / "ca.key").stat().st_mode & 0o777 == 0o600
-        unit = sh(lab, "main", "systemctl", "cat", UNIT)
-        assert f"--ssl-key-file {TLS_KEY} --ssl-cert-file {TLS_CERT}" in unit and f"--host {main_ip}" in unit, unit
-        assert sh(lab, "main", "stat", "-c", "%a %U", TLS_KEY).split() == ["600", "tunnelspec-llama"]
-        assert sh(lab, "main", "stat", "-c", "%a %U %G", "/etc/tunnelspec/tls").split() == \
-            ["750", "root", "tunnelspec-llama"]
+        # TLS in the front; llama-server plain HTTP on loopback behind it, with no TLS flag at all.
+        front_cfg = sh(lab, "main", "cat", FRONT_CFG)
+        assert f"bind {main_ip}:8080 ssl crt {TLS_CERT} ssl-min-ver TLSv1.2" in front_cfg, front_cfg
+        assert f"server llama 127.0.0.1:{INTERNAL_PORT} check" in front_cfg, front_cfg
+        argv = running_argv(lab)
+        assert not [a for a in argv if a.startswith("--ssl")], argv
+        assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == str(INTERNAL_PORT)
+        assert sh(lab, "main", "stat", "-c", "%a %U", TLS_KEY).split() == ["600", FRONT_USER]
+        assert sh(lab, "main", "stat", "-c", "%a", TLS_CERT).split() == ["644"]
+        assert sh(lab, "main", "stat", "-c", "%a %U %G", "/etc/tunnelspec/tls").split() == ["750", "root", FRONT_USER]
+        assert sh(lab, "main", "ls", "/etc/tunnelspec/tls").split() == ["front.crt", "front.crt.key"]
 
         cfg_run = tunnelspec("client-config", str(inv), "--format", "json")
         outputs.append(cfg_run.stdout + cfg_run.stderr)
@@ -133,6 +146,8 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
         assert from_rpc_b(lab, url, "", api_key).startswith("ERR") and "CERTIFICATE_VERIFY_FAILED" in \
             from_rpc_b(lab, url, "", api_key)
         assert from_rpc_b(lab, f"http://{main_ip}:8080/completion", "", api_key) != "200"
+        # llama-server's own port is on main's loopback only: nothing answers it on the bridge.
+        assert from_rpc_b(lab, f"http://{main_ip}:{INTERNAL_PORT}/health").startswith("ERR")
         served = served_cert(main_ip, 8080, ca_file, main_ip)
         assert served["health"] == 200 and main_ip in served["names"] and "main" in served["names"]
         if shutil.which("curl"):
@@ -160,14 +175,19 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
         outputs.append(again.stdout + again.stderr)
         assert again.rc == 0 and again.recap["main"]["changed"] == 0, again.results("changed")
 
-        # ---- certs rotate: old CA fails, new one works, one restart --------------------------------------
+        # ---- certs rotate: old CA fails, new one works; a reload of the front, llama-server untouched ----
         old_pem, pid = ca.cert_pem, main_pid(lab)
+        front_pid = int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", FRONT_UNIT).strip())
         rot = tunnelspec("certs", "rotate", str(inv), "--format", "json", timeout=1200)
         outputs.append(rot.stdout + rot.stderr)
         assert rot.rc == 0, failures(rot)
-        restarts = [e for e in rot.results("changed") if e.get("task") == "llama-server restart"]
-        assert len(restarts) == 1, rot.results()
-        assert main_pid(lab) != pid
+        changed = [e.get("task") for e in rot.results("changed")]
+        assert changed == ["front TLS key and certificate", "front reload"], rot.results()
+        (served_task,) = [e for e in rot.results() if e.get("task") == "front serves the new certificate"]
+        assert served_task["status"] == "ok", served_task
+        assert main_pid(lab) == pid  # llama-server was not restarted: serving went on
+        # HAProxy's master lives on through a reload (new workers under the same main PID).
+        assert int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", FRONT_UNIT).strip()) == front_pid
         new_ca = C.load_ca(ca_dir)
         assert new_ca.cert_pem != old_pem and (ca_dir / "ca.previous.crt").read_text() == old_pem
         sh(lab, "rpc-b", "sh", "-c", 'cat > /tmp/tunnelspec-old-ca.crt', input=old_pem)
@@ -180,15 +200,18 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
 
         # ---- a certificate 10 days from its end is renewed by the next deploy -----------------------------
         near = C.issue_server_cert(new_ca, [main_ip, "main"], days=10)
-        sh(lab, "main", "sh", "-c", f'umask 077; cat > {TLS_KEY} && chown tunnelspec-llama: {TLS_KEY}',
+        sh(lab, "main", "sh", "-c", f'umask 077; cat > {TLS_KEY} && chown {FRONT_USER}: {TLS_KEY}',
            input=near.key_pem.reveal())
         sh(lab, "main", "sh", "-c", f'cat > {TLS_CERT} && chmod 644 {TLS_CERT}', input=near.cert_pem)
-        sh(lab, "main", "systemctl", "restart", UNIT)
+        sh(lab, "main", "systemctl", "reload", FRONT_UNIT)
+        pid = main_pid(lab)
         renew = deploy(inv)
         outputs.append(renew.stdout + renew.stderr)
         assert renew.rc == 0, failures(renew)
-        (tls_task,) = [e for e in renew.results() if e.get("task") == "llama-server TLS key and certificate"]
+        (tls_task,) = [e for e in renew.results() if e.get("task") == "front TLS key and certificate"]
         assert tls_task["status"] == "changed" and "within 30 days" in tls_task["msg"], tls_task
+        assert [e.get("task") for e in renew.results("changed")] == ["front TLS key and certificate", "front reload"]
+        assert main_pid(lab) == pid
         st = tunnelspec("status", str(inv), "--format", "json", timeout=120)
         outputs.append(st.stdout + st.stderr)
         assert json.loads(st.stdout)["hosts"]["main"]["llama_server"]["tls"]["certificate"]["days_left"] >= 360
@@ -214,6 +237,7 @@ def test_public_bind_serves_tls_with_the_inventorys_ca(lab, tmp_path):
         converge(lab.inventory)
         sh(lab, "main", "rm", "-f", "--", KEY_FILE)
         sh(lab, "rpc-b", "rm", "-f", "/tmp/tunnelspec-ca.crt", "/tmp/tunnelspec-old-ca.crt", "/tmp/tunnelspec-auth.h")
-    # Back on loopback: the TLS files are gone from main.
-    assert "--ssl-key-file" not in sh(lab, "main", "systemctl", "cat", UNIT)
+    # Back on loopback: the front binds 127.0.0.1 without TLS, and the TLS files are gone from main.
+    front_cfg = sh(lab, "main", "cat", FRONT_CFG)
+    assert "bind 127.0.0.1:8080\n" in front_cfg and " ssl " not in front_cfg, front_cfg
     assert sh(lab, "main", "sh", "-c", "test -e /etc/tunnelspec/tls && echo present || echo gone").strip() == "gone"
