@@ -67,11 +67,24 @@ class Client:
 
     def __init__(self, lab, name: str, seconds: float):
         self.lab, self.unit, self.out = lab, f"tunnelspec-test-client-{name}", f"/var/tmp/{name}.jsonl"
+        # A client left running by an interrupted run would keep writing the same file.
+        self.stop()
         sh(lab, "main", "rm", "-f", self.out)
         lab.exec("main", ["sh", "-c", f"cat > {CLIENT}"], input=CLIENT_SCRIPT, timeout=30)
         count = int(seconds / INTERVAL_S) + 1
-        sh(lab, "main", "systemd-run", "--unit", self.unit, "--collect", "--quiet", "/usr/bin/python3", CLIENT,
-           "8080", str(INTERVAL_S), str(count), self.out)
+        r = lab.exec("main", ["systemd-run", "--unit", self.unit, "--collect", "--quiet", "/usr/bin/python3", CLIENT,
+                              "8080", str(INTERVAL_S), str(count), self.out], timeout=30)
+        assert r.returncode == 0, r.stderr
+
+    def stop(self) -> None:
+        sh(self.lab, "main", "sh", "-c", f"systemctl stop {self.unit} 2>/dev/null; systemctl reset-failed {self.unit} "
+           "2>/dev/null; :")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
     def records(self) -> list[dict]:
         out = sh(self.lab, "main", "sh", "-c", f"cat {self.out} 2>/dev/null || :")
@@ -83,7 +96,7 @@ class Client:
             if sh(self.lab, "main", "systemctl", "is-active", self.unit).strip() not in ("active", "activating"):
                 break
             time.sleep(2)   # poll interval of the deadline loop
-        sh(self.lab, "main", "systemctl", "stop", self.unit)
+        self.stop()
         return self.records()
 
 
@@ -135,6 +148,13 @@ def served(lab_tools):
     converge(lab.inventory)
     wait_mode(lab, "speculative", 120)
     return lab
+
+
+@pytest.fixture(autouse=True)
+def clients_stopped(served):
+    """No test client outlives its test, passed or failed (a leftover would write into the next run's file)."""
+    yield
+    sh(served, "main", "sh", "-c", "systemctl stop 'tunnelspec-test-client-*' 2>/dev/null; :")
 
 
 def test_link_cut_serves_degraded_and_the_draft_comes_back(served):
