@@ -19,7 +19,7 @@ import time
 import pytest
 
 from support.cli import failed_report, tunnelspec
-from support.labdeploy import UNIT, completion_on_main, main_pid, sh, verify_stats
+from support.labdeploy import UNIT, completion_on_main, main_pid, running_argv, sh, verify_stats
 
 pytestmark = pytest.mark.lab
 
@@ -54,9 +54,12 @@ def test_deploy_puts_the_draft_on_the_remote_device(lab, deployed):
     assert draft_n > 0 and accepted == draft_n  # same model as target and draft: all accepted
     journal = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT)
     assert re.search(r"RPC0\[127\.0\.0\.1:15052\] model buffer size", journal), journal[-3000:]
+    # llama-server itself, behind the front: loopback, its own port, the draft type given.
+    argv = running_argv(lab)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--port") + 1] == "18080", argv
+    assert argv[argv.index("--spec-type") + 1] == "draft-simple", argv
     unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
-    assert "--host 127.0.0.1" in unit and "--spec-type draft-simple" in unit
-    assert "ExecStartPre=" in unit and "Restart=always" in unit
+    assert "tunnelspec-draftwatch launch /etc/tunnelspec/llama-server.json" in unit and "Restart=always" in unit
     # rpc-a served a client (llama-server, through the tunnel) and holds its connection now.
     rpc_journal = sh(lab, "rpc-a", "journalctl", "--no-pager", "-o", "cat", "-u", "tunnelspec-rpc.service")
     assert "Accepted client connection" in rpc_journal
