@@ -97,8 +97,8 @@ def describe_placement(argv: list[str]) -> str:
 def baseline_argv(argv: list[str], local: str, port: int, same_placement: bool = False) -> list[str]:
     """The deployed argv without the draft, on `port`. Default: without RPC too (target on main's own
     devices `local`). same_placement: keep --rpc, -dev, -sm, -ts, so target layers stay where they
-    are deployed. A public bind's address becomes loopback: the baseline is never reachable from
-    outside (its TLS flags stay, so the client path is the same)."""
+    are deployed. Its address is loopback: the baseline is never reachable from outside (and speaks
+    plain HTTP: TLS is the front's, never llama-server's)."""
     drop = DRAFT_FLAGS if same_placement else DRAFT_FLAGS | PLACEMENT_FLAGS
     out, skip = [], False
     for a in argv:

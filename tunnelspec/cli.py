@@ -481,7 +481,8 @@ def certs() -> None:
 @lock_options
 def certs_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
     """A new CA for this inventory (the old key is deleted), main's certificate re-issued by it and
-    llama-server restarted once; clients must pin the new ca.crt (the old one no longer validates)."""
+    the front reloaded (llama-server keeps running); clients must pin the new ca.crt (the old one no
+    longer validates)."""
     from tunnelspec import certs as certs_mod
 
     _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)

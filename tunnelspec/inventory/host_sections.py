@@ -358,7 +358,7 @@ def main_host_of(hv: HostVars) -> MainHost:
     if host != LOOPBACK and not (public and key_file):
         raise hv.fail(
             "llama_server_host",
-            f"{host!r} refused: llama-server listens on {LOOPBACK} unless you opt out with both "
+            f"{host!r} refused: the API (the front of llama-server) listens on {LOOPBACK} unless you opt out with both "
             "llama_server_public_bind=true and llama_server_api_key_file=<path of a 0600 key file> "
             "(the API is then served over TLS only: docs/tls.md)",
         )
