@@ -126,8 +126,9 @@ def check_fault(records: list[dict], t_fault: float, t_back: float, label: str) 
     failed = [r for r in late if r.get("status") != 200]
     assert not failed, (label, failed[:5])
     during = [r for r in late if r["done"] < t_back]
-    assert during, (label, "no request answered during the fault")
-    assert all(r["draft_n"] == 0 for r in during), (label, [r for r in during if r["draft_n"]][:3])
+    if t_back - t_fault > ANSWERED_FROM_S + 2 * INTERVAL_S:  # a fault long enough to serve degraded in
+        assert during, (label, "no request answered during the fault")
+        assert all(r["draft_n"] == 0 for r in during), (label, [r for r in during if r["draft_n"]][:3])
     back = [r for r in records if r["sent"] >= t_back and r.get("accepted", 0) > 0]
     assert back, (label, "no accepted draft tokens after the fault", records[-5:])
     first_back = min(r["done"] for r in back) - t_back
