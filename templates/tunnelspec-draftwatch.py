@@ -98,14 +98,17 @@ def probe_draft(cfg, timeout):
 # ---- launch ----------------------------------------------------------------------------------------
 def wait_required(cfg, prev):
     """Wait for the endpoints serving cannot do without (target-layer nodes). Returns None when all
-    answer, else (node, reason) after the deadline."""
+    answer, else (node, reason) after the deadline. The first time one does not answer, the mode
+    file says so at once (systemd may restart this unit with that node's tunnel long before the
+    deadline) and, when that is news, one journal line names the node."""
     w = cfg.get("wait") or {}
     pending = list(zip(w.get("nodes", []), w.get("endpoints", [])))
     if not pending:
         return None
-    deadline = time.monotonic() + float(w.get("timeout", 90))
-    last = {}
-    for _ in range(int(float(w.get("timeout", 90)) / 0.5) + 2):
+    timeout = float(w.get("timeout", 90))
+    deadline = time.monotonic() + timeout
+    last, told = {}, False
+    for _ in range(int(timeout / 0.5) + 2):
         for node, ep in list(pending):
             version, err = RPC.probe(ep, min(5.0, max(0.5, deadline - time.monotonic())))
             if version is None:
@@ -116,11 +119,23 @@ def wait_required(cfg, prev):
                 pending.remove((node, ep))
         if not pending or time.monotonic() >= deadline:
             break
+        if not told:
+            told = True
+            _waiting(cfg, prev, pending[0][0], last.get(pending[0][0], "no answer"))
         time.sleep(0.5)
     if not pending:
         return None
     node = pending[0][0]
     return node, last.get(node, "no answer")
+
+
+def _waiting(cfg, prev, node, why):
+    now = time.time()
+    same = prev.get("mode") == WAITING and prev.get("node") == node
+    since = prev.get("since") if same else now
+    write_state(cfg, {"mode": WAITING, "node": node, "reason": why, "since": since, "at": now})
+    if not same:
+        log("serving waits for %s (it holds target layers) since %s: %s" % (node, _iso(since), why))
 
 
 def choose(cfg, prev):
@@ -161,11 +176,10 @@ def launch(cfg_path):
     cfg["_rejoin"] = _rejoin_flag(cfg) > float(prev.get("at", 0))
     missing = wait_required(cfg, prev)
     if missing is not None:
-        node, why = missing
-        since = prev.get("since") if prev.get("mode") == WAITING and prev.get("node") == node else now
-        write_state(cfg, {"mode": WAITING, "node": node, "reason": why, "since": since, "at": now})
-        log("serving waits for %s (it holds target layers) since %s: %s" % (node, _iso(since), why))
+        _waiting(cfg, read_state(cfg), *missing)
         return 1
+    if read_state(cfg).get("mode") == WAITING:
+        prev = read_state(cfg)  # the node is back: what comes now is a change, said once
     mode, node, why = choose(cfg, prev)
     since = prev.get("since", now) if prev.get("mode") == mode else now
     state = {"mode": mode, "node": node, "reason": why if mode == DEGRADED else "", "since": since, "at": now}
