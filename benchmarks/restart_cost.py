@@ -119,7 +119,12 @@ def sh(lab, host, *argv, timeout=900, input=None) -> str:
 
 
 def rx_bytes(lab) -> int:
-    return int(sh(lab, "rpc-a", "cat", "/sys/class/net/eth0/statistics/rx_bytes").strip())
+    """Bytes rpc-a's eth0 received (its own network namespace's /proc/net/dev)."""
+    for line in sh(lab, "rpc-a", "cat", "/proc/net/dev").splitlines():
+        name, _, rest = line.partition(":")
+        if name.strip() == "eth0":
+            return int(rest.split()[0])
+    raise SystemExit("rpc-a has no eth0 in /proc/net/dev")
 
 
 def first_token(lab, *args) -> float:

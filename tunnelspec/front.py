@@ -6,8 +6,8 @@
   while llama-server is down or loading, with stock HAProxy: a health check on `/health` (200 only
   once the model is loaded), `retries` with `option redispatch` and a `backup` server named `hold`
   on a privileged loopback port where nothing listens. While llama-server is not UP, requests go
-  to `hold`, whose connection fails at once; HAProxy waits its turn-around (min(timeout connect,
-  1 s)) and redispatches: the request waits up to `hold_timeout` seconds and goes to llama-server
+  to `hold`, whose connection fails at once; HAProxy waits its turn-around (timeout connect, 250 ms)
+  and redispatches: the request waits up to `hold_timeout` seconds and goes to llama-server
   as soon as its health check passes. A request that got no response at all (llama-server aborted
   under it) is retried the same way (`retry-on empty-response`); one cut mid-response cannot be.
 - **Modes**: the launcher (`tunnelspec-draftwatch launch`, llama-server's ExecStart) starts
@@ -32,6 +32,8 @@ FRONT_BACKEND = "llama"
 # The `hold` backup server: a privileged port (only root could listen there) on loopback, where
 # nothing listens. Deploy refuses a host where something does (tasks/front.py).
 HOLD_PORT = 1
+# The front's attempts per second while it holds a request (its turn-around = timeout connect, 250 ms).
+HOLD_TRIES_PER_S = 4
 HAPROXY = "/usr/sbin/haproxy"
 
 WATCH_UNIT = "tunnelspec-draftwatch.service"
@@ -53,7 +55,8 @@ def front_vars(main) -> dict:
     """The front's template variables (templates/tunnelspec-front.cfg.j2)."""
     f = main.front
     return {"bind_host": main.server_host, "bind_port": main.server_port, "internal_port": f.internal_port,
-            "loopback": LOOPBACK, "hold_port": HOLD_PORT, "hold_retries": f.hold_timeout,
+            "loopback": LOOPBACK, "hold_port": HOLD_PORT, "hold_retries": f.hold_timeout * HOLD_TRIES_PER_S,
+            "hold_seconds": f.hold_timeout,
             "stats_socket": FRONT_STATS, "backend": FRONT_BACKEND, "front_user": f.user,
             "public_bind": main.public_bind, "tls_pem": main.tls.cert_path if main.tls is not None else "",
             "run_dir": FRONT_RUN_DIR, "config": FRONT_CONFIG, "haproxy": HAPROXY}

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def render(tmp_path: Path, internal: int, port: int, hold: int = 60, tls_pem: str = "") -> Path:
     v = {"bind_host": LOOPBACK, "bind_port": port, "internal_port": internal, "loopback": LOOPBACK,
-         "hold_port": front.HOLD_PORT, "hold_retries": hold, "stats_socket": str(tmp_path / "stats.sock"),
+         "hold_port": front.HOLD_PORT, "hold_retries": hold * front.HOLD_TRIES_PER_S,
+         "hold_seconds": hold, "stats_socket": str(tmp_path / "stats.sock"),
          "backend": front.FRONT_BACKEND, "front_user": "nobody", "public_bind": bool(tls_pem), "tls_pem": tls_pem}
     cfg = tmp_path / "front.cfg"
     cfg.write_text(render_file((ROOT / "templates" / "tunnelspec-front.cfg.j2").read_text(), v))
