@@ -171,8 +171,23 @@ async def _collect_server(conn, b: HostBundle) -> None:
     """What the deployed llama-server binary says about itself, without touching the rpc-servers."""
     from tunnelspec import status  # its DEVICES_CACHE: where deploy records the RPC devices
 
-    _, show = await _run(conn, ["systemctl", "show", "-p", "ExecStart", "--value", SERVER_UNIT])
-    binary = _exec_binary(show)
+    from tunnelspec import front
+
+    # The unit starts llama-server through its launcher: the command lines, the mode it chose and the
+    # front's configuration are files (no secret in them: the API key file is named, never read).
+    for path, name in ((front.MODES_PATH, "llama-server.json"), (front.STATE_PATH, "mode.json"),
+                       (front.FRONT_CONFIG, "front.cfg")):
+        rc, text = await _run(conn, ["cat", "--", path])
+        if rc == 0:
+            b.files[name] = text
+    binary = None
+    try:
+        binary = (json.loads(b.files.get("llama-server.json") or "{}").get("modes") or {}).get("speculative", [None])[0]
+    except ValueError:
+        pass
+    if binary is None:
+        _, show = await _run(conn, ["systemctl", "show", "-p", "ExecStart", "--value", SERVER_UNIT])
+        binary = _exec_binary(show)
     if binary is None:
         b.files["llama-server.txt"] = "llama-server is not installed as a unit on this host (no ExecStart)\n"
         return

@@ -24,7 +24,7 @@ from tunnelspec.lab.gguf_tiny import write_tiny_llama_split
 
 from support.cli import tunnelspec
 from support.hub_standin import HubStandIn
-from support.labdeploy import MODELS_DIR, UNIT, converge, deploy, failures, inventory_copy, sh, task, verify_stats
+from support.labdeploy import MODELS_DIR, UNIT, configured_cmdline, converge, deploy, failures, inventory_copy, sh, task, verify_stats
 
 pytestmark = pytest.mark.lab
 
@@ -57,7 +57,7 @@ def test_pinned_hub_models_upload_once_and_serve(lab, tmp_path, llama_fixtures):
             for p in parts:
                 out = sh(lab, "main", "sha256sum", f"{MODELS_DIR}/{p.name}").split()
                 assert out and out[0] == hashlib.sha256(p.read_bytes()).hexdigest()
-            unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+            unit = configured_cmdline(lab)
             assert f"{MODELS_DIR}/{parts[0].name}" in unit and f"{MODELS_DIR}/tiny-llama.gguf" in unit, unit
             draft_n, _accepted = verify_stats(first)
             assert draft_n > 0

@@ -21,7 +21,7 @@ import pytest
 
 from support.ci_cli import ci_env, cli
 from support.cli import tunnelspec
-from support.labdeploy import (DEPLOY_TIMEOUT, MODELS_DIR, UNIT, converge, deploy, failures, inventory_copy,
+from support.labdeploy import (DEPLOY_TIMEOUT, FRONT_CONFIG, MODELS_DIR, UNIT, configured_cmdline, converge, deploy, failures, inventory_copy,
                                main_pid, sh, task, verify_stats)
 
 pytestmark = pytest.mark.lab
@@ -61,7 +61,7 @@ def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixt
         up = task(first, "draft model")
         assert up["status"] == "changed" and "upload" in up["msg"], up
         assert file_identity(lab, "main", dest)[2] == sha256_of(local)
-        unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+        unit = configured_cmdline(lab)
         assert f"--spec-draft-model {dest}" in unit, unit
         draft_n, accepted = verify_stats(first)
         assert draft_n > 0 and accepted == draft_n  # draft = target (same tiny model): all accepted
@@ -101,7 +101,7 @@ def test_model_only_on_the_controller_is_uploaded_once(lab, tmp_path, llama_fixt
         pruned = task(back, "uploaded models no longer used")
         assert pruned["status"] == "changed" and dest in pruned["msg"], pruned
         assert file_identity(lab, "main", dest) == ("", "", "")
-        assert f"--spec-draft-model {dest}" not in sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+        assert f"--spec-draft-model {dest}" not in configured_cmdline(lab)
         assert verify_stats(back)[1] > 0
         again = deploy(lab.inventory)
         assert again.rc == 0 and task(again, "uploaded models no longer used")["status"] == "ok", failures(again)
@@ -125,7 +125,7 @@ def test_two_controller_models_with_one_name_are_refused(lab, tmp_path, llama_fi
         (failed,) = r.results("failed")
         assert failed["task"] == "draft model" and "different file names" in failed["msg"], failed
         assert str(paths[0]) in failed["msg"] and str(paths[1]) in failed["msg"]
-        assert "ts-same-name.gguf" not in sh(lab, "main", "systemctl", "cat", UNIT)
+        assert "ts-same-name.gguf" not in configured_cmdline(lab)
     finally:
         converge(lab.inventory)
 
@@ -317,7 +317,7 @@ def test_public_bind_with_api_key(lab, tmp_path):
         (failed,) = r.results("failed")
         assert failed["task"] == "api key file" and "cannot read" in failed["msg"], failed
         assert key not in r.stdout + r.stderr
-        assert "--host 127.0.0.1" in sh(lab, "main", "systemctl", "cat", UNIT)  # stopped before the unit
+        assert "bind 127.0.0.1:8080" in sh(lab, "main", "cat", FRONT_CONFIG)  # stopped before the front
     finally:
         sh(lab, "main", "rm", "-rf", "--", closed_dir)
     try:
@@ -325,8 +325,10 @@ def test_public_bind_with_api_key(lab, tmp_path):
         assert r.rc == 0, failures(r)
         assert key not in r.stdout + r.stderr
         assert "--api-key-file" in r.stdout  # the unit diff shows the flag, never the key
-        unit = sh(lab, "main", "systemctl", "cat", UNIT)
-        assert f"--api-key-file {KEY_FILE}" in unit and f"--host {main_ip}" in unit, unit
+        # The key is checked by llama-server (on loopback, behind the front); the front binds main's address.
+        unit = configured_cmdline(lab)
+        assert f"--api-key-file {KEY_FILE}" in unit and "--host 127.0.0.1" in unit, unit
+        assert f"bind {main_ip}:8080 ssl crt" in sh(lab, "main", "cat", FRONT_CONFIG)
         assert key not in unit
         assert sh(lab, "main", "stat", "-c", "%a %U", KEY_FILE).split() == ["600", "tunnelspec-llama"]
         ver = tunnelspec("verify", str(inv), "--format", "json", "-v", timeout=600)
@@ -351,6 +353,8 @@ def test_public_bind_with_api_key(lab, tmp_path):
     finally:
         converge(lab.inventory)
         sh(lab, "main", "rm", "-f", "--", KEY_FILE)
-    unit = sh(lab, "main", "systemctl", "cat", UNIT)
-    assert "--host 127.0.0.1" in unit and "--api-key-file" not in unit and "IPAddressDeny=any" in unit
+    unit = configured_cmdline(lab)
+    assert "--host 127.0.0.1" in unit and "--api-key-file" not in unit
+    assert "IPAddressDeny=any" in sh(lab, "main", "systemctl", "cat", UNIT)
+    assert "bind 127.0.0.1:8080\n" in sh(lab, "main", "cat", FRONT_CONFIG)
     assert _http_from(lab, "rpc-b", f"http://{main_ip}:8080/completion", None) == 0  # nothing listens there

@@ -47,7 +47,10 @@ def test_bundle_holds_banners_placement_units_and_no_secret(lab, deployed, tmp_p
     assert "# token ***" in files["rpc-a/units/tunnelspec-rpc.service"]
     placement = files["main/placement/tunnelspec-llama-server.service.log"]
     assert re.search(r"RPC0\[127\.0\.0\.1:15052\] model buffer size", placement), placement[-2000:]
-    assert "--spec-type" in files["main/units/tunnelspec-llama-server.service"]
+    assert "tunnelspec-draftwatch launch" in files["main/units/tunnelspec-llama-server.service"]
+    assert "--spec-type" in files["main/llama-server.json"] and '"mode": "speculative"' in files["main/mode.json"]
+    assert "server llama 127.0.0.1:18080" in files["main/front.cfg"]
+    assert any(n.startswith("main/journal/tunnelspec-front") for n in files), sorted(files)
     assert any(n.startswith("main/units/tunnelspec-tunnel-rpc-a") for n in files), sorted(files)
     assert "version:" in files["main/llama-server.txt"]
     assert '"rpc-a"' in files["status.json"]

@@ -79,7 +79,9 @@ def test_second_deploy_changes_nothing_and_keeps_the_server(lab, inventory, depl
 
 
 @pytest.mark.parametrize("extra, unit_task, after", [("rpc_threads=3", "rpc unit", " -t 3"),
-                                                      ("llama_server_port=8081", "llama-server unit", "--port 8081")])
+                                                      ("llama_server_port=8081", "front configuration", ":8081"),
+                                                      ("llama_server_internal_port=18081", "llama-server modes",
+                                                       "18081")])
 def test_check_with_extra_var_reports_drift(lab, inventory, deployed, extra, unit_task, after):
     """-e reaches the typed cluster model (tests/inventory/test_extra_vars.py covers every variable):
     on the converged lab, `--check -e VAR=other` reports the unit that would change, and exits 3."""

@@ -21,7 +21,7 @@ from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama.props import spec_types
 
 from support.cli import failed_report, tunnelspec
-from support.labdeploy import completion_on_main
+from support.labdeploy import completion_on_main, configured_cmdline
 from support.placement import BLOCKS, SHARES, check_one_to_three
 
 pytestmark = pytest.mark.lab
@@ -73,7 +73,7 @@ def target_journal(lab) -> str:
 
 def test_target_layers_follow_the_shares_by_node_name(lab, deployed):
     _, r = deployed
-    unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+    unit = configured_cmdline(lab)
     assert "-dev RPC0,RPC1" in unit and "-ts 1,3" in unit and "-sm layer" in unit, unit
     journal = target_journal(lab)
     got = check_one_to_three(journal, PORTS["rpc-a"], PORTS["rpc-b"])
@@ -94,7 +94,7 @@ def test_draft_accepted_on_the_remote_device_and_the_type_from_the_server(lab, d
 
 
 def test_tuning_flag_passed_through(lab, deployed):
-    unit = sh(lab, "main", "cat", f"/etc/systemd/system/{UNIT}")
+    unit = configured_cmdline(lab)
     assert "--spec-draft-type-k f32" in unit
     journal = target_journal(lab)
     kv = re.findall(r"llama_kv_cache: size = .*?K \((\w+)\)", journal)

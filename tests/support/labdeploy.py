@@ -108,3 +108,19 @@ def running_argv(lab, unit: str = UNIT) -> list[str]:
     pid = int(sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", unit).strip() or 0)
     assert pid, f"{unit} has no main process"
     return [a for a in sh(lab, "main", "cat", f"/proc/{pid}/cmdline").split("\0") if a]
+
+
+MODES = "/etc/tunnelspec/llama-server.json"
+FRONT_CONFIG = "/etc/tunnelspec/front.cfg"
+
+
+def configured_cmdline(lab, mode: str = "speculative") -> str:
+    """llama-server's command line as the deploy configured it (the launcher's modes file; the unit
+    runs the launcher), joined with spaces; '' when not deployed."""
+    import shlex
+
+    raw = lab.exec("main", ["cat", MODES], timeout=30).stdout or ""
+    if not raw.strip():
+        return ""
+    argv = (json.loads(raw)["modes"].get(mode)) or []
+    return shlex.join(argv)
