@@ -135,10 +135,11 @@ def _main_pid(lab, host: str, unit: str) -> int:
 
 def test_rpc_server_restarted_between_runs_restarts_llama_server(lab, converged):
     """llama-server's connection to a restarted rpc-server is dead (it would abort at its next
-    request): the next deploy restarts llama-server before anyone asks it anything, so its own verify
-    completion succeeds at the first try."""
+    request). The target node's (rpc-b): the next deploy restarts llama-server before anyone asks it
+    anything, so its own verify completion succeeds at the first try. The draft node's (rpc-a): the
+    draft watch restarts it by itself within seconds, no deploy (docs/degraded.md)."""
     pid = _main_pid(lab, "main", LLAMA_UNIT)
-    sh(lab, "rpc-a", 'systemctl restart "$1"', RPC_UNIT)
+    sh(lab, "rpc-b", 'systemctl restart "$1"', RPC_UNIT)
     r = deploy(converged)
     assert r.rc == 0, failures(r)
     assert ("main", "llama-server's RPC connections open") in changed_tasks(r), changed_tasks(r)
@@ -146,6 +147,13 @@ def test_rpc_server_restarted_between_runs_restarts_llama_server(lab, converged)
     verify = [e for e in r.results() if e.get("module") == "llama_verify"]
     assert verify and verify[0]["status"] == "ok", verify
     assert "first completion failed" not in verify[0]["msg"], verify[0]["msg"]
+    pid = _main_pid(lab, "main", LLAMA_UNIT)
+    sh(lab, "rpc-a", 'systemctl restart "$1"', RPC_UNIT)
+    deadline = time.monotonic() + 60
+    while _main_pid(lab, "main", LLAMA_UNIT) in (0, pid):
+        assert time.monotonic() < deadline, "the draft watch did not restart llama-server"
+        time.sleep(0.5)   # poll interval of the deadline loop
+    assert "draft on rpc-a lost" in sh(lab, "main", 'journalctl -u tunnelspec-draftwatch -o cat -n 20')
     again = deploy(converged)
     assert unchanged(again), changed_tasks(again)
 
@@ -177,8 +185,9 @@ def test_killed_after_the_tunnel_key_line_changed(lab, converged):
 def test_killed_after_the_llama_server_unit_changed(lab, converged, restore, tmp_path):
     inv = inventory_copy(lab, tmp_path, main_vars={"spec_draft_n_max": "5"})
     before = cmdline(lab, "main", LLAMA_UNIT)
-    killed_deploy(inv, "llama-server unit:apply")
-    assert cmdline(lab, "main", LLAMA_UNIT) == before    # new unit on disk, old server running
+    # The command line lives in the launcher's modes file (the unit runs the launcher).
+    killed_deploy(inv, "llama-server modes:apply")
+    assert cmdline(lab, "main", LLAMA_UNIT) == before    # new modes file on disk, old server running
     repaired(lab, inv)
     after = cmdline(lab, "main", LLAMA_UNIT)
     drafted = lambda argv: [b for a, b in zip(argv, argv[1:]) if a.startswith("--") and "draft" in a and b == "5"]

@@ -31,6 +31,13 @@ class Cluster:
         return [self.main.name, *(n.name for n in self.rpc)]
 
     @property
+    def skippable_draft(self):
+        """The draft-only node serving can go on without (docs/degraded.md), or None."""
+        from tunnelspec.front import skippable_draft
+
+        return skippable_draft(self)
+
+    @property
     def draft_node(self) -> RpcNode | None:
         return next((n for n in self.rpc if n.role == "draft"), None)
 

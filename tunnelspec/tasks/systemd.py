@@ -95,6 +95,8 @@ class Service(Task):
         "name": Arg(str, required=True, help="The unit."),
         "state": Arg(str, default="started", choices=("started", "stopped"), help="`started` or `stopped`."),
         "enabled": Arg(bool, help="Enabled at boot (true/false); unset: left as is."),
+        "installed_only": Arg(bool, default=False,
+                              help="A unit that is not installed is left alone (ok) instead of failing to start."),
     }
 
     async def _observe(self, ctx) -> tuple[str, str]:
@@ -102,6 +104,8 @@ class Service(Task):
 
     async def check(self, ctx):
         active, enabled = await self._observe(ctx)
+        if self.p["installed_only"] and enabled in ("", "not-found"):
+            return ok(f"{self.p['name']} is not installed: left alone")
         want_active = self.p["state"] == "started"
         diffs = []
         if want_active and active != "active":
