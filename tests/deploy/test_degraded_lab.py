@@ -221,7 +221,7 @@ def _boot_id(lab, host: str) -> str:
 
 def test_draft_node_rebooted(served):
     lab = served
-    client = Client(lab, "reboot", 150)
+    client = Client(lab, "reboot", 75)
     before = _boot_id(lab, "rpc-a")
     t0 = main_time(lab)
     lab.exec("rpc-a", ["systemctl", "reboot"], timeout=30)
@@ -236,7 +236,7 @@ def test_draft_node_rebooted(served):
 
 def test_tunnel_ssh_killed(served):
     lab = served
-    client = Client(lab, "sshkill", 90)
+    client = Client(lab, "sshkill", 45)
     time.sleep(6)  # a few speculative answers first
     t0 = main_time(lab)
     sh(lab, "main", "systemctl", "kill", "--signal=KILL", "tunnelspec-tunnel-rpc-a.service")
