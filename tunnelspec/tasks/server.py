@@ -15,7 +15,7 @@ from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts import units
 from tunnelspec.llama import flags, preflight
-from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, systemd_exec, tunnel_unit
+from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
 from tunnelspec.llama.verify import model_paths, model_sizes, start_timeout, verify_server
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 from tunnelspec.tasks.mtp_draft import check_mtp_draft
@@ -143,9 +143,8 @@ class LlamaServerPlan(Task):
         "model": Arg(str, required=True, help="The target model's path on main."),
         "draft_model": Arg(str, default="",
                            help="The draft model's path on main; empty: no draft (a target split with no draft)."),
-        "rpc_wait": Arg(str, required=True,
-                        help="The rpc-wait helper the unit runs before llama-server (waits for every tunnel)."),
-        "rpc_wait_timeout": Arg(int, default=90, help="Seconds the helper waits for the RPC endpoints."),
+        "rpc_wait_timeout": Arg(int, default=90,
+                                help="Seconds llama-server's launcher waits for the nodes with target layers."),
     }
 
     async def check(self, ctx):
@@ -177,20 +176,16 @@ class LlamaServerPlan(Task):
         # every start: refused here, before the unit (tasks/mtp_draft.py, issue 27).
         mtp_notes = (await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
                      if plan.spec_type == "draft-mtp" and self.p["draft_model"] else [])
-        wait_argv = ["/usr/bin/python3", self.p["rpc_wait"], "--timeout", str(self.p["rpc_wait_timeout"])]
         # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
-        # minor and silently computes wrong results on another patch (ops renumbered), so the unit
-        # never starts it against a node of another build (e.g. mid-upgrade).
+        # minor and silently computes wrong results on another patch (ops renumbered), so its launcher
+        # never starts it against a node of another build (e.g. mid-upgrade; the modes file's `expect`).
         proto = await _main_proto(ctx, cluster)
-        if proto:
-            wait_argv += ["--expect", proto]
         fact = plan.as_fact()
         fact["slot_bytes"] = slots if slots and len(slots) == (n_layer or 0) + 1 else None
         fact["build"] = label
         fact["rpc_proto"] = proto
         fact["unit"] = {
-            "exec_start": fact["exec_start"], "rpc_wait_exec": systemd_exec(wait_argv + plan.endpoints),
-            "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
+            "exec_start": fact["exec_start"], "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
             "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
             "draft_devices": plan.draft_devices, "target_devices": plan.target_devices,
             "backend": cluster.main.build.backend,
