@@ -12,7 +12,7 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(python3 python3-venv python3-pip git openssh-server openssh-client systemd-container debootstrap
       iproute2 zstd ca-certificates cmake g++ make ccache procps curl
-      nftables sudo libssl-dev libvulkan-dev haproxy)  # nftables: tests/isolation load the loopback rules in a private network namespace; sudo: the become tests; libssl-dev: llama-server's dev build with OpenSSL, as main's builds had it; libvulkan-dev: the Vulkan header check (tests/accel); haproxy: the front's tests (tests/server)
+      nftables sudo libssl-dev libvulkan-dev haproxy shellcheck)  # shellcheck: scripts/gpu-check.sh is linted (tests/accel); nftables: tests/isolation load the loopback rules in a private network namespace; sudo: the become tests; libssl-dev: llama-server's dev build with OpenSSL, as main's builds had it; libvulkan-dev: the Vulkan header check (tests/accel); haproxy: the front's tests (tests/server)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then

@@ -24,7 +24,7 @@ import time
 import pytest
 
 from support.cli import failed_report, tunnelspec
-from support.labdeploy import UNIT, converge, deploy, inventory_copy, main_pid, sh, verify_stats
+from support.labdeploy import MODES, UNIT, converge, deploy, inventory_copy, main_pid, sh, verify_stats
 
 RELEASES = {"main": "bookworm", "rpc-a": "trixie"}
 
@@ -140,7 +140,7 @@ def test_driver_gone_is_refused_before_llama_server_changes(lab, vulkan_node, vu
     the CPU (with or without the device chosen by index). The deploy refuses the node in the rpc
     play, naming it, "serves CPU only" and what to check; llama-server on main is not restarted or
     rewritten by it."""
-    pid, unit = main_pid(lab), sh(lab, "main", "systemctl", "cat", UNIT)
+    unit, modes = sh(lab, "main", "systemctl", "cat", UNIT), sh(lab, "main", "cat", MODES)
     no_env = inventory_copy(lab, tmp_path, name="vulkan-no-env.ini", host_vars={NODE: "llama_backend=vulkan"})
     try:
         # Every manifest (Mesa's package has one per driver: lavapipe's and the GPU drivers'): no driver at all.
@@ -161,8 +161,9 @@ def test_driver_gone_is_refused_before_llama_server_changes(lab, vulkan_node, vu
                                                                "-u", RPC_UNIT, "-n", "12"))
         assert failed["main"]["task"] == "every rpc node serves its devices", failed_report(res)
         assert not [e for e in res.results() if e.get("play") == "llama-server"], failed_report(res)
-        assert sh(lab, "main", "systemctl", "cat", UNIT) == unit
-        assert main_pid(lab) in (pid, 0)  # not restarted by the deploy (it may die on the lost RPC link itself)
+        # Not rewritten by the deploy. Its process may well be new: the node's server restarted under the
+        # tunnel, and the draft watch serves without the draft (docs/degraded.md) — that is not the deploy.
+        assert sh(lab, "main", "systemctl", "cat", UNIT) == unit and sh(lab, "main", "cat", MODES) == modes
 
         # The device chosen by index (rpc_env, as deployed) and still no driver: the same refusal.
         res = deploy(vulkan_node)
@@ -170,7 +171,7 @@ def test_driver_gone_is_refused_before_llama_server_changes(lab, vulkan_node, vu
         failed = {e["host"]: e for e in res.results("failed")}
         assert failed[NODE]["module"] == "rpc_served_devices" and "serves CPU only" in failed[NODE]["msg"], \
             failed_report(res)
-        assert sh(lab, "main", "systemctl", "cat", UNIT) == unit
+        assert sh(lab, "main", "systemctl", "cat", UNIT) == unit and sh(lab, "main", "cat", MODES) == modes
     finally:
         restore_icd(lab)
     converge(vulkan_node)
