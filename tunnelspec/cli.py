@@ -30,7 +30,10 @@ class _Group(click.Group):
     """Turns TunnelspecError into a message and its exit code; never a traceback."""
 
     def invoke(self, ctx):  # noqa: D401
-        args = [*ctx.protected_args, *ctx.args]
+        # The subcommand and its arguments: Click >= 8.2 keeps the protected ones in `_protected_args`
+        # (its `protected_args` property warns of removal), older Click in a plain attribute.
+        protected = vars(ctx).get("_protected_args", vars(ctx).get("protected_args", []))
+        args = [*protected, *ctx.args]
         try:
             return super().invoke(ctx)
         except TunnelspecError as err:
