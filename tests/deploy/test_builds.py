@@ -310,17 +310,19 @@ def test_node_of_another_protocol_is_refused_before_llama_server_starts(lab, inv
         assert "rpc-b" in failed and "7.0.0" in failed and "4.0.0" in failed, failed
         assert "llama_server_plan" not in {e.get("module") for e in res.results()}
         assert server_starts(lab, since) == 0
-        # Started by hand, the unit's own guard refuses too: llama-server itself never runs.
+        # Started by hand, the unit's launcher waits instead (rpc-b holds target layers, so serving cannot go
+        # on without it) and says why: llama-server itself never runs.
         lab.exec("main", ["systemctl", "start", "--no-block", UNIT], timeout=30)
         deadline = time.monotonic() + 60
         log = ""
         while time.monotonic() < deadline:
             log = sh(lab, "main", "journalctl", "--no-pager", "-o", "cat", "-u", UNIT, f"--since=@{since:.6f}")
-            if "expected v7.0.0" in log:
+            if "protocol mismatch" in log:
                 break
             time.sleep(0.5)
-        assert "RPC v4.0.0, expected v7.0.0" in log, log[-3000:]
-        assert server_starts(lab, since) == 0, log[-3000:]
+        assert "serving waits for rpc-b (it holds target layers)" in log, log[-3000:]
+        assert "protocol mismatch (rpc-b speaks RPC v4.0.0, main v7.0.0)" in log, log[-3000:]
+        assert lab.exec("main", ["pgrep", "-x", "llama-server"], timeout=30).returncode == 1, log[-3000:]
     finally:
         sh(lab, "main", "systemctl", "stop", UNIT)
     # A full deploy puts rpc-b back on the pinned build and serves again.

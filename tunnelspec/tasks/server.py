@@ -358,11 +358,15 @@ class LlamaVerify(Task):
         sizes = [] if configured else await model_sizes(ctx.conn, model_paths(self.p["plan"].get("argv") or []))
         wait = start_timeout(configured, sizes)
         plan, degraded_note = await self._mode_plan(ctx, wait)
-        result = await verify_server(ctx.conn, self.p["port"], plan, host=self.p["host"],
-                                     api_key_file=self.p["api_key_file"],
-                                     health_timeout=wait, n_predict=self.p["n_predict"],
-                                     prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
-                                     add_secret=ctx.add_secret, tls=self._tls())
+        try:
+            result = await self._verify(ctx, plan, wait)
+        except TaskFailed:
+            # The draft node may have gone while the completion ran: llama-server lost RPC0 and the draft
+            # watch serves without it (docs/degraded.md). Say that, not "no draft tokens".
+            if degraded_note or not await self._went_degraded(ctx, plan):
+                raise
+            plan, degraded_note = await self._mode_plan(ctx, wait)
+            result = await self._verify(ctx, plan, wait)
         ctx.register("llama_verify", result)
         text = " ".join(result["content"].split())[:120]
         ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
@@ -376,6 +380,29 @@ class LlamaVerify(Task):
             ctx.emit(events.message(f"WARNING: {ctx.host}: {degraded_note}"))
             return ok(f"{degraded_note}; {result['summary']}")
         return ok(result["summary"])
+
+    async def _verify(self, ctx, plan: dict, wait: int) -> dict:
+        return await verify_server(ctx.conn, self.p["port"], plan, host=self.p["host"],
+                                   api_key_file=self.p["api_key_file"],
+                                   health_timeout=wait, n_predict=self.p["n_predict"],
+                                   prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
+                                   add_secret=ctx.add_secret, tls=self._tls())
+
+    async def _went_degraded(self, ctx, plan: dict, settle: float = 20.0) -> bool:
+        """After a failed proof: has llama-server left speculation because the draft node went away?
+        The launcher writes its mode within seconds of the restart; wait up to `settle` for it."""
+        from tunnelspec import front
+        from tunnelspec.status import serving_state
+
+        if not plan.get("draft_skippable") or not plan.get("degraded"):
+            return False
+        cluster = ctx.require_cluster()
+        for _ in range(int(settle)):
+            sv = await serving_state(ctx.conn, cluster)
+            if sv["mode"] == front.DEGRADED:
+                return True
+            await asyncio.sleep(1.0)  # speculative, or waiting/unknown while the launcher starts again
+        return False
 
     async def _mode_plan(self, ctx, health_wait: int) -> tuple[dict, str]:
         """The plan to prove, from the mode llama-server runs in (docs/degraded.md). Speculative: the
