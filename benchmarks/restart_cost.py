@@ -195,9 +195,10 @@ def main(argv=None) -> int:
         modes = json.loads(sh(lab, "main", "cat", "/etc/tunnelspec/llama-server.json"))
         argv_local = list(modes["modes"]["speculative"])
         argv_local[argv_local.index("--spec-draft-device") + 1] = "none"
-        # And once more with --no-mmap: the weights read into memory, as an accelerator's upload needs
+        # And once more without mmap (`--load-mode none`: b11434's spelling; older trees said --no-mmap):
+        # the weights read into memory, as an accelerator's upload needs
         # them (the CPU backend otherwise maps the file and copies nothing).
-        for key, extra in (("local", []), ("local_nommap", ["--no-mmap"])):
+        for key, extra in (("local", []), ("local_nommap", ["--load-mode", "none"])):
             sh(lab, "main", "systemctl", "stop", UNIT)
             before = rx_bytes(lab)
             try:
@@ -223,9 +224,9 @@ def main(argv=None) -> int:
         print("|---|---:|---:|")
         for k, label in (("cold", "on rpc-a, cache empty (weights through the tunnel)"),
                          ("warm", "on rpc-a, cache warm"), ("local", "on main's CPU (no RPC), mapped"),
-                         ("local_nommap", "on main's CPU (no RPC), --no-mmap")):
+                         ("local_nommap", "on main's CPU (no RPC), --load-mode none")):
             print(f"| {label} | {summary[k]['median_s']} s | {summary[k]['median_mib_to_node']} |")
-        print(f"warm / local = {summary['warm_over_local']}; warm / local --no-mmap = {summary['warm_over_local_nommap']}")
+        print(f"warm / local = {summary['warm_over_local']}; warm / local without mmap = {summary['warm_over_local_nommap']}")
     return 0
 
 
