@@ -5,7 +5,6 @@ RPC0 and on the local device, acceptance and tokens/s printed."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
@@ -84,19 +83,19 @@ def test_no_driver_stops_the_check():
     assert "couldn't communicate with the NVIDIA driver" in res.stderr and "no usable GPU" in res.stderr
 
 
-def _cpu_build() -> str | None:
+def _cpu_build(request) -> str:
+    """The pinned tree's CPU build: TUNNELSPEC_CPU_BIN, else the suite's own dev build (built once
+    per session by the `llama_bin` fixture; the tests that run llama-server outside the lab share it)."""
     env = os.environ.get("TUNNELSPEC_CPU_BIN")
     if env:
         return env
-    found = sorted(glob.glob("/var/cache/tunnelspec/host-build/*/build/dev/bin/ggml-rpc-server"))
-    return os.path.dirname(found[0]) if found else None
+    return str(request.getfixturevalue("llama_bin").bin_dir)
 
 
 @pytest.mark.llama
-def test_cpu_rehearsal_of_the_whole_check(tmp_path):
-    bin_dir = _cpu_build()
-    if not bin_dir or not os.access(os.path.join(bin_dir, "llama-server"), os.X_OK):
-        pytest.skip("no CPU build of the pinned tree (set TUNNELSPEC_CPU_BIN to its bin directory)")
+def test_cpu_rehearsal_of_the_whole_check(tmp_path, request):
+    bin_dir = _cpu_build(request)
+    assert os.access(os.path.join(bin_dir, "llama-server"), os.X_OK), f"no llama-server in {bin_dir}"
     pytest.importorskip("gguf")
     res = run("--bin", bin_dir, "--device", "CPU", "--model-mb", "50", "--n-predict", "16", "--tunnel", "direct",
               "--ports", "50393,15393,2393,8393", "--work", str(tmp_path / "w"), timeout=300)
