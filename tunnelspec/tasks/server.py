@@ -185,7 +185,8 @@ class LlamaServerPlan(Task):
         fact["build"] = label
         fact["rpc_proto"] = proto
         fact["unit"] = {
-            "exec_start": fact["exec_start"], "rpc_wait_timeout": self.p["rpc_wait_timeout"], "llama_user": cluster.main.users.llama,
+            "exec_start": fact["exec_start"], "rpc_wait_timeout": self.p["rpc_wait_timeout"],
+            "llama_user": cluster.main.users.llama,
             "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
             "draft_devices": plan.draft_devices, "target_devices": plan.target_devices,
             "backend": cluster.main.build.backend,
@@ -394,7 +395,7 @@ class LlamaVerify(Task):
         from tunnelspec import front
         from tunnelspec.status import serving_state
 
-        if not plan.get("draft_skippable") or not plan.get("degraded"):
+        if not _has_degraded_mode(plan):
             return False
         cluster = ctx.require_cluster()
         for _ in range(int(settle)):
@@ -413,7 +414,7 @@ class LlamaVerify(Task):
         from tunnelspec.status import serving_state
 
         plan = self.p["plan"]
-        if not plan.get("draft_skippable") or not plan.get("degraded"):
+        if not _has_degraded_mode(plan):
             return plan, ""
         cluster = ctx.require_cluster()
         loop = asyncio.get_running_loop()
@@ -434,6 +435,11 @@ class LlamaVerify(Task):
                                  f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
             await asyncio.sleep(1.0)
         return plan, ""
+
+
+def _has_degraded_mode(plan: dict) -> bool:
+    """Serving can go on without this plan's draft node: it is draft-only and a degraded plan exists."""
+    return bool(plan.get("draft_skippable") and plan.get("degraded"))
 
 
 def _served_devices(ctx, plan: dict) -> str:
