@@ -196,8 +196,8 @@ def main(argv=None) -> int:
         argv_local = list(modes["modes"]["speculative"])
         argv_local[argv_local.index("--spec-draft-device") + 1] = "none"
         # And once more without mmap (`--load-mode none`: b11434's spelling; older trees said --no-mmap):
-        # the weights read into memory, as an accelerator's upload needs
-        # them (the CPU backend otherwise maps the file and copies nothing).
+        # the weights read into memory, as an accelerator's upload needs them (the CPU backend otherwise
+        # maps the file and copies nothing).
         for key, extra in (("local", []), ("local_nommap", ["--load-mode", "none"])):
             sh(lab, "main", "systemctl", "stop", UNIT)
             before = rx_bytes(lab)
