@@ -61,18 +61,28 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     if options.limit and not inv.match(options.limit):
         raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")
     connect_options = connect_options or connect_options_from_env()
-    if preflight and cluster is not None:
-        # spec_type, split mode and extra args against the pinned build's --help: a setting the build
-        # lacks stops here (exit 2), before any play changes a host.
-        from tunnelspec.llama.preflight import preflight as check_build
-
-        note = asyncio.run(check_build(cluster, connect_options))
-        # Public bind = TLS: your own certificate files, or the inventory's CA key, usable (tls/).
-        from tunnelspec.certs import preflight as check_tls
-
-        check_tls(cluster)
-        if fmt == "human":
-            print(note.line(), file=sys.stderr)
     run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout), connect_options, cluster)
-    summary = asyncio.run(run.run_playbook(playbook))
+
+    async def go():
+        if preflight and cluster is not None:
+            try:
+                # spec_type, split mode and extra args against the pinned build's --help: a setting the
+                # build lacks stops here (exit 2), before any play changes a host. Main's connection is
+                # the run's own (with its pre-opened socket): the run goes on over it.
+                from tunnelspec.llama.preflight import preflight as check_build
+
+                run.preconnect(playbook)
+                note = await check_build(cluster, lambda: run.connection(cluster.main.name))
+                # Public bind = TLS: your own certificate files, or the inventory's CA key, usable (tls/).
+                from tunnelspec.certs import preflight as check_tls
+
+                check_tls(cluster)
+            except BaseException:
+                await run.close()
+                raise
+            if fmt == "human":
+                print(note.line(), file=sys.stderr)
+        return await run.run_playbook(playbook)
+
+    summary = asyncio.run(go())
     return summary.exit_code()

@@ -21,7 +21,7 @@ _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
 
 async def _sh(conn, argv, timeout=20) -> str:
     try:
-        res = await conn.run(argv, timeout=timeout)
+        res = await conn.probe(argv, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - reported in the row, other fields still gathered
         return f"error: {e}"
     return res.stdout.strip() if res.rc == 0 else ""
@@ -36,7 +36,7 @@ async def _source_build(conn, root: str) -> dict:
 
 
 async def _unit_state(conn, unit: str) -> str:
-    res = await conn.run(["systemctl", "is-active", unit])
+    res = await conn.probe(["systemctl", "is-active", unit])
     return res.stdout.strip() or "unknown"
 
 

@@ -25,7 +25,7 @@ async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeo
 
     async def one(node) -> dict:
         name = unit_name(node.name)
-        res = await conn.run(["systemctl", "is-active", name])
+        res = await conn.probe(["systemctl", "is-active", name])
         state = res.stdout.strip() or "unknown"
         row = {"node": node.name, "unit": name, "state": state, "local": f"{LOOPBACK}:{node.tunnel_port}",
                "remote": f"{LOOPBACK}:{node.rpc_port}", "rpc": None, "version": None, "devices": []}

@@ -60,6 +60,47 @@ def test_probe_is_served_until_the_connection_runs_anything_else(tmp_path):
     asyncio.run(go())
 
 
+def test_a_result_is_served_as_often_as_the_checks_named_it_then_read_again(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("one\n")
+
+    async def go():
+        conn = LocalConnection("local")
+        # Two checks named the read: it is served twice; a third read (a check that polls) is real.
+        assert await conn.prefetch([read_argv(str(f)), read_argv(str(f)), file_state_argv(str(f))]) == 2
+        f.write_text("two\n")
+        assert await conn.get(str(f)) == b"one\n"
+        assert await conn.get(str(f)) == b"one\n"
+        assert await conn.get(str(f)) == b"two\n"
+
+    asyncio.run(go())
+
+
+def test_a_probe_leaves_the_batch_and_a_second_batch_adds_to_it(tmp_path):
+    f, g, h = tmp_path / "f", tmp_path / "g", tmp_path / "h"
+    f.write_text("f1\n")
+    g.write_text("g1\n")
+
+    async def go():
+        conn = LocalConnection("local")
+        assert await conn.prefetch([read_argv(str(f)), read_argv(str(g))]) == 2
+        f.write_text("f2\n")
+        g.write_text("g2\n")
+        h.write_text("h2\n")
+        assert (await conn.probe(["true"])).rc == 0          # a read: the batch's results stay
+        assert conn.probes_tried([read_argv(str(f))]) and not conn.probes_tried([read_argv(str(h))])
+        # What the first batch ran is not run again; the new probes are added beside its results.
+        assert await conn.prefetch([read_argv(str(g)), read_argv(str(h)), file_state_argv(str(h))], more=True) == 4
+        assert await conn.get(str(f)) == b"f1\n"
+        assert await conn.get(str(g)) == b"g1\n"
+        assert await conn.get(str(h)) == b"h2\n"
+        await conn.run(["true"])
+        assert not conn.probes_tried([read_argv(str(f))])
+        assert await conn.get(str(g)) == b"g2\n"
+
+    asyncio.run(go())
+
+
 def test_batch_overlapping_a_change_is_discarded(tmp_path):
     f = tmp_path / "f"
     f.write_text("one\n")
@@ -99,6 +140,31 @@ def test_noop_run_uses_one_session_per_host(tmp_path, sshd_cluster, monkeypatch)
     assert all(r["changed"] == 0 and r["ok"] == 8 for r in recap.values()), recap
     assert sorted(sessions) == ["node0", "node1"], sessions
     assert first > 8 * 2                       # the converging run really ran its changes
+
+
+def test_checks_that_use_a_registered_fact_get_a_second_batch(tmp_path, sshd_cluster, monkeypatch):
+    from tunnelspec.engine.context import RunOptions
+    from tunnelspec.runner import run_playbook_file
+
+    c = sshd_cluster(2)
+    inv = generic8_inventory(c, tmp_path, monkeypatch)
+    sessions: list[str] = []
+    real_exec = SSHConnection._exec
+
+    async def counting_exec(self, argv, input, timeout):
+        sessions.append(self.name)
+        return await real_exec(self, argv, input, timeout)
+
+    monkeypatch.setattr(SSHConnection, "_exec", counting_exec)
+    assert run_playbook_file(str(inv), DATA / "registered4.yml", RunOptions(), "json", stream=io.StringIO()) == 0
+    sessions.clear()
+    out = io.StringIO()
+    assert run_playbook_file(str(inv), DATA / "registered4.yml", RunOptions(), "json", stream=out) == 0, out.getvalue()
+    recap = json.loads(out.getvalue().splitlines()[-1])["hosts"]
+    assert all(r["changed"] == 0 and r["ok"] == 4 for r in recap.values()), recap
+    # Per host: the directory's own probe (alone in its play's first batch: nothing to batch), then one
+    # batch for the three checks whose paths use `made` — not one session each.
+    assert sorted(sessions) == ["node0", "node0", "node1", "node1"], sessions
 
 
 def _odd_tree(tmp_path: Path) -> list[str]:

@@ -128,15 +128,28 @@ class Connection(abc.ABC):
         if self._probes is not None:
             self._probes.clear()
 
-    async def prefetch(self, argvs: list[list[str]]) -> int:
+    def probes_tried(self, argvs: list[list[str]]) -> bool:
+        """Did a batch since the host last changed already run all of these?"""
+        tried = self._probes.tried if self._probes is not None else set()
+        return all(tuple(reveal_argv(a)) in tried for a in argvs)
+
+    async def prefetch(self, argvs: list[list[str]], *, more: bool = False) -> int:
         """Run these read-only commands in one round trip; `probe()` serves their results until
-        anything else runs on this connection. Returns how many results are cached."""
-        unique = list({tuple(reveal_argv(a)): None for a in argvs})
+        anything else runs on this connection. Returns how many results are cached. `more`: add to
+        the results of earlier batches (nothing changed since) instead of replacing them, and leave out
+        what those batches already ran."""
+        wanted: dict[tuple, int] = {}
+        for a in argvs:
+            key = tuple(reveal_argv(a))
+            if more and self._probes is not None and key in self._probes.tried:
+                continue
+            wanted[key] = wanted.get(key, 0) + 1
+        unique = list(wanted)
         if len(unique) < 2:
             return 0
         batch, expand = plan([list(a) for a in unique])
         argv, boundary = batch_argv(batch)
-        if self._probes is not None:
+        if self._probes is not None and not more:
             self._probes.clear()
         started, busy = self._changes_started, self._changes_running
         res = await self._run(argv, None, None, False, True)
@@ -148,15 +161,18 @@ class Connection(abc.ABC):
             return 0
         if self._probes is None:
             self._probes = ProbeCache()
-        self._probes.fill([list(a) for a in unique], parsed)
+        self._probes.fill([list(a) for a in unique], parsed, wanted)
         return len(self._probes)
 
-    async def probe(self, argv, *, check: bool = False) -> Result:
-        """A read-only command (a fact): from the last prefetch if the host is unchanged since."""
-        out = self._probes.take(reveal_argv(argv)) if self._probes is not None else None
+    async def probe(self, argv, *, check: bool = False, input: bytes | str | None = None,
+                    timeout: float | None = None, become: bool = True) -> Result:
+        """A read-only command (a fact): from the last prefetch if the host is unchanged since.
+        Unlike `run`, it never drops the prefetched results: it changes nothing on the host, so what
+        the batch read is still true after it. A probe with `input` is never served from a batch."""
+        out = self._probes.take(reveal_argv(argv)) if self._probes is not None and input is None and become else None
         if out is not None:
             return Result(list(argv), 0, out.decode(errors="replace"), "", out)
-        return await self._run(argv, None, None, check, True)
+        return await self._run(argv, input, timeout, check, become)
 
     @abc.abstractmethod
     async def _stream(self, argv: list[str], on_line, timeout: float | None,

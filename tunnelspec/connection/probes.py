@@ -121,19 +121,34 @@ def parse_batch(out: bytes, boundary: str, count: int) -> list[tuple[int, bytes]
 
 
 class ProbeCache:
-    """Results of one batch, valid until the connection does anything else."""
+    """Results of one batch, valid until the connection does anything else. Each result is served as
+    many times as the play's checks asked for it (`wanted`), then the probe runs for real: a check
+    that polls (waits for a listener, a unit) reads the host again on its second try, never a stale
+    answer forever."""
 
     def __init__(self) -> None:
-        self._results: dict[tuple, bytes] = {}
+        self._results: dict[tuple, list] = {}
+        self.tried: set[tuple] = set()     # every probe a batch ran since the host last changed
 
-    def fill(self, argvs: list[list[str]], results: list[tuple[int, bytes]]) -> None:
-        self._results = {tuple(a): out for a, (rc, out) in zip(argvs, results) if rc == 0}
+    def fill(self, argvs: list[list[str]], results: list[tuple[int, bytes]], wanted: dict | None = None) -> None:
+        """Adds one batch's results to what earlier batches (since the last change) left."""
+        self.tried.update(tuple(a) for a in argvs)
+        self._results.update({tuple(a): [out, (wanted or {}).get(tuple(a), 1)]
+                              for a, (rc, out) in zip(argvs, results) if rc == 0})
 
     def take(self, argv) -> bytes | None:
-        return self._results.get(tuple(str(a) for a in argv))
+        key = tuple(str(a) for a in argv)
+        got = self._results.get(key)
+        if got is None:
+            return None
+        got[1] -= 1
+        if got[1] <= 0:
+            del self._results[key]
+        return got[0]
 
     def clear(self) -> None:
         self._results.clear()
+        self.tried.clear()
 
     def __len__(self) -> int:
         return len(self._results)

@@ -15,7 +15,7 @@ SUFFIX = ".tunnelspec-upload"
 
 
 async def remote_sha256(conn, path: str) -> str | None:
-    res = await conn.run(["sh", "-c", '[ -f "$1" ] || exit 3; sha256sum < "$1"', "sh", path])
+    res = await conn.probe(["sh", "-c", '[ -f "$1" ] || exit 3; sha256sum < "$1"', "sh", path])
     return res.stdout.split()[0] if res.rc == 0 and res.stdout.strip() else None
 
 

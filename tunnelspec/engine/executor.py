@@ -149,7 +149,7 @@ class Run:
         return d is not None and d.name == host
 
     # ---- plays ----------------------------------------------------------------------------
-    def _preconnect(self, playbook: Playbook) -> None:
+    def preconnect(self, playbook: Playbook) -> None:
         """TCP connects to the first play's first --forks hosts, before asyncssh is imported
         (connection/preconnect.py says when this is skipped)."""
         from tunnelspec.connection.factory import is_ssh, ssh_target
@@ -173,7 +173,7 @@ class Run:
 
     async def run_playbook(self, playbook: Playbook) -> Summary:
         self.emit(events.run_start(playbook.path, self.options.check))
-        self._preconnect(playbook)
+        self.preconnect(playbook)
         lock = None
         try:
             # Read-only preflight plays (facts, refusals) run before the lock: a host tunnelspec cannot
@@ -265,6 +265,8 @@ class Run:
             st.failed = True
             self.emit(events.task_failed(host, "connect", play.name, str(e)))
             return
+        # The play's read-only checks in one round trip (with the pending handlers' record, read next).
+        await self._prefetch(play, host, conn, [pending.load_argv(st.vars, play.name)] if play.handlers else [])
         try:
             # Handlers a killed run of this play notified and never ran (engine/pending.py).
             notified: list[str] = await pending.load(conn, st.vars, play.name) if play.handlers else []
@@ -272,8 +274,10 @@ class Run:
             st.unreachable = True
             self.emit(events.unreachable(host, play.name, str(e)))
             return
-        await self._prefetch(play, host, conn)
-        for spec in play.tasks:
+        quiet_since = conn._changes_started        # no command that may change the host ran since
+        for i, spec in enumerate(play.tasks):
+            if conn._changes_started == quiet_since:
+                await self._prefetch_rest(play, i, host, conn)
             if not await self._run_task(play, spec, host, conn, notified, is_handler=False):
                 return
         for spec in play.handlers:
@@ -286,13 +290,42 @@ class Run:
             except TunnelspecError:
                 pass                     # kept: the handlers run once more next time, no harm
 
-    async def _prefetch(self, play: Play, host: str, conn) -> None:
+    def _task_probes(self, spec: TaskSpec, variables: dict) -> list[list[str]]:
+        cls = TASKS.get(spec.module)
+        if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
+            return []
+        return cls(cls.validate(render_value(spec.args, variables))).probes()
+
+    async def _prefetch_rest(self, play: Play, i: int, host: str, conn) -> None:
+        """While nothing has changed on the host in this play, a check whose probes the play's first
+        batch could not name (its args use a fact an earlier task registered) gets them, and those
+        of the tasks after it, in one more batch: a no-op play stays a few round trips however many
+        of its tasks depend on registered facts."""
+        try:
+            variables = self.template_vars(host, play)
+            mine = self._task_probes(play.tasks[i], variables)
+        except Exception:  # noqa: BLE001 - reported by the task itself when it runs
+            return
+        if not mine or conn.probes_tried(mine):
+            return
+        argvs = list(mine)
+        for spec in play.tasks[i + 1:]:
+            try:
+                argvs.extend(self._task_probes(spec, variables))
+            except Exception:  # noqa: BLE001 - same
+                continue
+        try:
+            await conn.prefetch(argvs, more=True)
+        except Exception:  # noqa: BLE001 - the checks run their commands themselves
+            pass
+
+    async def _prefetch(self, play: Play, host: str, conn, extra: list[list[str]] = ()) -> None:
         """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
         trip instead of one each; the connection serves them until anything changes on the host
         (connection/probes.py). Best effort: a task whose args cannot be rendered yet (they use a
         fact registered later in the play) or a failed batch just means its check reads for itself."""
         variables = None
-        argvs: list[list[str]] = []
+        argvs: list[list[str]] = list(extra)
         for spec in play.tasks:
             cls = TASKS.get(spec.module)
             if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):

@@ -25,9 +25,14 @@ def _path(hostvars: dict, play: str) -> str:
     return f"{d}/{hashlib.sha256(play.encode()).hexdigest()[:16]}.json"
 
 
+def load_argv(hostvars: dict, play: str) -> list[str]:
+    """What `load` reads (a probe: the executor puts it in the play's batch)."""
+    return ["sh", "-c", '[ -f "$1" ] || exit 0; cat -- "$1"', "sh", _path(hostvars, play)]
+
+
 async def load(conn, hostvars: dict, play: str) -> list[str]:
     """The handler names a killed run of `play` notified and did not run ([] when none)."""
-    res = await conn.run(["sh", "-c", '[ -f "$1" ] || exit 0; cat -- "$1"', "sh", _path(hostvars, play)])
+    res = await conn.probe(load_argv(hostvars, play))
     try:
         got = json.loads(res.stdout) if res.rc == 0 and res.stdout.strip() else {}
     except ValueError:

@@ -38,9 +38,14 @@ DEVICE_FILES = ("/dev/kfd", "/opt/rocm/bin/rocminfo")
 PACKAGE_MANAGERS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew")
 
 # $1: the directory whose file system holds builds (its nearest existing parent is measured).
+# It runs on every host of every run: `say` forks (a subshell and `tr`) only for a value of several
+# lines, and `command -v` prints each tool's path itself (an empty value: not found), so the script
+# costs the host a few dozen processes, not a hundred.
 _SCRIPT = r"""
 PATH="$PATH:__SBIN__:__CUDA_BIN__"; export PATH LC_ALL=C
-say() { printf '%s=%s\n' "$1" "$(printf '%s' "$2" | tr '\n' ' ')"; }
+nl='
+'
+say() { case $2 in *"$nl"*) printf '%s=%s\n' "$1" "$(printf '%s' "$2" | tr '\n' ' ')" ;; *) printf '%s=%s\n' "$1" "$2" ;; esac; }
 say system "$(uname -s 2>/dev/null)"
 say kernel "$(uname -r 2>/dev/null)"
 say arch "$(uname -m 2>/dev/null)"
@@ -53,7 +58,7 @@ command -v sw_vers >/dev/null 2>&1 && say macos "$(sw_vers -productVersion 2>/de
 say init "$(cat /proc/1/comm 2>/dev/null)"
 [ -d /run/systemd/system ] && say systemd_booted yes
 command -v systemctl >/dev/null 2>&1 && say systemd "$(systemctl --version 2>/dev/null | head -n 1)"
-for t in __TOOLS__; do p=$(command -v "$t" 2>/dev/null) && say "tool:$t" "$p"; done
+for t in __TOOLS__; do printf 'tool:%s=' "$t"; command -v "$t" 2>/dev/null || echo; done
 for f in __FILES__; do [ -e "$f" ] && say "file:$f" yes; done
 for d in __ICD_DIRS__; do for f in "$d"/*.json; do [ -e "$f" ] && say "icd:$f" yes; done; done
 command -v nvcc >/dev/null 2>&1 && say nvcc "$(nvcc --version 2>/dev/null | grep 'release' | head -n 1)"

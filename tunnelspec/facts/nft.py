@@ -231,5 +231,5 @@ def observe_argv(users: list[str]) -> list[str]:
 
 
 async def observe(conn, users: list[str]) -> HostIsolation:
-    res = await conn.run(observe_argv(users), timeout=30)
+    res = await conn.probe(observe_argv(users), timeout=30)
     return parse_observation(res.stdout, users)

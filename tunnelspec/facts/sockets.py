@@ -59,7 +59,7 @@ def on_port(sockets: list[ListeningSocket], port: int) -> list[ListeningSocket]:
 
 
 async def listening_sockets(conn) -> list[ListeningSocket]:
-    res = await conn.run(COMMAND, check=True)
+    res = await conn.probe(COMMAND, check=True)
     return parse(res.stdout)
 
 
@@ -71,7 +71,7 @@ def established_command(port: int) -> list[str]:
 async def clients_of(conn, port: int) -> int:
     """How many clients hold the listener on `port`. llama.cpp's rpc-server serves one at a time, so a
     count above zero means a HELLO probe would only wait for its timeout."""
-    res = await conn.run(established_command(port))
+    res = await conn.probe(established_command(port))
     return len([l for l in res.stdout.splitlines() if l.strip()]) if res.rc == 0 else 0
 
 

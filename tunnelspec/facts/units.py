@@ -1,6 +1,8 @@
 """Unit state from systemd, read: `systemctl show` (key=value lines, or one value per unit), a
 service's active/enabled words, and which units run from an older file than the one installed.
-Each is a command plus a pure parser (the parsers are unit-tested without systemd)."""
+Each is a command plus a pure parser (the parsers are unit-tested without systemd); every command
+is read-only, run as a probe (connection/probes.py: a task that names it in `probes()` gets it from
+its play's batch)."""
 
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ done
 """
 
 
+def stale_argv(names: list[str]) -> list[str]:
+    return ["sh", "-c", _STALE_SCRIPT, "sh", *names]
+
+
 async def stale_units(conn, names: list[str]) -> dict[str, str]:
     """Units running from an older file than the one installed: {unit: why}."""
     if not names:
         return {}
-    res = await conn.run(["sh", "-c", _STALE_SCRIPT, "sh", *names])
+    res = await conn.probe(stale_argv(names))
     return parse_stale(res.stdout)
 
 
@@ -47,16 +53,24 @@ def parse_show(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
+def show_argv(unit: str, props: list[str]) -> list[str]:
+    return ["systemctl", "show", "-p", ",".join(props), unit]
+
+
 async def show(conn, unit: str, props: list[str]) -> dict[str, str]:
-    res = await conn.run(["systemctl", "show", "-p", ",".join(props), unit])
+    res = await conn.probe(show_argv(unit, props))
     return parse_show(res.stdout)
+
+
+def unit_values_argv(prop: str, units: list[str]) -> list[str]:
+    return ["systemctl", "show", "-p", prop, "--value", *units]
 
 
 async def unit_values(conn, prop: str, units: list[str]) -> list[str]:
     """One property of several units, in their order (`systemctl show --value` prints one per unit)."""
     if not units:
         return []
-    res = await conn.run(["systemctl", "show", "-p", prop, "--value", *units])
+    res = await conn.probe(unit_values_argv(prop, units))
     return res.stdout.split()
 
 
@@ -69,6 +83,10 @@ def parse_service_state(text: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
+def service_state_argv(unit: str) -> list[str]:
+    return ["sh", "-c", SERVICE_STATE_SCRIPT, "sh", unit]
+
+
 async def service_state(conn, unit: str) -> tuple[str, str]:
-    res = await conn.run(["sh", "-c", SERVICE_STATE_SCRIPT, "sh", unit])
+    res = await conn.probe(service_state_argv(unit))
     return parse_service_state(res.stdout)

@@ -16,11 +16,12 @@ Where the controller gets that `--help`, in order:
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 import hashlib
 import json
 import os
 import posixpath
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,50 +126,61 @@ def check_known(cluster, h: flags.ServerHelp, source: str) -> PreflightResult:
     return PreflightResult(source, h.build, spec_support(h).describe())
 
 
-async def preflight(cluster, connect_options) -> PreflightResult:
-    """Raises ClusterError (exit 2) before any play runs; read-only everywhere."""
+async def preflight(cluster, connection) -> PreflightResult:
+    """Raises ClusterError (exit 2) before any play runs; read-only everywhere. `connection`: called
+    for the run's own connection to main (engine Run.connection), only when the
+    controller has no record: the run goes on over it, so the check costs one command, not a login."""
     recorded = load_record(cluster)
     if recorded is not None:
         return check_known(cluster, recorded, "controller's record of the last deploy")
     if cluster.source.patches:
         return PreflightResult("none", None, None)
-    h = await _read_main_build(cluster, connect_options)
+    h = await _read_main_build(cluster, connection)
     if h is None:
         return PreflightResult("none", None, None)
     return check_known(cluster, h, f"main host's current build")
 
 
-async def _read_main_build(cluster, connect_options) -> flags.ServerHelp | None:
-    from tunnelspec.connection import connect
+# $1: main's `current` build directory, $2: a boundary line, $3: the pinned commit. The binary runs
+# only when the build's stamp names the pinned commit (the parser checks the stamp again).
+_READ_BUILD = r"""
+[ -e "$1/.tunnelspec-stamp" ] || exit 3
+cat -- "$1/.tunnelspec-stamp"
+grep -qF -- "$3" "$1/.tunnelspec-stamp" || exit 0
+printf '\n%s\n' "$2"
+"$1/bin/llama-server" --version 2>&1
+printf '\n%s\n' "$2"
+exec "$1/bin/llama-server" --help 2>/dev/null
+"""
 
-    inv, name = cluster.inventory, cluster.main.name
+
+async def _read_main_build(cluster, connection) -> flags.ServerHelp | None:
     current = posixpath.join(cluster.main.root, "current")
     binary = posixpath.join(current, "bin", "llama-server")
-    # Never pins a new host key here: the run itself accepts (and reports) it when asked to.
-    # (A connection outside the run's ConnectSession: no pre-opened socket, nothing pinned.)
-    opts = dataclasses.replace(connect_options, accept_new_host_keys=False,
-                               connect_timeout=min(connect_options.connect_timeout, 5.0))
+    boundary = "tunnelspec-preflight-" + secrets.token_hex(8)
     try:
-        conn = await connect(name, inv.host_vars(name), opts, inv.path.parent)
-    except Exception:  # unreachable now: the run reports it properly (exit 4) in its first play
+        # Never longer than 5 s: an unreachable main is reported properly (exit 4) by the run's
+        # first play, which tries again with the full timeout.
+        conn = await asyncio.wait_for(connection(), 5.0)
+        res = await conn.probe(["sh", "-c", _READ_BUILD, "sh", current, boundary, cluster.source.commit],
+                               timeout=120)
+    except Exception:  # noqa: BLE001 - unreachable or slow now: the run decides and reports
+        return None
+    if res.rc != 0:
+        return None
+    stamp, _, rest = res.stdout.partition(f"\n{boundary}\n")
+    try:
+        commit = json.loads(stamp).get("commit") if stamp.strip() else None
+    except ValueError:
+        commit = None
+    if commit != cluster.source.commit or not rest:
+        return None
+    ver, _, helped = rest.partition(f"\n{boundary}\n")
+    if "--rpc" not in helped:
         return None
     try:
-        stamp = await conn.get(posixpath.join(current, STAMP))
-        try:
-            commit = json.loads(stamp).get("commit") if stamp else None
-        except ValueError:
-            commit = None
-        if commit != cluster.source.commit:
-            return None
-        ver = await conn.run([binary, "--version"], timeout=60)
-        helped = await conn.run([binary, "--help"], timeout=60)
-        if helped.rc != 0 or "--rpc" not in helped.stdout:
-            return None
-        try:
-            label = flags.parse_version(ver.stdout + ver.stderr).label
-        except Exception:
-            label = f"{binary} (version unknown)"
-        save_record(cluster, label, helped.stdout)
-        return flags.parse_help(helped.stdout, build=label)
-    finally:
-        await conn.close()
+        label = flags.parse_version(ver).label
+    except Exception:  # noqa: BLE001 - a label only
+        label = f"{binary} (version unknown)"
+    save_record(cluster, label, helped)
+    return flags.parse_help(helped, build=label)

@@ -74,8 +74,8 @@ def describe_from(what: str, props: dict[str, str], journal: str, unit: str = UN
 
 
 async def describe(conn, what: str, unit: str = UNIT, lines: int = 300) -> str:
-    props = parse_props((await conn.run(["systemctl", "show", "-p", ",".join(PROPS), unit])).stdout)
+    props = parse_props((await conn.probe(["systemctl", "show", "-p", ",".join(PROPS), unit])).stdout)
     # Every invocation, not only the current one: the one that died may already have been replaced.
-    journal = (await conn.run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit],
+    journal = (await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit],
                               timeout=60)).stdout
     return describe_from(what, props, journal, unit)

@@ -77,7 +77,7 @@ def _json(raw: str) -> dict | None:
 
 
 async def source_build_status(conn, root: str) -> SourceBuildStatus:
-    res = await conn.run(["sh", "-c", _SCRIPT, "sh", root.rstrip("/") or "/"], timeout=30)
+    res = await conn.probe(["sh", "-c", _SCRIPT, "sh", root.rstrip("/") or "/"], timeout=30)
     return parse_status(res.stdout)
 
 

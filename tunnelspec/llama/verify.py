@@ -26,11 +26,11 @@ async def read_api_key(conn, path: str | None) -> Secret | None:
 
 async def invocation_journal(conn, unit: str = UNIT) -> str:
     """The journal of the unit's current run only (its InvocationID), so old runs prove nothing."""
-    inv = (await conn.run(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+    inv = (await conn.probe(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
     argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit]
     if inv:
         argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
-    return (await conn.run(argv, timeout=60)).stdout
+    return (await conn.probe(argv, timeout=60)).stdout
 
 
 def output_parser_failure(plan: dict, e) -> str:
@@ -73,7 +73,7 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
     """Sizes in bytes of the files that exist (a missing one counts 0: /health's wait then says why)."""
     if not paths:
         return []
-    res = await conn.run(["stat", "-L", "-c", "%s", "--", *paths])
+    res = await conn.probe(["stat", "-L", "-c", "%s", "--", *paths])
     return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
 
 

@@ -23,7 +23,7 @@ async def gguf_header(conn, path: str, enough) -> tuple[int, bytes, str]:
     q = shlex.quote(path)
     header, size = b"", 0
     for n in HEADER_BYTES:
-        res = await conn.run(["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"], timeout=120)
+        res = await conn.probe(["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"], timeout=120)
         if res.rc != 0:
             return 0, b"", f"cannot read {path}: {res.stderr.strip()[:200]}"
         size_line, _, b64 = res.stdout.partition("\n")

@@ -19,6 +19,9 @@ class FrontHoldFree(Task):
     read_only = True
     args: dict = {}
 
+    def probes(self) -> list[list[str]]:
+        return [list(sockets.COMMAND)]
+
     async def check(self, ctx):
         found = [s for s in await sockets.listening_sockets(ctx.conn)
                  if s.port == HOLD_PORT and (s.loopback_only or s.wildcard)]

@@ -43,7 +43,7 @@ def _v(t) -> str:
 
 
 async def gather(conn, root: str = DEFAULT_ROOT) -> HostFacts:
-    res = await conn.run(facts_argv(root), become=False, timeout=60)
+    res = await conn.probe(facts_argv(root), become=False, timeout=60)
     if res.rc != 0 and not res.stdout:
         raise TaskFailed(f"cannot read the host's facts (rc={res.rc}): {res.stderr.strip()[-500:]}")
     return parse_facts(res.stdout)

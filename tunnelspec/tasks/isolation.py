@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts import nft
 from tunnelspec.reporting import events
@@ -85,7 +86,7 @@ def _cap_reason(host: str) -> str:
 
 async def _kernel_check(ctx, text: str) -> str:
     """'' when nft accepts `text` against this kernel (--check: nothing is committed), else why not."""
-    v = await ctx.conn.run([nft.NFT, "--check", "-f", "/dev/stdin"], input=text.encode(), timeout=30)
+    v = await ctx.conn.probe([nft.NFT, "--check", "-f", "/dev/stdin"], input=text.encode(), timeout=30)
     if v.rc == 0:
         return ""
     return " ".join((v.stderr or v.stdout).strip().splitlines()[-3:]) or f"nft exited {v.rc}"
@@ -184,6 +185,11 @@ class LocalIsolation(Task):
         rules = tuple(sorted(rules, key=lambda r: r.port))
         return rules, nft.ruleset_text(rules, "\n".join(lines)), _unit_text(self.p["label"], self._guarded())
 
+    def probes(self) -> list[list[str]]:
+        if not self._want_present():
+            return [nft.observe_argv(self.all_users())]
+        return [nft.observe_argv(self.all_users()), read_argv(nft.RULES_PATH), read_argv(nft.UNIT_PATH)]
+
     async def check(self, ctx):
         seen = await nft.observe(ctx.conn, self.all_users())
         if not self._want_present():
@@ -223,7 +229,7 @@ class LocalIsolation(Task):
     async def _check_absent(self, ctx, seen: nft.HostIsolation):
         present = []
         for path in (nft.RULES_PATH, nft.UNIT_PATH):
-            if (await ctx.conn.run(["test", "-e", path])).rc == 0:
+            if (await ctx.conn.probe(["test", "-e", path])).rc == 0:
                 present.append(path)
         present += seen.links + seen.requires_dirs
         if seen.table.present:
@@ -247,7 +253,7 @@ class LocalIsolation(Task):
         if ch.data["install"]:
             if not self.p["install"]:
                 raise TaskFailed("nftables (/usr/sbin/nft) is not installed")
-            if (await ctx.conn.run(["sh", "-c", "command -v apt-get"])).rc != 0:
+            if (await ctx.conn.probe(["sh", "-c", "command -v apt-get"])).rc != 0:
                 raise TaskFailed("nftables (/usr/sbin/nft) is not installed and there is no apt-get to install it")
             res = await ctx.conn.run(APT_INSTALL, timeout=600)
             if res.rc != 0:

@@ -159,7 +159,7 @@ class LlamaBuild(Task):
         options = self._options()
         key = bp.build_key(self.p["tree"], options)
         self._key, self._dir = key, posixpath.join(self.p["root"], "build", key)
-        res = await ctx.conn.run(["sh", "-c", bp.STATE_SCRIPT, "sh", self.p["root"], key, self.src], check=True)
+        res = await ctx.conn.probe(["sh", "-c", bp.STATE_SCRIPT, "sh", self.p["root"], key, self.src], check=True)
         st = bp.parse_state(res.stdout)
         self._state = st
         if st.tree != self.p["tree"]:
@@ -194,7 +194,7 @@ class LlamaBuild(Task):
         """Before configuring a Vulkan build: the host's Vulkan headers have what the tree uses."""
         from tunnelspec.llama import vulkan
 
-        res = await ctx.conn.run(vulkan.probe_argv(self.src))
+        res = await ctx.conn.probe(vulkan.probe_argv(self.src))
         why = vulkan.refusal(ctx.host, res.stdout)
         if why:
             raise TaskFailed(why)
@@ -211,9 +211,9 @@ class LlamaBuild(Task):
         f = facts_of(ctx)
         nvcc, text = (f.nvcc, f.nvcc_text) if f is not None and f.nvcc else (None, "")
         if nvcc is None:  # no facts in this run's context (a task run on its own)
-            res = await ctx.conn.run(["sh", "-c", f'PATH="$PATH:{CUDA_BIN}" nvcc --version 2>/dev/null | grep release'])
+            res = await ctx.conn.probe(["sh", "-c", f'PATH="$PATH:{CUDA_BIN}" nvcc --version 2>/dev/null | grep release'])
             nvcc, text = cuda_toolkit.parse_nvcc(res.stdout), res.stdout.strip()
-        res = await ctx.conn.run(["cat", "--", posixpath.join(self.src, cuda_toolkit.CMAKELISTS)])
+        res = await ctx.conn.probe(["cat", "--", posixpath.join(self.src, cuda_toolkit.CMAKELISTS)])
         if res.rc != 0:  # a tree without ggml-cuda: cmake says so itself
             return
         why = cuda_toolkit.refusal(ctx.host, nvcc, text, archs, res.stdout,
@@ -276,7 +276,7 @@ class LlamaBuild(Task):
 
     async def _verify_version(self, ctx) -> None:
         exe = posixpath.join(self._dir, "bin", bp.LLAMA_SERVER)
-        res = await ctx.conn.run([exe, "--version"], timeout=60)
+        res = await ctx.conn.probe([exe, "--version"], timeout=60)
         version = parse_version(res.stderr + "\n" + res.stdout)
         if not version.commit or not self.p["commit"].startswith(version.commit):
             raise TaskFailed(f"{exe} --version reports commit {version.commit} ({version.label}), not the pinned "

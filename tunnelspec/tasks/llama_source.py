@@ -78,7 +78,7 @@ class LlamaSource(Task):
     async def _refuse_non_sha(self, ctx) -> None:
         # The Cluster model refuses this at validation; kept here for playbooks run without one.
         ref = self.p["commit"]
-        res = await ctx.conn.run(["git", "ls-remote", "--", self.p["repo"], ref], timeout=60)
+        res = await ctx.conn.probe(["git", "ls-remote", "--", self.p["repo"], ref], timeout=60)
         shas = sorted({line.split()[0] for line in res.stdout.splitlines() if line.strip()})
         hint = (f"pin the full SHA: llama_commit=\"{shas[0]}\"" if len(shas) == 1 else
                 f"it resolves to {', '.join(shas)}; pin one full SHA" if shas else
@@ -95,7 +95,7 @@ class LlamaSource(Task):
         self.p["commit"] = commit
         patches = self._patches(ctx)
         fp = ss.fingerprint(commit, patches)
-        res = await ctx.conn.run(["sh", "-c", ss.STATE_SCRIPT, "sh", self.dir, commit], check=True)
+        res = await ctx.conn.probe(["sh", "-c", ss.STATE_SCRIPT, "sh", self.dir, commit], check=True)
         st = ss.parse_state(res.stdout)
         wanted = f"{commit[:12]} + {len(patches)} patch(es)"
         self._register(ctx, commit, patches, st, pending=True)
@@ -204,7 +204,7 @@ class LlamaSource(Task):
                      + (f", on top of {basis} commit(s) the host has)" if basis else ")"))
 
     async def _head_tree(self, ctx) -> tuple[str, str]:
-        res = await ctx.conn.run(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)
+        res = await ctx.conn.probe(_git(self.dir, "rev-parse", "HEAD", "HEAD^{tree}"), check=True)
         head, tree = res.stdout.split()
         return head, tree
 
@@ -270,7 +270,7 @@ class LlamaSource(Task):
         """One commit, or for a whole-PR entry every commit from llama_commit up to the PR's head."""
         if not patch.whole:
             return await self._cherry_pick(ctx, patch, [full])
-        res = await ctx.conn.run(_git(self.dir, "rev-list", "--reverse", "--topo-order", "--parents",
+        res = await ctx.conn.probe(_git(self.dir, "rev-list", "--reverse", "--topo-order", "--parents",
                                       f"{self.p['commit']}..{full}"), check=True, timeout=600)
         commits = ss.pr_commits(res.stdout, patch, self.p["commit"], ctx.host)
         await self._cherry_pick(ctx, patch, commits)

@@ -49,7 +49,7 @@ class LlamaServerQuiesce(Task):
             "unit": Arg(str, default=UNIT, help="llama-server's unit.")}
 
     async def check(self, ctx):
-        res = await ctx.conn.run(["sh", "-c", _STATE, "sh", self.p["unit"], self.p["binary"]])
+        res = await ctx.conn.probe(["sh", "-c", _STATE, "sh", self.p["unit"], self.p["binary"]])
         running, current = parse_state(res.stdout)
         if running is None:
             return ok("llama-server not running")

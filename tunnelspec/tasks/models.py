@@ -31,7 +31,7 @@ def _local_sha256(path: Path) -> str:
 
 
 async def _remote_sha256(conn, path: str) -> str | None:
-    res = await conn.run(["sh", "-c", '[ -f "$1" ] || exit 3; sha256sum < "$1"', "sh", path])
+    res = await conn.probe(["sh", "-c", '[ -f "$1" ] || exit 3; sha256sum < "$1"', "sh", path])
     return res.stdout.split()[0] if res.rc == 0 and res.stdout.strip() else None
 
 
@@ -54,6 +54,10 @@ class ModelFile(Task):
         "fact": Arg(str, required=True, help="The fact to register with the model's path on the host."),
     }
 
+    def probes(self) -> list[list[str]]:
+        src = self.p["src"]
+        return [["test", "-f", src]] if src.startswith("/") and not hub.is_hub_ref(src) else []
+
     def _local(self, ctx) -> Path | None:
         p = Path(self.p["src"]).expanduser()
         if not p.is_absolute():
@@ -67,7 +71,7 @@ class ModelFile(Task):
         src = self.p["src"]
         if hub.is_hub_ref(src):
             return await self._check_hub(ctx)
-        if src.startswith("/") and (await ctx.conn.run(["test", "-f", src])).rc == 0:
+        if src.startswith("/") and (await ctx.conn.probe(["test", "-f", src])).rc == 0:
             # Already on the host (a shared mount, a pre-staged file, or the controller is the host).
             ctx.register(self.p["fact"], src)
             return ok(f"{src} present on the host")
@@ -149,10 +153,15 @@ class ModelsPrune(Task):
         "dir": Arg(str, default=MODELS_DIR, help="tunnelspec's upload directory (nothing elsewhere is touched)."),
     }
 
+    def _list_argv(self) -> list[str]:
+        return ["sh", "-c", '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"', "sh",
+                self.p["dir"].rstrip("/")]
+
+    def probes(self) -> list[list[str]]:
+        return [self._list_argv()]
+
     async def _stale(self, ctx) -> list[tuple[str, int]]:
-        d = self.p["dir"].rstrip("/")
-        res = await ctx.conn.run(["sh", "-c", '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"',
-                                  "sh", d], check=True)
+        res = await ctx.conn.probe(self._list_argv(), check=True)
         keep = {str(k) for k in self.p["keep"] if k}
         # The other parts of a kept split GGUF are kept too (llama.cpp opens them by name).
         keep |= {f"{k.rsplit('/', 1)[0]}/{p}" for k in list(keep) for p in hub.split_parts(k.rsplit("/", 1)[-1])}

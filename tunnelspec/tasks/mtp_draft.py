@@ -22,7 +22,7 @@ async def read_header(conn, path: str) -> gguf_header.Header | str:
     q = shlex.quote(path)
     h: gguf_header.Header | str = f"{path}: nothing read"
     for n in HEADER_BYTES:
-        res = await conn.run(["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"], timeout=120)
+        res = await conn.probe(["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"], timeout=120)
         if res.rc != 0:
             return f"cannot read {path}: {res.stderr.strip()[:200]}"
         size_line, _, b64 = res.stdout.partition("\n")

@@ -12,7 +12,8 @@ import asyncio
 
 from tunnelspec.constants import LOOPBACK
 from tunnelspec.errors import TaskFailed
-from tunnelspec.facts.sockets import clients_of, listening_sockets, on_port
+from tunnelspec.facts.sockets import COMMAND as SOCKETS_COMMAND
+from tunnelspec.facts.sockets import clients_of, established_command, listening_sockets, on_port
 from tunnelspec.llama.rpc import ProbeStatus, poll, probe_until
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task, wait_budget
 
@@ -55,7 +56,7 @@ class RpcServerBinary(Task):
 
     async def check(self, ctx):
         cands = self._candidates(ctx)
-        res = await ctx.conn.run(["sh", "-c", 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1',
+        res = await ctx.conn.probe(["sh", "-c", 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1',
                                   "sh", *cands])
         if res.rc != 0:
             raise TaskFailed(f"no RPC server binary on {ctx.host} (looked for {', '.join(cands)}); "
@@ -75,6 +76,9 @@ class RpcListenCheck(Task):
         "port": Arg(int, required=True, help="The RPC port."),
         "timeout": Arg((int, float), default=30, help="Seconds to wait for the listener."),
     }
+
+    def probes(self) -> list[list[str]]:
+        return [list(SOCKETS_COMMAND)]
 
     async def check(self, ctx):
         port = self.p["port"]
@@ -150,6 +154,9 @@ class RpcProbe(Task):
         "allow_busy": Arg(bool, default=True, help="A server serving a client (llama-server) counts as up."),
     }
 
+    def probes(self) -> list[list[str]]:
+        return [established_command(self.p["port"])] if self.p["allow_busy"] else []
+
     async def check(self, ctx):
         if self.p["allow_busy"]:
             # A held server would only make the probe wait out its busy timeout: say so at once.
@@ -210,7 +217,7 @@ async def existing_groups(conn, wanted: list[str]) -> tuple[list[str], list[str]
     the node serves its GPU."""
     if not wanted:
         return [], []
-    res = await conn.run(["getent", "group", *wanted])
+    res = await conn.probe(["getent", "group", *wanted])
     have = {line.split(":", 1)[0] for line in res.stdout.splitlines()}
     return [g for g in wanted if g in have], [g for g in wanted if g not in have]
 
@@ -218,7 +225,7 @@ async def existing_groups(conn, wanted: list[str]) -> tuple[list[str], list[str]
 async def _last_words(conn, lines: int = 8) -> str:
     """The RPC unit's last journal lines (a server that exits at start says why there: an unknown
     device, a GPU runtime's exception), for a failure message."""
-    res = await conn.run(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", str(lines)], timeout=30)
+    res = await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", str(lines)], timeout=30)
     text = "\n".join(line for line in res.stdout.splitlines() if line.strip())
     return f"; its last lines:\n{text}" if text else ""
 
@@ -236,14 +243,14 @@ fi
 
 
 async def start_of_run(conn, unit: str) -> str:
-    return (await conn.run(["sh", "-c", START_OF_RUN_SCRIPT, "sh", unit], timeout=60)).stdout
+    return (await conn.probe(["sh", "-c", START_OF_RUN_SCRIPT, "sh", unit], timeout=60)).stdout
 
 
 async def _run_as(ctx, user: str, argv: list[str], env=(), timeout: float = 60):
     """argv as the RPC server's user with its groups (the devices it may open are what counts) and the
     unit's rpc_env."""
     envs = [f"{k}={v}" for k, v in env]
-    return await ctx.conn.run(["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
+    return await ctx.conn.probe(["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
                                "--reset-env", *(["/usr/bin/env", *envs] if envs else []), *argv], timeout=timeout)
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts import units
@@ -33,7 +34,7 @@ class ApiKeyFile(Task):
     }
 
     async def check(self, ctx):
-        res = await ctx.conn.run(["stat", "-c", "%a %U %s", "--", self.p["path"]])
+        res = await ctx.conn.probe(["stat", "-c", "%a %U %s", "--", self.p["path"]])
         if res.rc != 0:
             raise TaskFailed(f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; "
                              "write the key there (one line) first")
@@ -44,7 +45,7 @@ class ApiKeyFile(Task):
             return change(f"{self.p['path']}: mode {mode} owner {owner} → 600 {self.p['owner']}")
         # Owner and mode are not enough: every parent directory must let the user through, else
         # llama-server cannot start and the deploy only sees "not healthy" minutes later.
-        res = await ctx.conn.run(["runuser", "-u", owner, "--", "test", "-r", self.p["path"]])
+        res = await ctx.conn.probe(["runuser", "-u", owner, "--", "test", "-r", self.p["path"]])
         if res.rc != 0:
             raise TaskFailed(f"{owner} cannot read {self.p['path']} on {ctx.host}: a parent directory is not "
                              "searchable for it (needs o+x or its group); move the key, e.g. to "
@@ -62,8 +63,12 @@ def _nodes_key(cluster, binary_id: str) -> str:
     return hashlib.sha256(json.dumps([binary_id, nodes]).encode()).hexdigest()
 
 
+def _binary_id_argv(binary: str) -> list[str]:
+    return ["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", binary]
+
+
 async def _binary_id(conn, binary: str) -> str:
-    res = await conn.run(["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", binary])
+    res = await conn.probe(_binary_id_argv(binary))
     if res.rc == 3:
         raise TaskFailed(f"{binary} is not an executable on the host (did the build play run?)")
     return " ".join(res.stdout.split())
@@ -87,6 +92,9 @@ class RpcDevices(Task):
         "discover": Arg(bool, default=True,
                         help="Allowed to (re)discover; false: fail when the cached map is not current."),
     }
+
+    def probes(self) -> list[list[str]]:
+        return [_binary_id_argv(self.p["binary"]), read_argv(self.p["cache"])]
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()
@@ -151,8 +159,8 @@ class LlamaServerPlan(Task):
         cluster = ctx.require_cluster()
         conn, binary = ctx.conn, self.p["binary"]
         # Both are read-only and each loads the whole binary: run them side by side.
-        ver, helped = await asyncio.gather(conn.run([binary, "--version"], timeout=60),
-                                           conn.run([binary, "--help"], timeout=60))
+        ver, helped = await asyncio.gather(conn.probe([binary, "--version"], timeout=60),
+                                           conn.probe([binary, "--help"], timeout=60))
         try:
             label = flags.parse_version(ver.stdout + ver.stderr).label
         except TaskFailed:

@@ -34,12 +34,15 @@ class LlamaServerLinks(Task):
         "unit": Arg(str, default=UNIT, help="llama-server's unit."),
     }
 
+    def probes(self) -> list[list[str]]:
+        return [units.show_argv(self.p["unit"], ["ActiveState", "MainPID"]), list(sockets.CLOSE_WAIT_COMMAND)]
+
     async def check(self, ctx):
         props = await units.show(ctx.conn, self.p["unit"], ["ActiveState", "MainPID"])
         pid = int(props.get("MainPID") or 0)
         if props.get("ActiveState") != "active" or pid == 0:
             return ok("llama-server not running")
-        res = await ctx.conn.run(sockets.CLOSE_WAIT_COMMAND)
+        res = await ctx.conn.probe(sockets.CLOSE_WAIT_COMMAND)
         dead = dead_links(sockets.parse_close_wait(res.stdout), pid, [int(p) for p in self.p["ports"]])
         if not dead:
             return ok("llama-server's RPC connections are open")

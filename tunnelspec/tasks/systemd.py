@@ -4,7 +4,7 @@ idempotent (daemon-reload, restart)."""
 from __future__ import annotations
 
 from tunnelspec.errors import TaskFailed
-from tunnelspec.facts.units import service_state, unit_values
+from tunnelspec.facts.units import service_state, service_state_argv, unit_values, unit_values_argv
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 from tunnelspec.tasks.files import Copy, Template
 
@@ -39,6 +39,9 @@ class SystemdUnit(Task):
             return Template.build({**p, "src": self.p["src"], "vars": self.p["vars"]})
         return Copy.build({**p, "content": self.p["content"] or ""})
 
+    def probes(self) -> list[list[str]]:
+        return self._inner().probes()
+
     async def check(self, ctx):
         return await self._inner().check(ctx)
 
@@ -70,9 +73,15 @@ class SystemdUnitAbsent(Task):
         "name": Arg(str, required=True, help="The unit to stop, disable and delete."),
     }
 
+    def probes(self) -> list[list[str]]:
+        return [self._state_argv()]
+
+    def _state_argv(self) -> list[str]:
+        return ["sh", "-c", 'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
+                "sh", self.p["name"], _unit_path(self.p["name"])]
+
     async def check(self, ctx):
-        res = await ctx.conn.run(["sh", "-c", 'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
-                                  "sh", self.p["name"], _unit_path(self.p["name"])])
+        res = await ctx.conn.probe(self._state_argv())
         state = set(res.stdout.split())
         if not state:
             return ok("unit absent")
@@ -98,6 +107,9 @@ class Service(Task):
         "installed_only": Arg(bool, default=False,
                               help="A unit that is not installed is left alone (ok) instead of failing to start."),
     }
+
+    def probes(self) -> list[list[str]]:
+        return [service_state_argv(self.p["name"])]
 
     async def _observe(self, ctx) -> tuple[str, str]:
         return await service_state(ctx.conn, self.p["name"])
@@ -157,6 +169,9 @@ class DaemonReload(Task):
     @classmethod
     def is_handler_only(cls, params: dict) -> bool:
         return not params.get("units")
+
+    def probes(self) -> list[list[str]]:
+        return [unit_values_argv("NeedDaemonReload", list(self.p["units"]))] if self.p["units"] else []
 
     async def _stale(self, ctx) -> list[str]:
         units = list(self.p["units"])

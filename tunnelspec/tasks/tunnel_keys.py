@@ -7,6 +7,7 @@ import base64
 import ipaddress
 import struct
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.errors import ArgumentError, TaskFailed
 from tunnelspec.keys import (TUNNEL_FORCED_COMMAND, authorized_keys_line, fingerprint, generate_ed25519,
                              known_hosts_line, tunnel_key_options)
@@ -34,16 +35,20 @@ class TunnelKeypair(Task):
         "comment": Arg(str, default="tunnelspec-tunnel", help="The key's comment."),
     }
 
+    def probes(self) -> list[list[str]]:
+        path = self.p["path"]
+        return [["ssh-keygen", "-y", "-f", path], read_argv(path + ".rotation"), ["stat", "-c", "%a %U", "--", path]]
+
     async def _current(self, ctx) -> tuple[str | None, str]:
         # The public half is derived on main (ssh-keygen -y), so the private key never travels back.
-        res = await ctx.conn.run(["ssh-keygen", "-y", "-f", self.p["path"]])
+        res = await ctx.conn.probe(["ssh-keygen", "-y", "-f", self.p["path"]])
         pub = res.stdout.strip() if res.rc == 0 and res.stdout.startswith("ssh-ed25519 ") else None
         token = (await ctx.conn.get(self.p["path"] + ".rotation") or b"").decode().strip()
         return pub, token
 
     async def check(self, ctx):
         pub, token = await self._current(ctx)
-        meta = await ctx.conn.run(["stat", "-c", "%a %U", "--", self.p["path"]])
+        meta = await ctx.conn.probe(["stat", "-c", "%a %U", "--", self.p["path"]])
         if pub is None or (self.p["rotation"] and token != self.p["rotation"]):
             if ctx.check_mode:
                 # --check: the steps that install this key on the nodes are planned too, with a
@@ -102,6 +107,9 @@ class KnownHostsPin(Task):
             lines.append(known_hosts_line(addr, port, verified_host_key(conn)))
         return "\n".join(lines) + "\n"
 
+    def probes(self) -> list[list[str]]:
+        return [read_argv(self.p["path"])]
+
     async def check(self, ctx):
         want = await self._content(ctx)
         cur = (await ctx.conn.get(self.p["path"]) or b"").decode()
@@ -124,7 +132,7 @@ async def source_address(ctx, node_address: str) -> str | None:
     except ValueError:
         return None
     conn = await ctx.connection_to(ctx.require_cluster().main.name)
-    res = await conn.run(["ip", "-o", "route", "get", node_address])
+    res = await conn.probe(["ip", "-o", "route", "get", node_address])
     words = res.stdout.split()
     if res.rc == 0 and "src" in words:
         src = words[words.index("src") + 1]
@@ -166,7 +174,7 @@ class TunnelAuthorizedKey(Task):
         path = f"{self.p['home']}/.ssh/authorized_keys"
         want = await self._line(ctx)
         cur = (await ctx.conn.get(path) or b"").decode()
-        meta = await ctx.conn.run(["stat", "-c", "%a %U", "--", path])
+        meta = await ctx.conn.probe(["stat", "-c", "%a %U", "--", path])
         if cur == want and meta.stdout.split() == ["644", "root"]:
             return ok("restricted tunnel key present")
         return change("install restricted tunnel key", Diff(cur, want, path), content=want)

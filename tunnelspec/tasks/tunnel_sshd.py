@@ -98,7 +98,7 @@ class TunnelSshdPolicy(Task):
         # sshd only reads config at start/reload, and a new connection's re-exec'd child gets it
         # from the listener: the candidate in place is invisible until the reload handler runs.
         problem = None
-        res = await ctx.conn.run([self.p["sshd"], "-t"])
+        res = await ctx.conn.probe([self.p["sshd"], "-t"])
         if res.rc != 0:
             problem = f"sshd -t rejects it: {(res.stderr or res.stdout).strip()}"
         else:
@@ -129,12 +129,12 @@ class SshdReload(Task):
         return change("reload sshd")
 
     async def apply(self, ctx, ch):
-        res = await ctx.conn.run([self.p["sshd"], "-t"])
+        res = await ctx.conn.probe([self.p["sshd"], "-t"])
         if res.rc != 0:
             raise TaskFailed(f"sshd config invalid, not reloading: {res.stderr.strip()}")
         # Debian/Ubuntu name the unit ssh.service, most others sshd.service.
         for unit in ("ssh.service", "sshd.service"):
-            state = await ctx.conn.run(["systemctl", "show", "-p", "LoadState", "--value", unit])
+            state = await ctx.conn.probe(["systemctl", "show", "-p", "LoadState", "--value", unit])
             if state.stdout.strip() == "loaded":
                 await ctx.conn.run(["systemctl", "reload", unit], check=True)
                 return
@@ -167,7 +167,7 @@ class TunnelSessionsRenew(Task):
         await ctx.conn.run(["pkill", "-KILL", "-u", user, "-x", "sleep|sh"])
         # OpenSSH >= 9.8 (Debian 13, Ubuntu >= 24.10) runs a session as `sshd-session`, older ones
         # as `sshd`: both names, so the renewal works on every release.
-        res = await ctx.conn.run(["pgrep", "-u", user, "-x", "sshd|sshd-session"])
+        res = await ctx.conn.probe(["pgrep", "-u", user, "-x", "sshd|sshd-session"])
         pids = [p for p in res.stdout.split() if p.isdigit()]
         if pids:
             await ctx.conn.run(["kill", "-TERM", "--", *pids])

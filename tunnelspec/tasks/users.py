@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.errors import TaskFailed
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
@@ -34,8 +35,11 @@ class User(Task):
         "state": Arg(str, default="present", choices=("present", "absent"), help="`present` or `absent`."),
     }
 
+    def probes(self) -> list[list[str]]:
+        return [["getent", "passwd", self.p["name"]]]
+
     async def check(self, ctx):
-        res = await ctx.conn.run(["getent", "passwd", self.p["name"]])
+        res = await ctx.conn.probe(["getent", "passwd", self.p["name"]])
         present = res.rc == 0
         if self.p["state"] == "absent":
             return change(f"remove user {self.p['name']}") if present else ok("user absent")
@@ -106,6 +110,9 @@ class AuthorizedKey(Task):
                      help="`present`: the line is there exactly; `absent`: no line with this key."),
         "exclusive": Arg(bool, default=False, help="Remove every other key line from the file."),
     }
+
+    def probes(self) -> list[list[str]]:
+        return [read_argv(self.p["path"])]
 
     async def check(self, ctx):
         data = await ctx.conn.get(self.p["path"])
