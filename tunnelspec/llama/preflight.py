@@ -138,7 +138,7 @@ async def preflight(cluster, connection) -> PreflightResult:
     h = await _read_main_build(cluster, connection)
     if h is None:
         return PreflightResult("none", None, None)
-    return check_known(cluster, h, f"main host's current build")
+    return check_known(cluster, h, "main host's current build")
 
 
 # $1: main's `current` build directory, $2: a boundary line, $3: the pinned commit. The binary runs

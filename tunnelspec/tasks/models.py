@@ -161,6 +161,7 @@ class ModelsPrune(Task):
         return [self._list_argv()]
 
     async def _stale(self, ctx) -> list[tuple[str, int]]:
+        d = self.p["dir"].rstrip("/")
         res = await ctx.conn.probe(self._list_argv(), check=True)
         keep = {str(k) for k in self.p["keep"] if k}
         # The other parts of a kept split GGUF are kept too (llama.cpp opens them by name).
