@@ -266,7 +266,7 @@ class Run:
             self.emit(events.task_failed(host, "connect", play.name, str(e)))
             return
         # The play's read-only checks in one round trip (with the pending handlers' record, read next).
-        await self._prefetch(play, host, conn, [pending.load_argv(st.vars, play.name)] if play.handlers else [])
+        named = await self._prefetch(play, host, conn, [pending.load_argv(st.vars, play.name)] if play.handlers else [])
         try:
             # Handlers a killed run of this play notified and never ran (engine/pending.py).
             notified: list[str] = await pending.load(conn, st.vars, play.name) if play.handlers else []
@@ -277,7 +277,7 @@ class Run:
         quiet_since = conn._changes_started        # no command that may change the host ran since
         for i, spec in enumerate(play.tasks):
             if conn._changes_started == quiet_since:
-                await self._prefetch_rest(play, i, host, conn)
+                await self._prefetch_rest(play, i, host, conn, named)
             if not await self._run_task(play, spec, host, conn, notified, is_handler=False):
                 return
         for spec in play.handlers:
@@ -296,22 +296,32 @@ class Run:
             return []
         return cls(cls.validate(render_value(spec.args, variables))).probes()
 
-    async def _prefetch_rest(self, play: Play, i: int, host: str, conn) -> None:
+    async def _prefetch_rest(self, play: Play, i: int, host: str, conn, named: list) -> None:
         """While nothing has changed on the host in this play, a check whose probes the play's first
         batch could not name (its args use a fact an earlier task registered) gets them, and those
         of the tasks after it, in one more batch: a no-op play stays a few round trips however many
-        of its tasks depend on registered facts."""
+        of its tasks depend on registered facts. `named`: per task, the probes the first batch named
+        (None: its args could not be rendered then); only those are rendered again."""
+        variables = None
+
+        def probes_of(j: int) -> list[list[str]]:
+            nonlocal variables
+            if named[j] is not None:
+                return named[j]
+            if variables is None:
+                variables = self.template_vars(host, play)
+            return self._task_probes(play.tasks[j], variables)
+
         try:
-            variables = self.template_vars(host, play)
-            mine = self._task_probes(play.tasks[i], variables)
+            mine = probes_of(i)
         except Exception:  # noqa: BLE001 - reported by the task itself when it runs
             return
         if not mine or conn.probes_tried(mine):
             return
         argvs = list(mine)
-        for spec in play.tasks[i + 1:]:
+        for j in range(i + 1, len(play.tasks)):
             try:
-                argvs.extend(self._task_probes(spec, variables))
+                argvs.extend(probes_of(j))
             except Exception:  # noqa: BLE001 - same
                 continue
         try:
@@ -319,28 +329,35 @@ class Run:
         except Exception:  # noqa: BLE001 - the checks run their commands themselves
             pass
 
-    async def _prefetch(self, play: Play, host: str, conn, extra: list[list[str]] = ()) -> None:
+    async def _prefetch(self, play: Play, host: str, conn, extra: list[list[str]] = ()) -> list:
         """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
         trip instead of one each; the connection serves them until anything changes on the host
         (connection/probes.py). Best effort: a task whose args cannot be rendered yet (they use a
-        fact registered later in the play) or a failed batch just means its check reads for itself."""
+        fact registered later in the play) or a failed batch just means its check reads for itself.
+        Returns, per task, the probes it named (None: its args could not be rendered yet)."""
         variables = None
         argvs: list[list[str]] = list(extra)
+        named: list = []
         for spec in play.tasks:
             cls = TASKS.get(spec.module)
             if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
+                named.append([])
                 continue
             try:
                 if variables is None:
                     variables = self.template_vars(host, play)
-                argvs.extend(cls(cls.validate(render_value(spec.args, variables))).probes())
+                mine = cls(cls.validate(render_value(spec.args, variables))).probes()
             except Exception:  # noqa: BLE001 - reported by the task itself when it runs
+                named.append(None)
                 continue
+            named.append(mine)
+            argvs.extend(mine)
         if len(argvs) > 1:
             try:
                 await conn.prefetch(argvs)
             except Exception:  # noqa: BLE001 - same: the checks run their commands themselves
                 pass
+        return named
 
     def _tag_selected(self, spec: TaskSpec) -> bool:
         tags = set(spec.tags)
