@@ -128,6 +128,12 @@ class Connection(abc.ABC):
         if self._probes is not None:
             self._probes.clear()
 
+    @property
+    def changes_started(self) -> int:
+        """How many commands that may change the host this connection has started (any `run`,
+        upload or stream): equal counts mean the host is as the last batch saw it."""
+        return self._changes_started
+
     def probes_tried(self, argvs: list[list[str]]) -> bool:
         """Did a batch since the host last changed already run all of these?"""
         tried = self._probes.tried if self._probes is not None else set()

@@ -274,9 +274,9 @@ class Run:
             st.unreachable = True
             self.emit(events.unreachable(host, play.name, str(e)))
             return
-        quiet_since = conn._changes_started        # no command that may change the host ran since
+        quiet_since = conn.changes_started         # no command that may change the host ran since
         for i, spec in enumerate(play.tasks):
-            if conn._changes_started == quiet_since:
+            if conn.changes_started == quiet_since:
                 await self._prefetch_rest(play, i, host, conn, named)
             if not await self._run_task(play, spec, host, conn, notified, is_handler=False):
                 return
@@ -290,11 +290,19 @@ class Run:
             except TunnelspecError:
                 pass                     # kept: the handlers run once more next time, no harm
 
-    def _task_probes(self, spec: TaskSpec, variables: dict) -> list[list[str]]:
+    def _task_probes(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
+        """The read-only commands task j's check names (`Task.probes()`); None when its args cannot be
+        rendered yet (they use a fact an earlier task registers). `variables`: filled on first need."""
+        spec = play.tasks[j]
         cls = TASKS.get(spec.module)
         if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
             return []
-        return cls(cls.validate(render_value(spec.args, variables))).probes()
+        try:
+            if "v" not in variables:
+                variables["v"] = self.template_vars(host, play)
+            return cls(cls.validate(render_value(spec.args, variables["v"]))).probes()
+        except Exception:  # noqa: BLE001 - reported by the task itself when it runs
+            return None
 
     async def _prefetch_rest(self, play: Play, i: int, host: str, conn, named: list) -> None:
         """While nothing has changed on the host in this play, a check whose probes the play's first
@@ -302,28 +310,16 @@ class Run:
         of the tasks after it, in one more batch: a no-op play stays a few round trips however many
         of its tasks depend on registered facts. `named`: per task, the probes the first batch named
         (None: its args could not be rendered then); only those are rendered again."""
-        variables = None
+        variables: dict = {}                        # rendered now: facts registered since the first batch
 
         def probes_of(j: int) -> list[list[str]]:
-            nonlocal variables
-            if named[j] is not None:
-                return named[j]
-            if variables is None:
-                variables = self.template_vars(host, play)
-            return self._task_probes(play.tasks[j], variables)
+            got = named[j] if named[j] is not None else self._task_probes(play, j, host, variables)
+            return got or []
 
-        try:
-            mine = probes_of(i)
-        except Exception:  # noqa: BLE001 - reported by the task itself when it runs
-            return
+        mine = probes_of(i)
         if not mine or conn.probes_tried(mine):
             return
-        argvs = list(mine)
-        for j in range(i + 1, len(play.tasks)):
-            try:
-                argvs.extend(probes_of(j))
-            except Exception:  # noqa: BLE001 - same
-                continue
+        argvs = [*mine, *(a for j in range(i + 1, len(play.tasks)) for a in probes_of(j))]
         try:
             await conn.prefetch(argvs, more=True)
         except Exception:  # noqa: BLE001 - the checks run their commands themselves
@@ -335,23 +331,9 @@ class Run:
         (connection/probes.py). Best effort: a task whose args cannot be rendered yet (they use a
         fact registered later in the play) or a failed batch just means its check reads for itself.
         Returns, per task, the probes it named (None: its args could not be rendered yet)."""
-        variables = None
-        argvs: list[list[str]] = list(extra)
-        named: list = []
-        for spec in play.tasks:
-            cls = TASKS.get(spec.module)
-            if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
-                named.append([])
-                continue
-            try:
-                if variables is None:
-                    variables = self.template_vars(host, play)
-                mine = cls(cls.validate(render_value(spec.args, variables))).probes()
-            except Exception:  # noqa: BLE001 - reported by the task itself when it runs
-                named.append(None)
-                continue
-            named.append(mine)
-            argvs.extend(mine)
+        variables: dict = {}
+        named = [self._task_probes(play, j, host, variables) for j in range(len(play.tasks))]
+        argvs = [*extra, *(a for mine in named if mine for a in mine)]
         if len(argvs) > 1:
             try:
                 await conn.prefetch(argvs)

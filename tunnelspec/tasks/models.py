@@ -35,6 +35,10 @@ async def _remote_sha256(conn, path: str) -> str | None:
     return res.stdout.split()[0] if res.rc == 0 and res.stdout.strip() else None
 
 
+def _present_argv(path: str) -> list[str]:
+    return ["test", "-f", path]
+
+
 def _claims(ctx) -> dict[tuple[str, str], str]:
     """What this run already uploads where: {(host, upload destination): source} (the run's memo)."""
     return ctx.memo.setdefault(ModelFile.module, {})
@@ -56,7 +60,7 @@ class ModelFile(Task):
 
     def probes(self) -> list[list[str]]:
         src = self.p["src"]
-        return [["test", "-f", src]] if src.startswith("/") and not hub.is_hub_ref(src) else []
+        return [_present_argv(src)] if src.startswith("/") and not hub.is_hub_ref(src) else []
 
     def _local(self, ctx) -> Path | None:
         p = Path(self.p["src"]).expanduser()
@@ -71,7 +75,7 @@ class ModelFile(Task):
         src = self.p["src"]
         if hub.is_hub_ref(src):
             return await self._check_hub(ctx)
-        if src.startswith("/") and (await ctx.conn.probe(["test", "-f", src])).rc == 0:
+        if src.startswith("/") and (await ctx.conn.probe(_present_argv(src))).rc == 0:
             # Already on the host (a shared mount, a pre-staged file, or the controller is the host).
             ctx.register(self.p["fact"], src)
             return ok(f"{src} present on the host")

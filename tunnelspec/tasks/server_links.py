@@ -23,6 +23,9 @@ def dead_links(closed: list[sockets.PeerClosed], pid: int, ports: list[int]) -> 
                    if pid in c.pids and c.peer == LOOPBACK and c.peer_port in wanted})
 
 
+_PROPS = ["ActiveState", "MainPID"]      # what the check reads of llama-server's unit
+
+
 @register_task
 class LlamaServerLinks(Task):
     """Restart llama-server when one of its RPC connections was closed by the other end (an rpc-server
@@ -35,10 +38,10 @@ class LlamaServerLinks(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [units.show_argv(self.p["unit"], ["ActiveState", "MainPID"]), list(sockets.CLOSE_WAIT_COMMAND)]
+        return [units.show_argv(self.p["unit"], _PROPS), list(sockets.CLOSE_WAIT_COMMAND)]
 
     async def check(self, ctx):
-        props = await units.show(ctx.conn, self.p["unit"], ["ActiveState", "MainPID"])
+        props = await units.show(ctx.conn, self.p["unit"], _PROPS)
         pid = int(props.get("MainPID") or 0)
         if props.get("ActiveState") != "active" or pid == 0:
             return ok("llama-server not running")

@@ -36,19 +36,24 @@ class TunnelKeypair(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        path = self.p["path"]
-        return [["ssh-keygen", "-y", "-f", path], read_argv(path + ".rotation"), ["stat", "-c", "%a %U", "--", path]]
+        return [self._public_argv(), read_argv(self.p["path"] + ".rotation"), self._meta_argv()]
+
+    def _public_argv(self) -> list[str]:
+        return ["ssh-keygen", "-y", "-f", self.p["path"]]
+
+    def _meta_argv(self) -> list[str]:
+        return ["stat", "-c", "%a %U", "--", self.p["path"]]
 
     async def _current(self, ctx) -> tuple[str | None, str]:
         # The public half is derived on main (ssh-keygen -y), so the private key never travels back.
-        res = await ctx.conn.probe(["ssh-keygen", "-y", "-f", self.p["path"]])
+        res = await ctx.conn.probe(self._public_argv())
         pub = res.stdout.strip() if res.rc == 0 and res.stdout.startswith("ssh-ed25519 ") else None
         token = (await ctx.conn.get(self.p["path"] + ".rotation") or b"").decode().strip()
         return pub, token
 
     async def check(self, ctx):
         pub, token = await self._current(ctx)
-        meta = await ctx.conn.probe(["stat", "-c", "%a %U", "--", self.p["path"]])
+        meta = await ctx.conn.probe(self._meta_argv())
         if pub is None or (self.p["rotation"] and token != self.p["rotation"]):
             if ctx.check_mode:
                 # --check: the steps that install this key on the nodes are planned too, with a

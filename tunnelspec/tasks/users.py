@@ -36,10 +36,13 @@ class User(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [["getent", "passwd", self.p["name"]]]
+        return [self._getent_argv()]
+
+    def _getent_argv(self) -> list[str]:
+        return ["getent", "passwd", self.p["name"]]
 
     async def check(self, ctx):
-        res = await ctx.conn.probe(["getent", "passwd", self.p["name"]])
+        res = await ctx.conn.probe(self._getent_argv())
         present = res.rc == 0
         if self.p["state"] == "absent":
             return change(f"remove user {self.p['name']}") if present else ok("user absent")
