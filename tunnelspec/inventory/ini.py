@@ -34,48 +34,69 @@ class _Pending:
 
 
 class _Parser(InventoryBuilder):
-    def __init__(self, path: pathlib.Path):
+    def __init__(self, path: pathlib.Path, errors: list[InventoryError] | None = None):
         super().__init__(path)
         self.pending: dict[str, _Pending] = {}
+        # None: stop at the first error (every command). A list: record each error and go on with
+        # the next line, as `tunnelspec check` wants (every mistake of the file in one run).
+        self.errors = errors
+
+    def _record(self, err: InventoryError) -> None:
+        if self.errors is None:
+            raise err
+        self.errors.append(err)
 
     # ---- lines -----------------------------------------------------------------------------
     def parse(self, lines: list[str]) -> Inventory:
         group, state = "ungrouped", "hosts"
         for number, raw in enumerate(lines, start=1):
             self.line = number
-            line = raw.strip()
-            if not line or line[0] in _COMMENT:
-                continue
-            m = _SECTION.match(line)
-            if m:
-                group, state = self._section(m)
-                continue
-            if line.startswith("[") and line.endswith("]"):
-                raise self.error(
-                    f"invalid section header '{line}': write [group], [group:vars] or "
-                    "[group:children], with no spaces inside the brackets"
-                )
-            if state == "hosts":
-                self._host_line(line, group)
-            elif state == "vars":
-                key, value = self._var_line(line, group)
-                self._set_var(self.inv.groups[group], key, value)
-            else:
-                self._child_line(line, group)
+            try:
+                group, state = self._line(raw.strip(), group, state)
+            except InventoryError as err:
+                self._record(err)
+                if raw.strip().startswith("["):
+                    # The lines under a header that could not be read belong to no known section.
+                    group, state = "ungrouped", "skip"
         for name, pending in self.pending.items():
             if pending.kind == "vars":
-                raise self.error(
+                self._record(self.error(
                     f"section [{name}:vars] is for group '{name}', which is never declared: "
                     f"add a [{name}] section (or fix the group name)",
                     pending.line,
-                )
-            raise self.error(
+                ))
+                continue
+            self._record(self.error(
                 f"section [{pending.parents[-1]}:children] includes group '{name}', which is never "
                 f"declared: add a [{name}] section (children must be groups, not hosts)",
                 pending.line,
-            )
+            ))
         self._reconcile()
         return self.inv
+
+    def _line(self, line: str, group: str, state: str) -> tuple[str, str]:
+        if not line or line[0] in _COMMENT:
+            return group, state
+        m = _SECTION.match(line)
+        if m:
+            return self._section(m)
+        if line.startswith("[") and line.endswith("]"):
+            raise self.error(
+                f"invalid section header '{line}': write [group], [group:vars] or "
+                "[group:children], with no spaces inside the brackets"
+            )
+        if line.startswith("[") and "]" not in line.split("#", 1)[0]:
+            # `[rpc` read as a line of the section above would be blamed on that section.
+            name = line[1:].split("#", 1)[0].strip() or "group"
+            raise self.error(f"section header '{line}' is not closed: write [{name}] (with the ']')")
+        if state == "hosts":
+            self._host_line(line, group)
+        elif state == "vars":
+            key, value = self._var_line(line, group)
+            self._set_var(self.inv.groups[group], key, value)
+        elif state == "children":
+            self._child_line(line, group)
+        return group, state
 
     def _section(self, m: re.Match) -> tuple[str, str]:
         # Ansible (>= 2.11, default TRANSFORM_INVALID_GROUP_CHARS=never) keeps names as written.
@@ -210,7 +231,9 @@ def read_lines(path: pathlib.Path, data: bytes | None = None) -> list[str]:
     return lines
 
 
-def load_ini(path: str | pathlib.Path, lines: list[str] | None = None) -> Inventory:
-    """Parse an Ansible INI inventory. Raises InventoryError(message, file, line)."""
+def load_ini(path: str | pathlib.Path, lines: list[str] | None = None,
+             errors: list[InventoryError] | None = None) -> Inventory:
+    """Parse an Ansible INI inventory. Raises InventoryError(message, file, line); with `errors`, every
+    error is appended there instead and the lines after it are read all the same."""
     path = pathlib.Path(path)
-    return _Parser(path).parse(read_lines(path) if lines is None else lines)
+    return _Parser(path, errors).parse(read_lines(path) if lines is None else lines)

@@ -33,13 +33,15 @@ def inventory_format(path: pathlib.Path, lines: list[str]) -> str:
     return "ini"  # empty or comments only: an empty INI inventory, as Ansible's ini plugin reads it
 
 
-def load_inventory(path: str | pathlib.Path) -> Inventory:
-    """Parse an Ansible inventory (INI or YAML). Raises InventoryError(message, file, line)."""
+def load_inventory(path: str | pathlib.Path, errors: list[InventoryError] | None = None) -> Inventory:
+    """Parse an Ansible inventory (INI or YAML). Raises InventoryError(message, file, line). With
+    `errors` (`tunnelspec check`), an INI file's errors are appended there, each line read all the
+    same; a YAML file still stops at its first error (the YAML reader cannot go on past one)."""
     path = pathlib.Path(path)
     data = read_bytes(path)
     if inventory_format(path, split_lines(data)) == "yaml":
         return load_yaml(path, yaml_text(path, data))
-    return load_ini(path, read_lines(path, data))
+    return load_ini(path, read_lines(path, data), errors)
 
 
 def yaml_text(path: pathlib.Path, data: bytes) -> str:
