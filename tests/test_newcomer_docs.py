@@ -132,7 +132,7 @@ def test_inventory_example_ini_patch_line_gives_both_pr_forms(tmp_path):
     text = (REPO / "inventory.example.ini").read_text()
     (line,) = re.findall(r"^# (llama_patches=\[.*)$", text, re.M)
     (tmp_path / "patches").mkdir()
-    (tmp_path / "patches" / "x.patch").write_text("diff --git a/x b/x\n")
+    (tmp_path / "patches" / "x.patch").write_text("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     c = cluster_of(tmp_path, text + fill(line) + "\n")
     assert [(p.kind, p.head is not None) for p in c.source.patches] == [("pr", True), ("pr", False), ("file", False)]
     assert c.source.patches[0].head == DIGITS_SHA and c.source.patches[1].commit == DIGITS_SHA
@@ -151,7 +151,7 @@ def test_inventory_example_yml_patch_list_is_quoted_and_gives_both_pr_forms(tmp_
     uncommented[0] = uncommented[0].split("#")[0].rstrip()  # the trailing comment of the key line
     text = text.replace("\n".join(block), fill("\n".join(uncommented)))
     (tmp_path / "patches").mkdir()
-    (tmp_path / "patches" / "x.patch").write_text("diff --git a/x b/x\n")
+    (tmp_path / "patches" / "x.patch").write_text("diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     c = cluster_of(tmp_path, text, "inventory.yml")
     assert [(p.kind, p.head, p.commit) for p in c.source.patches[:2]] == [("pr", DIGITS_SHA, None),
                                                                          ("pr", None, DIGITS_SHA)]

@@ -60,7 +60,7 @@ def test_defaults(tmp_path):
 
 def test_explicit_values(tmp_path):
     (tmp_path / "patches").mkdir()
-    (tmp_path / "patches" / "fix.patch").write_text("diff\n")
+    (tmp_path / "patches" / "fix.patch").write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
     path = write(
         tmp_path,
         rpc=("r1 rpc_role=draft rpc_port=50100 tunnel_port=16000 rpc_devices=CUDA0,CUDA1 rpc_threads=8 rpc_cache=no",

@@ -14,6 +14,7 @@ from tunnelspec.inventory.host_sections import (BuildSettings, MainHost, Patch, 
                                                 main_host_of, rpc_node_of, source_of)
 from tunnelspec.inventory.model import Inventory
 from tunnelspec.inventory.placement import TargetPlacement, parse_placement
+from tunnelspec.llama import controller_repo
 
 __all__ = ["BuildSettings", "Cluster", "MainHost", "Patch", "RpcNode", "SourcePin", "Users"]
 
@@ -104,7 +105,9 @@ class Cluster:
                     )
 
     @classmethod
-    def from_inventory(cls, inv: Inventory) -> Cluster:
+    def from_inventory(cls, inv: Inventory, controller_source: bool = True) -> Cluster:
+        """`controller_source`: also check llama_repo=controller:PATH against the controller's git
+        (the commands that send the source; teardown does not)."""
         main_name, rpc_names = _topology(inv)
         for name in [main_name, *rpc_names]:
             HostVars(inv, name).check_typos()
@@ -119,7 +122,11 @@ class Cluster:
                     f"differs from the main host {main_name}; every host must build the same "
                     "source, so set it once in [all:vars]",
                 )
+        if controller_source:
+            check_controller_source(inv, main_name, source)
         main = main_host_of(HostVars(inv, main_name))
+        if main.build.backend == "metal":
+            raise cluster_error(inv, main_name, "llama_backend", METAL_MAIN)
         nodes = tuple(rpc_node_of(HostVars(inv, name), i) for i, name in enumerate(rpc_names))
         _check_roles(inv, nodes)
         _check_ports(inv, main, nodes)
@@ -127,6 +134,30 @@ class Cluster:
         placement = parse_placement(HostVars(inv, main_name),
                                     [(HostVars(inv, n.name), n.role, n.target_share) for n in nodes], local)
         return cls(inventory=inv, main=main, rpc=nodes, source=source, placement=placement)
+
+
+# The inventory alone says it (a Metal main is a Mac): refused before any connection, where the
+# host facts would refuse it only after the first login (tasks/host.py, prereqs.py).
+METAL_MAIN = (
+    "metal refused on the main host: Metal exists on macOS only, and tunnelspec deploys to Linux hosts "
+    "with systemd (llama-server, the tunnels and the RPC servers are systemd units). Make a Linux host "
+    "the main host (e.g. llama_backend=cuda llama_target_devices=CUDA0; the Mac's GPU is then not used), "
+    "or run llama-server yourself on the Mac (a Metal build) behind an SSH tunnel you open and supervise "
+    "(ssh -N -L 127.0.0.1:<tunnel_port>:127.0.0.1:<rpc_port> <node>): that part is outside what "
+    "tunnelspec deploys and checks"
+)
+
+
+def check_controller_source(inv: Inventory, main_name: str, source: SourcePin) -> None:
+    """llama_repo=controller:PATH: the controller's repository holds the pinned commit and every
+    patch commit (the hosts get them from it). Local git only; no network."""
+    if not controller_repo.is_controller_repo(source.repo):
+        return
+    try:
+        controller_repo.check(controller_repo.path_of(source.repo, inv.path.parent), source.commit,
+                              [p.pinned for p in source.patches if p.kind != "file"])
+    except controller_repo.ControllerRepoError as err:
+        raise cluster_error(inv, main_name, "llama_repo", str(err)) from None
 
 
 # ---- topology ------------------------------------------------------------------------------------

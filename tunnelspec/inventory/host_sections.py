@@ -15,7 +15,6 @@ from tunnelspec.inventory.placement import node_share
 from tunnelspec.inventory.front_vars import FrontSettings, front_of
 from tunnelspec.inventory.tls_vars import TlsSettings, tls_of
 from tunnelspec.inventory.values import USER_NAME
-from tunnelspec.llama import controller_repo
 from tunnelspec.llama.devices import static_target_default
 from tunnelspec.llama.source_stack import short_sha_error
 from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
@@ -214,12 +213,8 @@ def source_of(hv: HostVars) -> SourcePin:
             "collide: pin the full SHA (git rev-parse '<tag>^{{commit}}'), quoted: llama_commit=\"<sha>\"",
         )
     patches = _patches(hv)
-    if controller_repo.is_controller_repo(repo):
-        try:
-            controller_repo.check(controller_repo.path_of(repo, hv.inv.path.parent), commit,
-                                  [p.pinned for p in patches if p.kind != "file"])
-        except controller_repo.ControllerRepoError as err:
-            raise hv.fail("llama_repo", str(err)) from None
+    # llama_repo=controller:PATH is checked against the controller's git once, for the whole
+    # cluster, by the commands that send the source (cluster.py check_controller_source).
     return SourcePin(
         repo=repo,
         commit=commit,
@@ -261,6 +256,9 @@ def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
         path = (hv.inv.path.parent / rel).resolve()
         if not path.is_file():
             raise hv.fail("llama_patches", f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)")
+        if not is_patch_text(path.read_text(encoding="utf-8", errors="replace")):
+            raise hv.fail("llama_patches", f"{where}: {path} is not a patch: no unified diff in it (`--- a/…`, "
+                          "`+++ b/…` and `@@` hunks, as `git diff` or `git format-patch` write); give the patch file")
         return Patch(kind="file", file=path)
     key = "head" if "head" in keys else "commit"
     # Full SHAs only, as for llama_commit: the one rule and its reason live in short_sha_error.
@@ -277,6 +275,19 @@ def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
         if not isinstance(entry[key], str) or not entry[key].strip() or entry[key].startswith("-"):
             raise hv.fail("llama_patches", f"{where}: {key} must be a non-empty string not starting with '-'")
     return Patch(kind="remote", remote=entry["remote"], ref=entry["ref"], commit=sha)
+
+
+_HUNK = re.compile(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@", re.M)
+_FILE_PAIR = re.compile(r"^--- \S.*\n\+\+\+ \S", re.M)
+_GIT_ONLY = re.compile(r"^(rename from|new file mode|deleted file mode|GIT binary patch|old mode)", re.M)
+
+
+def is_patch_text(text: str) -> bool:
+    """A unified diff as `git apply` takes it: file headers and hunks, or a git diff of renames,
+    modes or binaries (which has no hunk)."""
+    if _FILE_PAIR.search(text) and _HUNK.search(text):
+        return True
+    return "\ndiff --git " in "\n" + text and bool(_GIT_ONLY.search(text))
 
 
 def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
