@@ -12,12 +12,25 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(python3 python3-venv python3-pip git openssh-server openssh-client systemd-container debootstrap
       iproute2 zstd ca-certificates cmake g++ make ccache procps curl
-      nftables sudo libssl-dev libvulkan-dev haproxy shellcheck)  # shellcheck: scripts/gpu-check.sh is linted (tests/accel); nftables: tests/isolation load the loopback rules in a private network namespace; sudo: the become tests; libssl-dev: llama-server's dev build with OpenSSL, as main's builds had it; libvulkan-dev: the Vulkan header check (tests/accel); haproxy: the front's tests (tests/server)
+      nftables sudo libssl-dev libvulkan-dev haproxy shellcheck
+      prometheus)  # prometheus: promtool checks and unit-tests monitoring/'s alert rules, and the metrics lab test runs its own loopback Prometheus (the package's daemon is kept off, below); shellcheck: scripts/gpu-check.sh is linted (tests/accel); nftables: tests/isolation load the loopback rules in a private network namespace; sudo: the become tests; libssl-dev: llama-server's dev build with OpenSSL, as main's builds had it; libvulkan-dev: the Vulkan header check (tests/accel); haproxy: the front's tests (tests/server)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ "${#missing[@]}" -gt 0 ]; then
   apt-get update -q
+  # Debian's prometheus package starts prometheus.service on 0.0.0.0:9090 at install: nothing of the
+  # tests may listen off loopback, so no service starts during this install (unless the machine has
+  # its own policy already) and the daemon stays disabled (the tests run /usr/bin/prometheus themselves).
+  own_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && own_policy=1
+  fi
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+  if [ "$own_policy" = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
+fi
+if [ -e /lib/systemd/system/prometheus.service ]; then
+  if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  else systemctl disable prometheus.service >/dev/null 2>&1 || true; fi
 fi
 mkdir -p /run/sshd
 

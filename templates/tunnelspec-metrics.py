@@ -1,0 +1,316 @@
+#!/usr/bin/python3
+# Installed by tunnelspec on the main host when `metrics=true` (docs/metrics.md). Python 3 standard
+# library only, like the draft watch next to it.
+#
+#   tunnelspec-metrics serve CONFIG   tunnelspec-metrics.service (the front's user): answers GET /metrics
+#                                     on 127.0.0.1:<metrics_port> in Prometheus' text format.
+#   tunnelspec-metrics show CONFIG    prints one scrape on stdout (for a person on main, and tests).
+#
+# What it reads, at each scrape (nothing is cached, nothing is written):
+# - the serving mode and its counters from the launcher's state file (tunnelspec-draftwatch), and the
+#   watcher's last HELLO of the draft node: no RPC connection of its own (b11434's rpc-server serves one
+#   client at a time, and llama-server is that client);
+# - each tunnel unit's ActiveState and NRestarts, and llama-server's unit, from systemd;
+# - the front's certificate (public) for its end date;
+# - llama-server's own /metrics (`llamacpp:*`) on its loopback port: the front's user is the one the
+#   loopback isolation lets through, and the API key comes from systemd (LoadCredential=), never from a
+#   file this user could read;
+# - the front's own figures (HAProxy's built-in exporter on a unix socket in the front's runtime directory).
+# Why the front's user: it alone may reach llama-server's port, it owns the front's sockets and reads
+# the certificate's directory. No secret is ever a label or a value here.
+import http.server
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+
+MODES = ("speculative", "degraded", "waiting", "plain")
+
+# The documented set (docs/metrics.md; the alert rules and the dashboard use only these and llama-server's).
+METRICS = {
+    "tunnelspec_serving_mode": ("gauge", "1 for the mode llama-server was last launched in (speculative, degraded, waiting, plain), else 0"),
+    "tunnelspec_serving_mode_seconds_total": ("counter", "Seconds spent in each serving mode since main booted"),
+    "tunnelspec_serving_mode_entered_total": ("counter", "Times serving switched into each mode since main booted"),
+    "tunnelspec_serving_mode_since_timestamp_seconds": ("gauge", "Unix time the current serving mode began"),
+    "tunnelspec_llama_server_starts_total": ("counter", "llama-server starts by the launcher since main booted (mode switches, crashes, deploys)"),
+    "tunnelspec_llama_server_up": ("gauge", "1 while tunnelspec-llama-server.service is active"),
+    "tunnelspec_tunnel_up": ("gauge", "1 while the node's tunnel unit is active"),
+    "tunnelspec_tunnel_restarts_total": ("counter", "Automatic restarts of the node's tunnel unit (systemd NRestarts: reconnects)"),
+    "tunnelspec_node_rpc_hello_ok": ("gauge", "1 when the node's RPC server last answered the HELLO through its tunnel with main's protocol version"),
+    "tunnelspec_node_rpc_hello_timestamp_seconds": ("gauge", "Unix time of the node's last HELLO probe"),
+    "tunnelspec_node_rpc_info": ("gauge", "The RPC protocol version the node last answered (always 1)"),
+    "tunnelspec_tls_certificate_expiry_timestamp_seconds": ("gauge", "Unix time the front's certificate ends (public bind only)"),
+    "tunnelspec_exporter_source_up": ("gauge", "1 when the exporter could read this source at this scrape (state, systemd, llama_server, front, certificate)"),
+}
+SOURCES = ("state", "systemd", "llama_server", "front", "certificate")
+
+
+def load_config(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _label(v):
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class Out:
+    """Samples grouped by metric, each family once with its HELP and TYPE."""
+
+    def __init__(self):
+        self.samples = {}
+
+    def add(self, name, value, **labels):
+        self.samples.setdefault(name, []).append((labels, value))
+
+    def text(self):
+        lines = []
+        for name in METRICS:
+            if name not in self.samples:
+                continue
+            kind, help_ = METRICS[name]
+            lines += ["# HELP %s %s" % (name, help_), "# TYPE %s %s" % (name, kind)]
+            for labels, value in self.samples[name]:
+                ls = ",".join('%s="%s"' % (k, _label(v)) for k, v in sorted(labels.items()))
+                lines.append("%s%s %s" % (name, "{" + ls + "}" if ls else "", _num(value)))
+        return "\n".join(lines) + "\n"
+
+
+def _num(v):
+    v = float(v)
+    return repr(int(v)) if v.is_integer() and abs(v) < 2 ** 53 else repr(v)
+
+
+# ---- sources ---------------------------------------------------------------------------------------
+def mode_figures(out, state, now):
+    """Mode gauges and counters from the launcher's state file (older files without counters count
+    from what they say: the current mode since `since`)."""
+    mode = state.get("mode")
+    for m in MODES:
+        out.add("tunnelspec_serving_mode", 1 if m == mode else 0, mode=m)
+    seconds = dict(state.get("seconds") or {})
+    at = float(state.get("at") or now)
+    if mode in MODES:
+        if not state.get("seconds"):
+            at = float(state.get("since") or at)
+        seconds[mode] = float(seconds.get(mode, 0.0)) + max(0.0, now - at)
+    entered = state.get("entered") or ({mode: 1} if mode in MODES else {})
+    for m in MODES:
+        out.add("tunnelspec_serving_mode_seconds_total", round(float(seconds.get(m, 0.0)), 3), mode=m)
+        out.add("tunnelspec_serving_mode_entered_total", int(entered.get(m, 0)), mode=m)
+    if state.get("since") is not None:
+        out.add("tunnelspec_serving_mode_since_timestamp_seconds", round(float(state["since"]), 3))
+    out.add("tunnelspec_llama_server_starts_total", int(state.get("starts", 0)))
+
+
+def unit_props(units):
+    """{unit: {ActiveState, NRestarts}} in one systemctl call (readable by any user over the bus)."""
+    if not units:
+        return {}
+    res = subprocess.run(["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "NRestarts", "--"] + list(units),
+                         capture_output=True, text=True, timeout=10)
+    if res.returncode != 0:
+        raise OSError(res.stderr.strip() or "systemctl show failed")
+    found, cur = {}, {}
+    for line in res.stdout.splitlines() + [""]:
+        if not line.strip():
+            if cur.get("Id"):
+                found[cur["Id"]] = cur
+            cur = {}
+            continue
+        k, _, v = line.partition("=")
+        cur[k] = v
+    return found
+
+
+def node_figures(out, cfg, state, watch):
+    """The nodes' last HELLO: the launcher's (at each start) or the watcher's (while degraded), newest wins."""
+    nodes = dict((state or {}).get("nodes") or {})
+    for name, rec in ((watch or {}).get("nodes") or {}).items():
+        if float(rec.get("at", 0)) >= float(nodes.get(name, {}).get("at", 0)):
+            nodes[name] = rec
+    for name in cfg.get("nodes", []):
+        rec = nodes.get(name)
+        if not rec:
+            continue
+        out.add("tunnelspec_node_rpc_hello_ok", 1 if rec.get("ok") else 0, node=name)
+        out.add("tunnelspec_node_rpc_hello_timestamp_seconds", round(float(rec.get("at", 0)), 3), node=name)
+        if rec.get("version"):
+            out.add("tunnelspec_node_rpc_info", 1, node=name, version=rec["version"])
+
+
+def cert_end(path):
+    """Unix time the certificate ends; stdlib first, openssl as a fallback."""
+    try:
+        info = ssl._ssl._test_decode_cert(path)  # noqa: SLF001 (the stdlib's only X.509 reader)
+        return float(ssl.cert_time_to_seconds(info["notAfter"]))
+    except (AttributeError, KeyError, ValueError, ssl.SSLError):
+        pass
+    res = subprocess.run(["openssl", "x509", "-noout", "-enddate", "-in", path], capture_output=True, text=True,
+                         timeout=10)
+    if res.returncode != 0 or "=" not in res.stdout:
+        raise OSError("cannot read the certificate's end date")
+    return float(ssl.cert_time_to_seconds(res.stdout.split("=", 1)[1].strip()))
+
+
+def _http_get(connect, host, path, headers=None, timeout=5.0):
+    """GET over an already connected stream socket; the body on 200, else OSError."""
+    s = connect()
+    try:
+        s.settimeout(timeout)
+        req = "GET %s HTTP/1.0\r\nHost: %s\r\n" % (path, host)
+        for k, v in (headers or {}).items():
+            req += "%s: %s\r\n" % (k, v)
+        s.sendall((req + "\r\n").encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > 8 * 1024 * 1024:
+                raise OSError("answer too large")
+    finally:
+        s.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0].split()
+    if len(status) < 2 or status[1] != b"200":
+        raise OSError("HTTP %s" % (status[1].decode(errors="replace") if len(status) > 1 else "?"))
+    return body.decode("utf-8", errors="replace")
+
+
+def llama_metrics(cfg):
+    l = cfg.get("llama_server") or {}
+    headers = {}
+    key_path = os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", ""), "api-key") if l.get("api_key") else None
+    if key_path:
+        with open(key_path) as f:
+            headers["Authorization"] = "Bearer " + f.read().strip()
+    host, port = l["address"].rsplit(":", 1)
+    return _http_get(lambda: socket.create_connection((host, int(port)), timeout=5), host, "/metrics", headers)
+
+
+def front_metrics(cfg):
+    path = (cfg.get("front") or {}).get("socket")
+
+    def connect():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(path)
+        return s
+    return _http_get(connect, "front", "/metrics?scope=frontend&scope=backend&scope=server")
+
+
+def _only_samples(text, prefixes):
+    """Another exporter's text, kept to the families named by `prefixes` (comments included)."""
+    keep = []
+    for line in text.splitlines():
+        name = line.split()[2] if line.startswith("# ") and len(line.split()) > 2 else line.split("{")[0].split(" ")[0]
+        if name.startswith(prefixes):
+            keep.append(line)
+    return "\n".join(keep) + ("\n" if keep else "")
+
+
+def scrape(cfg, now=None):
+    now = time.time() if now is None else now
+    out, extra, up = Out(), [], {}
+    state = _read_json(cfg["state"])
+    up["state"] = state is not None
+    if state is not None:
+        mode_figures(out, state, now)
+    node_figures(out, cfg, state, _read_json(cfg.get("watch_state") or ""))
+    units = dict(cfg.get("tunnels") or {})
+    try:
+        props = unit_props([cfg["llama_unit"]] + list(units.values()))
+        up["systemd"] = True
+    except (OSError, subprocess.SubprocessError):
+        props, up["systemd"] = {}, False
+    if props:
+        out.add("tunnelspec_llama_server_up", 1 if props.get(cfg["llama_unit"], {}).get("ActiveState") == "active" else 0)
+        for node, unit in sorted(units.items()):
+            p = props.get(unit, {})
+            out.add("tunnelspec_tunnel_up", 1 if p.get("ActiveState") == "active" else 0, node=node)
+            if p.get("NRestarts", "").isdigit():
+                out.add("tunnelspec_tunnel_restarts_total", int(p["NRestarts"]), node=node)
+    if cfg.get("certificate"):
+        try:
+            out.add("tunnelspec_tls_certificate_expiry_timestamp_seconds", cert_end(cfg["certificate"]))
+            up["certificate"] = True
+        except (OSError, subprocess.SubprocessError, ValueError):
+            up["certificate"] = False
+    if cfg.get("llama_server"):
+        try:
+            extra.append(_only_samples(llama_metrics(cfg), ("llamacpp:",)))
+            up["llama_server"] = True
+        except (OSError, ValueError):
+            up["llama_server"] = False
+    if cfg.get("front"):
+        try:
+            extra.append(_only_samples(front_metrics(cfg), ("haproxy_",)))
+            up["front"] = True
+        except (OSError, ValueError):
+            up["front"] = False
+    for source in SOURCES:
+        if source in up:
+            out.add("tunnelspec_exporter_source_up", 1 if up[source] else 0, source=source)
+    return out.text() + "".join(extra)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    cfg_path = None
+    server_version = "tunnelspec-metrics"
+    sys_version = ""
+
+    def do_GET(self):
+        if self.path.split("?")[0] != "/metrics":
+            self.send_error(404)
+            return
+        body = scrape(load_config(self.cfg_path)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *args):
+        pass  # one line per scrape would flood the journal
+
+
+def serve(cfg_path):
+    cfg = load_config(cfg_path)
+    host, port = cfg["listen"]
+    if host != "127.0.0.1":
+        print("tunnelspec-metrics: listens on 127.0.0.1 only, not %r" % host, file=sys.stderr)
+        return 2
+    Handler.cfg_path = cfg_path
+    srv = http.server.ThreadingHTTPServer((host, int(port)), Handler)
+    srv.daemon_threads = True
+    print("tunnelspec: metrics on http://%s:%d/metrics" % (host, int(port)), flush=True)
+    srv.serve_forever()
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] not in ("serve", "show"):
+        print("usage: tunnelspec-metrics serve|show CONFIG", file=sys.stderr)
+        return 2
+    if argv[0] == "serve":
+        return serve(argv[1])
+    sys.stdout.write(scrape(load_config(argv[1])))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
