@@ -61,6 +61,9 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     if options.limit and not inv.match(options.limit):
         raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")
     connect_options = connect_options or connect_options_from_env()
+    from tunnelspec.connection.factory import check_known_hosts
+
+    check_known_hosts(inv, inv.match(options.limit or "all"), connect_options)
     run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout), connect_options, cluster)
 
     async def go():

@@ -21,6 +21,9 @@ async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeo
 
     inv = load_inventory(inventory_path).with_extra_vars(extra_vars or {})
     cluster = Cluster.from_inventory(inv)
+    from tunnelspec.connection.factory import check_known_hosts
+
+    check_known_hosts(inv, [cluster.main.name], connect_options)
     conn = await connect(cluster.main.name, inv.host_vars(cluster.main.name), connect_options, inv.path.parent)
 
     async def one(node) -> dict:

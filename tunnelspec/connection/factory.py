@@ -17,14 +17,42 @@ from tunnelspec.truth import truthy
 def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:
     """(spec, pin_path): the known_hosts to check against and where new keys would be pinned."""
     if opts.known_hosts:
+        from tunnelspec.connection.hostkeys import is_known_hosts_content
+
         spec = opts.known_hosts
-        return spec, (spec if "\n" not in spec else None)
+        if is_known_hosts_content(spec):
+            return spec, None
+        spec = os.path.abspath(os.path.expanduser(spec))
+        return spec, spec
     path = host_vars.get("tunnelspec_known_hosts")
     if path:
-        p = expand_user_path(str(path), inventory_dir)
+        # Absolute: `known_hosts` next to an inventory given as `inventory.ini` would otherwise be the
+        # bare word "known_hosts", which is neither clearly a path nor known_hosts content.
+        p = os.path.abspath(expand_user_path(str(path), inventory_dir))
         return p, p
     p = os.path.expanduser("~/.ssh/known_hosts")
     return p, p
+
+
+def check_known_hosts(inventory, hosts, opts: ConnectOptions) -> None:
+    """Before any host is contacted: every known_hosts the hosts name can be read (a missing file is an
+    empty one), and with --accept-new-host-keys the file to pin to can be created. Raises UsageError
+    (exit 2) naming the file."""
+    from tunnelspec.connection.hostkeys import load_known_hosts_text
+
+    seen = set()
+    for name in hosts:
+        hv = inventory.host_vars(name)
+        if not is_ssh(hv):
+            continue
+        spec, pin = known_hosts_for(hv, opts, inventory.path.parent)
+        if (spec, pin) in seen:
+            continue
+        seen.add((spec, pin))
+        load_known_hosts_text(spec)
+        if opts.accept_new_host_keys and pin and not os.path.isdir(os.path.dirname(os.path.abspath(pin)) or "."):
+            raise UsageError(f"{name}: --accept-new-host-keys would pin to {pin}, but its directory "
+                             f"{os.path.dirname(os.path.abspath(pin))} does not exist; create it first")
 
 
 def ssh_target(name: str, host_vars: dict) -> tuple[str, int]:

@@ -4,22 +4,54 @@ key always fails, naming both fingerprints."""
 from __future__ import annotations
 
 import functools
-import os
+import re
 from pathlib import Path
 
 import asyncssh
 
-from tunnelspec.errors import HostKeyError
+from tunnelspec.errors import HostKeyError, UsageError
+
+
+_KEY_TYPE = re.compile(r"(^|\s)(ssh-|ecdsa-|sk-|rsa-sha2-|x509v3-)\S*\s+\S")
+
+
+def is_known_hosts_content(spec: str) -> bool:
+    """TUNNELSPEC_KNOWN_HOSTS is the file's content or a path. Content has several lines, or one entry
+    (`HOSTS KEYTYPE BASE64`, or an @marker line); anything else (no spaces, a slash, no key type) is a
+    path, and a path that does not exist is an empty file, never parsed as known_hosts lines."""
+    if "\n" in spec.strip():
+        return True
+    line = spec.strip()
+    return line.startswith(("@cert-authority", "@revoked")) or bool(_KEY_TYPE.search(line))
 
 
 def load_known_hosts_text(spec: str | None) -> str:
-    """spec is a path or the file's content (TUNNELSPEC_KNOWN_HOSTS accepts both)."""
+    """spec is a path or the file's content (TUNNELSPEC_KNOWN_HOSTS accepts both). A path that does not
+    exist yet reads as empty (its hosts are then unknown, exit 4, or pinned there with
+    --accept-new-host-keys); one that cannot be read, or does not hold known_hosts lines, is a usage
+    error (exit 2) naming it."""
     if not spec:
         return ""
-    if "\n" not in spec and (spec.startswith(("/", "~", ".")) or os.path.exists(spec)):
+    if is_known_hosts_content(spec):
+        text, where = spec, "TUNNELSPEC_KNOWN_HOSTS"
+    else:
         p = Path(spec).expanduser()
-        return p.read_text() if p.exists() else ""
-    return spec
+        where = f"known_hosts file {p}"
+        if p.is_dir():
+            raise UsageError(f"{where} is a directory; tunnelspec_known_hosts (or TUNNELSPEC_KNOWN_HOSTS) "
+                             "must name a file")
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            return ""
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{where} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        parsed_known_hosts(text)
+    except (ValueError, asyncssh.Error) as e:
+        raise UsageError(f"{where}: not a known_hosts file ({e}); fix or remove the line, "
+                         "or let `tunnelspec hostkeys scan` print the lines to use") from None
+    return text
 
 
 def host_patterns(address: str, port: int) -> list[str]:

@@ -126,6 +126,9 @@ def run_scan(inventory_path: str, limit: str | None, fmt: str, opts: ConnectOpti
     if not hosts:
         raise UsageError(f"--limit {limit!r} matches no host in {inventory_path}" if limit
                          else f"{inventory_path}: no hosts")
+    from tunnelspec.connection.factory import check_known_hosts
+
+    check_known_hosts(inv, hosts, opts)
     results = asyncio.run(scan(inv, hosts, opts))
     if fmt == "json":
         from tunnelspec.reporting import events
