@@ -248,6 +248,23 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
     sys.exit(bench.exit_code(result))
 
 
+@main.command("check")
+@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
+              help="Errors, warnings and the plan as text, or one JSON object.")
+@_extra_vars_option
+def check_cmd(inventory_file, fmt, extra_vars):
+    """Offline: every inventory mistake at once (file:line), then what systemd will run on each host.
+    Contacts nothing. Exit 2 on errors, 0 otherwise (warnings alone are fine)."""
+    import json
+
+    from tunnelspec.check import check_inventory
+
+    report = check_inventory(inventory_file, _extra_vars(extra_vars))
+    click.echo(json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render())
+    sys.exit(report.exit_code())
+
+
 # ---- inventory -------------------------------------------------------------------------------
 @main.group()
 def inventory() -> None:

@@ -37,8 +37,23 @@ KNOWN_VARS = frozenset(
         "tunnel_ssh_host", "tunnel_ssh_port",  # main's tunnel ssh to a node (inventory/addresses.py)
         "llama_server_internal_port", "llama_server_hold_timeout", "draft_rejoin_after",
         "front_user",  # inventory/front_vars.py: the front (HAProxy) and the draft's return
+        "metrics", "metrics_port", "metrics_token_file",  # inventory/front_vars.py (docs/metrics.md)
+        "llama_keep_builds", "tunnel_from",  # playbooks/build.yml, tunnel.yml
+        "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge",  # set by commands with -e (cli.py)
     }
 )
+# The user's own variables (for their own playbooks, templates or notes): tunnelspec reads none of
+# them and `tunnelspec check` does not call them unknown. Ansible's own `ansible_*` are fine too.
+USER_VAR_PREFIX = "my_"
+
+
+def is_unknown_var(name: str) -> bool:
+    return not (name in KNOWN_VARS or name.startswith(("ansible_", USER_VAR_PREFIX)))
+
+
+def nearest_var(name: str, cutoff: float = 0.8) -> str | None:
+    close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=cutoff)
+    return close[0] if close else None
 
 _MISSING = object()
 
@@ -170,13 +185,13 @@ class HostVars:
 
     def check_typos(self) -> None:
         for name in self.values:
-            if name.startswith("ansible_") or name in KNOWN_VARS:
+            if not is_unknown_var(name):
                 continue
-            close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.8)
+            close = nearest_var(name)
             if close:
                 raise self.fail(
-                    name, f"unknown variable; did you mean '{close[0]}'? (rename it, or pick a name "
-                    "that is not this close to a tunnelspec variable)"
+                    name, f"unknown variable; did you mean '{close}'? (rename it; a variable of your own "
+                    f"starts with {USER_VAR_PREFIX})"
                 )
 
 

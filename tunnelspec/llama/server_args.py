@@ -146,11 +146,12 @@ def _weight(w: float) -> str:
 
 def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]], binary: str,
                       model: str, draft_model: str | None, *, absent: frozenset[str] = frozenset(),
-                      n_layer: int | None = None) -> ServerPlan:
+                      n_layer: int | None = None, unknown_layers: str | None = None) -> ServerPlan:
     """The command line. `absent`: node names left out as if they were not in the inventory (their
     endpoints dropped, the remaining RPC devices renumbered; the draft node absent means no draft
     arguments at all). `n_layer`: the target GGUF's block count, needed when main's CPU keeps a
-    share (-ngl) and used for the expected layers per device."""
+    share (-ngl) and used for the expected layers per device; without it, `unknown_layers` stands
+    in for -ngl's value (the offline plan of `tunnelspec check`), else that is an error."""
     main = cluster.main
     absent = frozenset(absent)
     unknown = sorted(absent - {n.name for n in cluster.rpc})
@@ -203,7 +204,7 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
             layers = ([("CPU", keep)] if cpu_w > 0 else []) + [(d, c) for (d, _), c in zip(split, counts)]
             if cpu_w > 0:
                 ngl = slots - keep
-        elif cpu_w > 0:
+        elif cpu_w > 0 and unknown_layers is None:
             raise TaskFailed(f"{placement.source} gives main's CPU a share, which becomes -ngl (the layers that "
                              f"leave the CPU), and the target's block count is unknown: the header of {model} on "
                              "main could not be read; check the file is a GGUF")
@@ -211,8 +212,8 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
             raise TaskFailed(f"{placement.source} gives proportions but the target has no offload device")
         if dev != "none" and any(w > 0 for _, w in split):
             argv += [help_.require("-ts", "--tensor-split"), ",".join(_weight(w) for _, w in split)]
-        if ngl is not None:
-            argv += [help_.require("-ngl", "--gpu-layers", "--n-gpu-layers"), str(ngl)]
+        if ngl is not None or (cpu_w > 0 and unknown_layers is not None):
+            argv += [help_.require("-ngl", "--gpu-layers", "--n-gpu-layers"), str(ngl if ngl is not None else unknown_layers)]
     argv += spec
     if draft is not None:
         ngl_flag = help_.require("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
