@@ -22,6 +22,14 @@ from tunnelspec.models import hub
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 ROLES = ("draft", "target")
+# Names people write for a backend that llama.cpp calls otherwise (its CMake switch and device names).
+BACKEND_ALIASES = {
+    "rocm": "hip",  # ROCm is AMD's stack; llama.cpp's backend for it is HIP (GGML_HIP, devices ROCm0…)
+    "nvidia": "cuda",
+    "vk": "vulkan",
+    "mps": "metal",
+    "apple": "metal",
+}
 # Flags tunnelspec sets itself in the llama-server unit (llama/speculative.py OWNED_FLAGS, with the
 # variable to use instead); letting extra args repeat them would silently move the model, the draft
 # or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
@@ -172,7 +180,7 @@ def build_of(hv: HostVars) -> BuildSettings:
                 f"{arg!r} is set by tunnelspec (use llama_backend for the backend); remove it",
             )
     return BuildSettings(
-        backend=hv.choice("llama_backend", BACKENDS, "cpu"),
+        backend=backend_of(hv),
         cmake_args=args,
         jobs=hv.integer("llama_build_jobs", None, minimum=1),
         force_clean=hv.boolean("llama_force_clean", False),
@@ -202,6 +210,16 @@ def _cuda_architectures(hv: HostVars, cmake_args: tuple[str, ...]) -> str | None
     return ";".join(archs)
 
 
+def backend_of(hv: HostVars) -> str:
+    value = hv.string("llama_backend", "cpu")
+    alias = BACKEND_ALIASES.get(str(value).strip().lower())
+    if value not in BACKENDS and alias:
+        why = " ROCm is llama.cpp's HIP backend (GGML_HIP; its devices are named ROCm0, ROCm1…)." if alias == "hip" else ""
+        raise hv.fail("llama_backend", f"{value!r} is not a backend name: did you mean {alias}?{why} "
+                      f"(one of {', '.join(BACKENDS)})")
+    return hv.choice("llama_backend", BACKENDS, "cpu")
+
+
 def source_of(hv: HostVars) -> SourcePin:
     repo = hv.string("llama_repo")
     commit = hv.raw("llama_commit")
@@ -210,7 +228,7 @@ def source_of(hv: HostVars) -> SourcePin:
         raise hv.fail(
             "llama_commit",
             f"{commit!r} is not a full 40-hex commit SHA; tags, branches and short SHAs can move or "
-            "collide: pin the full SHA (git rev-parse '<tag>^{{commit}}'), quoted: llama_commit=\"<sha>\"",
+            "collide: pin the full SHA (git rev-parse '<tag>^{commit}'), quoted: llama_commit=\"<sha>\"",
         )
     patches = _patches(hv)
     # llama_repo=controller:PATH is checked against the controller's git once, for the whole
