@@ -11,7 +11,7 @@ from tunnelspec.connection import ConnectOptions
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import load_playbook
-from tunnelspec.errors import UsageError
+from tunnelspec.errors import ClusterError, UsageError
 from tunnelspec.reporting.human import HumanReporter
 from tunnelspec.reporting.jsonl import JsonReporter
 from tunnelspec.secrets import Secret
@@ -47,13 +47,24 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
                       stream=None, require_models: bool = False, preflight: bool = False) -> int:
     from tunnelspec.inventory import load_inventory
 
+    if preflight:
+        # deploy: every mistake of the inventory at once (`tunnelspec check`), before any connection.
+        from tunnelspec.check import check_inventory
+
+        report = check_inventory(inventory_path, options.extra_vars)
+        if report.errors:
+            raise ClusterError(report.error_text())
+        if fmt == "human":
+            for warning in report.warnings:
+                print(f"WARNING: {warning.message}", file=sys.stderr)
     # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
     inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
     cluster = load_cluster(inv) if not require_cluster else None
     if require_cluster:
         from tunnelspec.inventory.cluster import Cluster
 
-        cluster = Cluster.from_inventory(inv)
+        # The controller's llama.cpp repository matters to the deploy, which sends the source from it.
+        cluster = Cluster.from_inventory(inv, controller_source=require_models)
         if require_models:
             # deploy ends with llama-server: a missing model must stop the run before any host is touched.
             cluster.require_models()

@@ -27,7 +27,7 @@ def write(tmp_path: Path, repo: str, commit: str, model: str = "/srv/t.gguf", pa
 
 def error(path: Path) -> ClusterError:
     with pytest.raises(ClusterError) as info:
-        Cluster.from_inventory(load_inventory(path))
+        Cluster.from_inventory(load_inventory(path), controller_source=True)
     assert info.value.exit_code == 2
     return info.value
 

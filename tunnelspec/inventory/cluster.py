@@ -105,7 +105,7 @@ class Cluster:
                     )
 
     @classmethod
-    def from_inventory(cls, inv: Inventory, controller_source: bool = True) -> Cluster:
+    def from_inventory(cls, inv: Inventory, controller_source: bool = False) -> Cluster:
         """`controller_source`: also check llama_repo=controller:PATH against the controller's git
         (the commands that send the source; teardown does not)."""
         main_name, rpc_names = _topology(inv)
