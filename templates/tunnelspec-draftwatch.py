@@ -61,10 +61,35 @@ def read_state(cfg):
         return {}
 
 
-def write_state(cfg, state):
+# Cumulative figures the metrics exporter reads (docs/metrics.md): seconds spent in each mode, switches
+# into each mode, llama-server starts, and each node's last HELLO. They live as long as the file (/run:
+# until main reboots); a file written before they existed counts from zero.
+COUNTERS = ("seconds", "entered", "starts", "nodes")
+
+
+def write_state(cfg, state, prev=None, hello=None, start=False):
+    """Write the mode file; with `prev` (the file as read before), carry the counters over and
+    account the time since prev's write to prev's mode. `hello`: {node: (version, reason)} probed now;
+    `start`: llama-server is started in this mode."""
+    if prev is not None:
+        now = float(state.get("at") or time.time())
+        seconds = dict(prev.get("seconds") or {})
+        entered = dict(prev.get("entered") or {})
+        if prev.get("mode"):
+            at = float(prev.get("at") or now)
+            seconds[prev["mode"]] = round(float(seconds.get(prev["mode"], 0)) + max(0.0, now - at), 3)
+        if state.get("mode") != prev.get("mode"):
+            entered[state["mode"]] = int(entered.get(state["mode"], 0)) + 1
+        nodes = dict(prev.get("nodes") or {})
+        for node, (version, reason) in (hello or {}).items():
+            nodes[node] = {"ok": reason == "", "version": version or "", "at": round(now, 3)}
+        state = dict(state, seconds=seconds, entered=entered, starts=int(prev.get("starts", 0)) + (1 if start else 0), nodes=nodes)
     path = cfg["state"]
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    # 0644: the exporter (the front's user) reads it; it holds modes, node names and reasons, no secret.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.fchmod(fd, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(state, f, sort_keys=True)
         f.write("\n")
     os.replace(tmp, path)
@@ -87,8 +112,11 @@ def probe_draft(cfg, timeout):
     version, err = RPC.probe(d["endpoint"], timeout)
     if version is not None:
         if cfg.get("expect") and version != cfg["expect"]:
+            HELLO[d["node"]] = (version, "protocol mismatch")
             return False, "protocol mismatch (%s speaks RPC v%s, main v%s)" % (d["node"], version, cfg["expect"])
+        HELLO[d["node"]] = (version, "")
         return True, "RPC v%s" % version
+    HELLO[d["node"]] = (None, err or "no answer")
     active, sub = unit_state(d["tunnel_unit"])
     if active != "active":
         return False, "tunnel down (%s %s/%s)" % (d["tunnel_unit"], active, sub)
@@ -117,6 +145,8 @@ def wait_required(cfg, prev):
                 last[node] = "protocol mismatch (%s speaks RPC v%s, main v%s)" % (node, version, cfg["expect"])
             else:
                 pending.remove((node, ep))
+                last.pop(node, None)
+            HELLO[node] = (version, last.get(node, ""))
         if not pending or time.monotonic() >= deadline:
             break
         if not told:
@@ -129,11 +159,15 @@ def wait_required(cfg, prev):
     return node, last.get(node, "no answer")
 
 
+# This start's HELLO results, {node: (version or None, reason or "")}, for the mode file's figures.
+HELLO = {}
+
+
 def _waiting(cfg, prev, node, why):
     now = time.time()
     same = prev.get("mode") == WAITING and prev.get("node") == node
     since = prev.get("since") if same else now
-    write_state(cfg, {"mode": WAITING, "node": node, "reason": why, "since": since, "at": now})
+    write_state(cfg, {"mode": WAITING, "node": node, "reason": why, "since": since, "at": now}, prev, HELLO)
     if not same:
         log("serving waits for %s (it holds target layers) since %s: %s" % (node, _iso(since), why))
 
@@ -181,9 +215,11 @@ def launch(cfg_path):
     if read_state(cfg).get("mode") == WAITING:
         prev = read_state(cfg)  # the node is back: what comes now is a change, said once
     mode, node, why = choose(cfg, prev)
+    now = time.time()
     since = prev.get("since", now) if prev.get("mode") == mode else now
     state = {"mode": mode, "node": node, "reason": why if mode == DEGRADED else "", "since": since, "at": now}
-    write_state(cfg, state)
+    last = read_state(cfg)  # counters as _waiting may have advanced them during this start
+    write_state(cfg, state, last, HELLO, start=True)  # llama-server is exec'd below
     if prev.get("mode") != mode:
         if mode == SPECULATIVE:
             log("mode speculative: draft on %s (%s)" % (",".join(cfg["draft"]["devices"]), node))
@@ -289,6 +325,7 @@ def watch(cfg_path, interval=1.0):
                 _sleep_until_restarted(cfg)
         elif mode == DEGRADED:
             ok, why = probe_draft(cfg, 2.0)
+            _record_hello(cfg)
             if not ok:
                 if steady_since is not None:
                     log("%s stopped answering again (%s)" % (d["node"], why))
@@ -307,6 +344,19 @@ def watch(cfg_path, interval=1.0):
                     steady_since = None
                     _sleep_until_restarted(cfg)
         time.sleep(interval)
+
+
+def _record_hello(cfg):
+    """The draft node's last HELLO, for the metrics exporter (its own file, next to the rejoin flag:
+    the watcher writes nothing of llama-server's)."""
+    path = os.path.join(os.path.dirname(cfg["rejoin_flag"]), "hello.json")
+    nodes = {n: {"ok": r == "", "version": v or "", "at": round(time.time(), 3)} for n, (v, r) in HELLO.items()}
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"nodes": nodes}, f, sort_keys=True)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass  # figures only: never a reason to stop watching
 
 
 def _rejoin_flag(cfg):

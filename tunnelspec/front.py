@@ -36,10 +36,18 @@ HOLD_PORT = 1
 HOLD_TRIES_PER_S = 4
 HAPROXY = "/usr/sbin/haproxy"
 
+# metrics=true (docs/metrics.md): the exporter next to the draft watch, its configuration, and the
+# front's own exporter on a unix socket in the front's runtime directory.
+METRICS_UNIT = "tunnelspec-metrics.service"
+METRICS_CONFIG = f"{ETC_DIR}/metrics.json"
+METRICS_SOCKET = f"{FRONT_RUN_DIR}/metrics.sock"
+WATCH_HELLO = "/run/tunnelspec-draftwatch/hello.json"  # the watcher's last HELLO of the draft node
+
 WATCH_UNIT = "tunnelspec-draftwatch.service"
 HELPER_DIR = "/usr/local/lib/tunnelspec"
 DRAFTWATCH = f"{HELPER_DIR}/tunnelspec-draftwatch"
 RPC_WAIT = f"{HELPER_DIR}/tunnelspec-rpc-wait"
+METRICS_EXPORTER = f"{HELPER_DIR}/tunnelspec-metrics"
 MODES_PATH = f"{ETC_DIR}/llama-server.json"
 STATE_DIR_NAME = "tunnelspec-llama"  # llama-server's RuntimeDirectory (kept across its restarts)
 STATE_PATH = f"/run/{STATE_DIR_NAME}/mode.json"
@@ -59,7 +67,41 @@ def front_vars(main) -> dict:
             "hold_seconds": f.hold_timeout,
             "stats_socket": FRONT_STATS, "backend": FRONT_BACKEND, "front_user": f.user,
             "public_bind": main.public_bind, "tls_pem": main.tls.cert_path if main.tls is not None else "",
-            "run_dir": FRONT_RUN_DIR, "config": FRONT_CONFIG, "haproxy": HAPROXY}
+            "run_dir": FRONT_RUN_DIR, "config": FRONT_CONFIG, "haproxy": HAPROXY,
+            "metrics": f.metrics is not None, "metrics_socket": METRICS_SOCKET,
+            "metrics_port": f.metrics.port if f.metrics else 0,
+            "metrics_token_file": (f.metrics.token_file or "") if f.metrics else ""}
+
+
+def metrics_document(cluster) -> dict:
+    """What the exporter reads (/etc/tunnelspec/metrics.json): where each figure is. No secret: the API
+    key reaches the exporter through systemd (LoadCredential=), never through this file."""
+    main = cluster.main
+    return {
+        "schema": 1,
+        "listen": [LOOPBACK, main.front.metrics.port],
+        "state": STATE_PATH,
+        "watch_state": WATCH_HELLO,
+        "llama_unit": "tunnelspec-llama-server.service",
+        "tunnels": {n.name: f"tunnelspec-tunnel-{n.name}.service" for n in cluster.rpc},
+        "nodes": [n.name for n in cluster.rpc],
+        "certificate": main.tls.cert_path if main.tls is not None else None,
+        "llama_server": {"address": f"{LOOPBACK}:{main.front.internal_port}", "api_key": bool(main.api_key_file)},
+        "front": {"socket": METRICS_SOCKET},
+    }
+
+
+def metrics_fact(cluster) -> dict | None:
+    """The `llama_server.metrics` fact: None with metrics off; else the exporter's configuration and
+    its unit's variables."""
+    main = cluster.main
+    if main.front.metrics is None:
+        return None
+    return {"config_json": json.dumps(metrics_document(cluster), indent=1, sort_keys=True) + "\n",
+            "unit": {"front_user": main.front.user, "loopback": LOOPBACK, "exporter": METRICS_EXPORTER, "config": METRICS_CONFIG,
+                     "api_key_file": main.api_key_file or "", "port": main.front.metrics.port,
+                     "front_unit": FRONT_UNIT, "llama_unit": "tunnelspec-llama-server.service"},
+            "token_file": main.front.metrics.token_file or "", "api_key_file": main.api_key_file or ""}
 
 
 def skippable_draft(cluster):
@@ -119,6 +161,7 @@ def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_tim
         exec_start=draftwatch_exec(), state_dir=STATE_DIR_NAME, grace=START_GRACE,
         required_tunnel_units=[tunnel_unit(n.name) for n in cluster.rpc if draft is None or n.name != draft.name])
     fact["front"] = front_vars(cluster.main)
+    fact["metrics"] = metrics_fact(cluster)
     fact["watch"] = {"draft_node": draft.name if draft is not None else "", "llama_unit": fact["unit"].get(
         "name", "tunnelspec-llama-server.service"), "draftwatch": DRAFTWATCH, "modes_path": MODES_PATH,
         "watch_dir": WATCH_DIR_NAME}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tunnelspec.errors import TaskFailed
 from tunnelspec.facts import sockets
 from tunnelspec.front import HOLD_PORT
-from tunnelspec.tasks.base import Task, ok, register_task
+from tunnelspec.tasks.base import Arg, Task, change, ok, register_task
 
 
 @register_task
@@ -30,3 +30,40 @@ class FrontHoldFree(Task):
             raise TaskFailed(f"{ctx.host}: {who} listens on TCP port {HOLD_PORT}, which the front keeps free to "
                              "hold requests while llama-server restarts (docs/degraded.md); stop it")
         return ok(f"nothing listens on port {HOLD_PORT} (the front's hold)")
+
+
+@register_task
+class MetricsTokenFile(Task):
+    """The scrape token's file on main (metrics_token_file, written by the user; docs/metrics.md):
+    HAProxy compares the bearer token of a /metrics request with its line (`-f`), as the front's user,
+    so it is owned by that user and 0600. A token equal to the API key is refused: the scrape
+    credential must not open the API. The content never leaves main (compared there with cmp)."""
+
+    module = "metrics_token_file"
+    args = {
+        "path": Arg(str, required=True, help="The token file on main (one line, written by you)."),
+        "owner": Arg(str, required=True, help="The front's user, which alone reads it."),
+        "api_key_file": Arg(str, default="", help="The API key's file on main: the token must differ from it."),
+    }
+
+    async def check(self, ctx):
+        path = self.p["path"]
+        res = await ctx.conn.probe(["stat", "-c", "%a %U %s", "--", path])
+        if res.rc != 0:
+            raise TaskFailed(f"{ctx.host}: metrics_token_file {path} does not exist; write the scrape token there "
+                             "(one line, e.g. from `openssl rand -hex 32`) first")
+        mode, owner, size = res.stdout.split()
+        if int(size) == 0:
+            raise TaskFailed(f"{ctx.host}: metrics_token_file {path} is empty")
+        if self.p["api_key_file"]:
+            same = await ctx.conn.probe(["cmp", "-s", "--", path, self.p["api_key_file"]])
+            if same.rc == 0:
+                raise TaskFailed(f"{ctx.host}: metrics_token_file {path} holds the API key: the scrape token is a "
+                                 "credential of its own; write another token there")
+        if (mode, owner) != ("600", self.p["owner"]):
+            return change(f"{path}: mode {mode} owner {owner} → 600 {self.p['owner']}")
+        return ok(f"scrape token file 0600, owned by {owner}")
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
+        await ctx.conn.run(["chown", f"{self.p['owner']}:", "--", self.p["path"]], check=True)

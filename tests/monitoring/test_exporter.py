@@ -1,0 +1,140 @@
+"""The metrics exporter (templates/tunnelspec-metrics.py) and the launcher's counters it reads
+(templates/tunnelspec-draftwatch.py), without a lab: mode files of both ages, a stand-in llama-server
+/metrics on 127.0.0.1 that wants the API key, and `promtool check metrics` on what comes out."""
+
+from __future__ import annotations
+
+import http.server
+import importlib.machinery
+import importlib.util
+import json
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load(name, file):
+    loader = importlib.machinery.SourceFileLoader(name, str(REPO / "templates" / file))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+EXP = load("tunnelspec_metrics", "tunnelspec-metrics.py")
+DW = load("tunnelspec_draftwatch", "tunnelspec-draftwatch.py")
+
+
+def samples(text):
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def cfg_for(tmp_path, **more):
+    cfg = {"state": str(tmp_path / "mode.json"), "watch_state": str(tmp_path / "hello.json"),
+           "llama_unit": "tunnelspec-llama-server.service", "tunnels": {}, "nodes": ["rpc-a", "rpc-b"]}
+    cfg.update(more)
+    return cfg
+
+
+def test_a_mode_file_from_before_the_counters(tmp_path):
+    (tmp_path / "mode.json").write_text(json.dumps({"mode": "degraded", "node": "rpc-a", "reason": "tunnel down",
+                                                    "since": 1000.0, "at": 1000.0}))
+    s = samples(EXP.scrape(cfg_for(tmp_path), now=1600.0))
+    assert s['tunnelspec_serving_mode{mode="degraded"}'] == 1 and s['tunnelspec_serving_mode{mode="speculative"}'] == 0
+    assert s['tunnelspec_serving_mode_seconds_total{mode="degraded"}'] == 600
+    assert s['tunnelspec_serving_mode_entered_total{mode="degraded"}'] == 1
+    assert s['tunnelspec_exporter_source_up{source="state"}'] == 1
+
+
+def test_launcher_counters_switches_seconds_starts_and_hello(tmp_path):
+    cfg = {"state": str(tmp_path / "mode.json")}
+    DW.write_state(cfg, {"mode": "speculative", "since": 100.0, "at": 100.0}, {}, {"rpc-a": ("3.0.0", "")}, start=True)
+    prev = DW.read_state(cfg)
+    DW.write_state(cfg, {"mode": "degraded", "since": 160.0, "at": 160.0}, prev, {"rpc-a": (None, "refused")}, start=True)
+    prev = DW.read_state(cfg)
+    DW.write_state(cfg, {"mode": "speculative", "since": 200.0, "at": 200.0}, prev, {"rpc-a": ("3.0.0", "")}, start=True)
+    st = DW.read_state(cfg)
+    assert st["seconds"] == {"speculative": 60.0, "degraded": 40.0}
+    assert st["entered"] == {"speculative": 2, "degraded": 1} and st["starts"] == 3
+    assert st["nodes"]["rpc-a"] == {"ok": True, "version": "3.0.0", "at": 200.0}
+    assert (tmp_path / "mode.json").stat().st_mode & 0o777 == 0o644
+    # The watcher's newer HELLO wins over the launcher's.
+    (tmp_path / "hello.json").write_text(json.dumps({"nodes": {"rpc-a": {"ok": False, "version": "", "at": 250.0}}}))
+    s = samples(EXP.scrape(cfg_for(tmp_path), now=230.0))
+    assert s['tunnelspec_serving_mode_seconds_total{mode="speculative"}'] == 90
+    assert s['tunnelspec_serving_mode_entered_total{mode="speculative"}'] == 2
+    assert s["tunnelspec_llama_server_starts_total"] == 3
+    assert s['tunnelspec_node_rpc_hello_ok{node="rpc-a"}'] == 0
+    assert not any('node="rpc-b"' in k for k in s)
+
+
+class _Llama(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Bearer s3cr3t-api-key":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = (b"# HELP llamacpp:spec_decode_num_draft_tokens_total x\n# TYPE llamacpp:spec_decode_num_draft_tokens_total counter\n"
+                b"llamacpp:spec_decode_num_draft_tokens_total 42\nsomething_else 1\n")
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_llama_server_metrics_with_the_key_from_systemd_and_no_secret_out(tmp_path, monkeypatch):
+    srv = http.server.HTTPServer(("127.0.0.1", 0), _Llama)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        creds = tmp_path / "creds"
+        creds.mkdir()
+        (creds / "api-key").write_text("s3cr3t-api-key\n")
+        monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(creds))
+        (tmp_path / "mode.json").write_text(json.dumps({"mode": "speculative", "since": 1.0, "at": 1.0}))
+        cfg = cfg_for(tmp_path, llama_server={"address": "127.0.0.1:%d" % srv.server_address[1], "api_key": True},
+                      front={"socket": str(tmp_path / "absent.sock")})
+        text = EXP.scrape(cfg, now=2.0)
+        s = samples(text)
+        assert s["llamacpp:spec_decode_num_draft_tokens_total"] == 42 and "something_else" not in s
+        assert s['tunnelspec_exporter_source_up{source="llama_server"}'] == 1
+        assert s['tunnelspec_exporter_source_up{source="front"}'] == 0
+        assert "s3cr3t" not in text
+        monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))  # no key: 401, source down
+        assert samples(EXP.scrape(cfg, now=2.0))['tunnelspec_exporter_source_up{source="llama_server"}'] == 0
+    finally:
+        srv.shutdown()
+
+
+def test_label_values_are_escaped():
+    out = EXP.Out()
+    out.add("tunnelspec_node_rpc_info", 1, node='a"b\\c\nd', version="1")
+    assert 'node="a\\"b\\\\c\\nd"' in out.text()
+
+
+def test_promtool_accepts_the_output(tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (scripts/setup.sh)")
+    (tmp_path / "mode.json").write_text(json.dumps({"mode": "waiting", "node": "rpc-b", "since": 5.0, "at": 5.0}))
+    text = EXP.scrape(cfg_for(tmp_path), now=9.0)
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_exporter_survives_rendering_as_a_template():
+    from tunnelspec.engine.templating import render_file
+    text = (REPO / "templates" / "tunnelspec-metrics.py").read_text()
+    assert render_file(text, {}) == text.rstrip("\n") or render_file(text, {}) == text
