@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
 
 from tunnelspec import __version__
-from tunnelspec.errors import EXIT_USAGE, TunnelspecError
+from tunnelspec.errors import (EXIT_CLOSED_OUTPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE,
+                               TunnelspecError)
 
 
 def _wants_json(args: list[str]) -> bool:
@@ -15,19 +17,56 @@ def _wants_json(args: list[str]) -> bool:
 
 
 def _fail(err: TunnelspecError, as_json: bool = False) -> None:
-    click.echo(f"ERROR: {err}", err=True)
-    if as_json:
-        # With --format json, stdout stays machine-readable: the error is one event (docs/output.md).
-        import json
+    _fail_with(str(err), err.exit_code, as_json)
 
-        from tunnelspec.reporting import events
 
-        click.echo(json.dumps(events.error(str(err), err.exit_code), sort_keys=True))
-    sys.exit(err.exit_code)
+def _fail_with(msg: str, code: int, as_json: bool = False) -> None:
+    try:
+        click.echo(f"ERROR: {msg}", err=True)
+        if as_json:
+            # With --format json, stdout stays machine-readable: the error is one event (docs/output.md).
+            import json
+
+            from tunnelspec.reporting import events
+
+            click.echo(json.dumps(events.error(msg, code), sort_keys=True))
+    except OSError:  # stdout (or stderr) closed: the exit code still says what happened
+        _silence_stdout()
+    sys.exit(code)
+
+
+def _silence_stdout() -> None:
+    """stdout was closed by its reader (`| head`): point it at /dev/null so that Python's flush at
+    exit does not raise BrokenPipeError again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _is_closed_output(err: BaseException) -> bool:
+    import errno
+
+    return isinstance(err, BrokenPipeError) or (isinstance(err, OSError) and err.errno == errno.EPIPE)
+
+
+def _internal_error(err: BaseException, as_json: bool) -> None:
+    from tunnelspec.crash import one_line, write_report
+
+    where = write_report(err)
+    tail = (f"the traceback is in {where}" if where else "no directory could hold the traceback")
+    _fail_with(f"internal error (a bug in tunnelspec, please report it): {one_line(err)}; {tail}",
+               EXIT_INTERNAL, as_json)
 
 
 class _Group(click.Group):
-    """Turns TunnelspecError into a message and its exit code; never a traceback."""
+    """Every command's errors become one line and the exit code of their kind (docs/ci.md), never a
+    traceback: TunnelspecError carries its code; Ctrl-C is 130; a closed stdout ends quietly with 141;
+    anything else is a bug, 70, its traceback written to a file the message names."""
 
     def invoke(self, ctx):  # noqa: D401
         # The subcommand and its arguments: Click >= 8.2 keeps the protected ones in `_protected_args`
@@ -38,6 +77,29 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except TunnelspecError as err:
             _fail(err, _wants_json(args))
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise  # click's own: usage errors (exit 2) and explicit exits
+        except KeyboardInterrupt:
+            _fail_with("interrupted", EXIT_INTERRUPTED, _wants_json(args))
+        except Exception as err:  # noqa: BLE001 - the one place a bug becomes a line, not a traceback
+            if _is_closed_output(err):
+                _silence_stdout()
+                sys.exit(EXIT_CLOSED_OUTPUT)
+            _internal_error(err, _wants_json(args))
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as done:
+            # Output still buffered when the reader went away fails only at this flush.
+            try:
+                sys.stdout.flush()
+            except Exception as err:  # noqa: BLE001
+                if not _is_closed_output(err):
+                    raise
+                _silence_stdout()
+                raise SystemExit(done.code or EXIT_CLOSED_OUTPUT) from None
+            raise
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -80,6 +142,33 @@ def _split(values) -> list[str]:
     return [t for v in values for t in v.split(",") if t]
 
 
+# ---- INVENTORY: the positional argument or -i (Ansible's habit) -------------------------------------
+_INVENTORY_HELP = "The inventory (INI or YAML), instead of the INVENTORY argument (as ansible-playbook -i)."
+
+
+def _one_inventory(positional: str | None, option: str | None) -> str:
+    if positional and option:
+        raise click.UsageError(f"the inventory is given twice ({positional!r} and -i {option!r}): give "
+                               "INVENTORY or -i INVENTORY, not both")
+    if not (positional or option):
+        raise click.UsageError("Missing argument 'INVENTORY' (or -i INVENTORY).")
+    return positional or option
+
+
+def inventory_argument(f):
+    """INVENTORY for every command that reads one: the positional argument or `-i/--inventory`, exactly
+    one of them. The command's function receives it as `inventory_file`."""
+
+    @functools.wraps(f)
+    def command(*args, inventory_file=None, inventory_option=None, **kw):
+        return f(*args, inventory_file=_one_inventory(inventory_file, inventory_option), **kw)
+
+    command = click.argument("inventory_file", metavar="[INVENTORY]", required=False,
+                             type=click.Path(dir_okay=False))(command)
+    return click.option("-i", "--inventory", "inventory_option", metavar="INVENTORY",
+                        type=click.Path(dir_okay=False), help=_INVENTORY_HELP)(command)
+
+
 def lock_options(f):
     """The run lock (engine/runlock.py): commands that change hosts wait for another run on them."""
     f = click.option("--no-wait", "no_wait", is_flag=True,
@@ -89,8 +178,13 @@ def lock_options(f):
 
 
 def run_options(f):
-    """Options shared by every command that runs a playbook (Ansible's spelling)."""
-    f = lock_options(f)
+    """Options shared by every command that runs a playbook and may change hosts (Ansible's spelling)."""
+    return playbook_options(lock_options(f))
+
+
+def playbook_options(f):
+    """Options shared by every command that runs a playbook (Ansible's spelling); no run lock options:
+    `verify` only reads and never locks."""
     opts = [
         click.option("--check", "-C", is_flag=True, help="Change nothing; exit 3 when something would change."),
         click.option("--diff", "-D", is_flag=True, help="Show before/after of changed files (secrets masked)."),
@@ -105,6 +199,10 @@ def run_options(f):
                      help="Pin unknown host keys on first use (reported). A changed key always fails."),
         click.option("-e", "--extra-vars", "extra_vars", multiple=True, help="KEY=VALUE or @FILE (YAML/JSON), highest precedence."),
         click.option("-v", "--verbose", count=True),
+        click.option("--list-hosts", is_flag=True,
+                     help="Print the hosts each play would run on (after --limit) and exit; nothing is contacted."),
+        click.option("--list-tags", is_flag=True,
+                     help="Print the tags of each play's tasks and exit; nothing is contacted."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -112,8 +210,15 @@ def run_options(f):
 
 
 def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
-          preflight=False, lock="", lock_timeout=1800, no_wait=False, **kw):
+          preflight=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False, **kw):
     from tunnelspec.runner import connect_options_from_env, run_playbook_file
+
+    if list_hosts or list_tags:
+        from tunnelspec.runner import list_playbook
+
+        click.echo(list_playbook(inventory_file, playbook, _extra_vars(kw.get("extra_vars", ())), kw.get("limit"),
+                                 hosts=list_hosts, tags=list_tags, fmt=fmt))
+        sys.exit(0)
 
     # --check changes nothing: it never takes (or waits for) the run lock.
     options = _run_options(lock="" if kw.get("check") else lock, lock_timeout=lock_timeout,
@@ -125,13 +230,25 @@ def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=F
 
 
 @main.command("play")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
-@click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("-i", "--inventory", "inventory_option", metavar="INVENTORY", type=click.Path(dir_okay=False),
+              help=_INVENTORY_HELP + " The one argument is then the PLAYBOOK.")
+@click.argument("paths", nargs=-1, metavar="[INVENTORY] PLAYBOOK", type=click.Path(dir_okay=False))
 @run_options
-def play_cmd(inventory_file, playbook, **kw):
-    """Run any playbook against INVENTORY (like ansible-playbook)."""
+def play_cmd(inventory_option, paths, **kw):
+    """Run any playbook against INVENTORY (like ansible-playbook; `play -i INVENTORY PLAYBOOK` too)."""
     from pathlib import Path
 
+    if inventory_option is not None:
+        if len(paths) != 1:
+            raise click.UsageError("with -i INVENTORY, give one argument, the PLAYBOOK" if paths else
+                                   "Missing argument 'PLAYBOOK'.")
+        inventory_file, playbook = inventory_option, paths[0]
+    elif len(paths) == 2:
+        inventory_file, playbook = paths
+    else:
+        raise click.UsageError({0: "Missing argument 'INVENTORY' (or -i INVENTORY) and 'PLAYBOOK'.",
+                                1: "Missing argument 'PLAYBOOK'."}.get(len(paths), "Got unexpected extra "
+                               f"argument(s) {' '.join(paths[2:])!r}: play takes INVENTORY PLAYBOOK"))
     _play(inventory_file, playbook, lock=f"play {Path(playbook).name}", **kw)
 
 
@@ -142,7 +259,7 @@ def _builtin(name: str) -> str:
 
 
 @main.command("deploy")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--allow-vulnerable-llama", is_flag=True,
               help="Deploy even when the pinned build is in a known-vulnerable range (see `tunnelspec advisories`).")
 @run_options
@@ -153,7 +270,7 @@ def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
 
 
 @main.command("teardown")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--purge", is_flag=True, help="Also remove sources, builds, caches and uploaded models.")
 @run_options
 def teardown_cmd(inventory_file, purge, **kw):
@@ -163,25 +280,30 @@ def teardown_cmd(inventory_file, purge, **kw):
 
 
 @main.command("verify")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
-@run_options
+@inventory_argument
+@playbook_options
 def verify_cmd(inventory_file, **kw):
     """Read-only: /health, a completion with draft tokens and the draft buffer on the remote device (no draft:
     a completion and the target's layers per device from its load lines)."""
     _play(inventory_file, _builtin("verify.yml"), require_cluster=True, **kw)
 
 
-def _cluster_and_opts(inventory_file, accept_new_host_keys=False, extra_vars=()):
+def _cluster_and_opts(inventory_file, accept_new_host_keys=False, extra_vars=(), connects=True):
     from tunnelspec.inventory import load_inventory
     from tunnelspec.inventory.cluster import Cluster
     from tunnelspec.runner import connect_options_from_env
 
     inv = load_inventory(inventory_file).with_extra_vars(_extra_vars(extra_vars))
-    return inv, Cluster.from_inventory(inv), connect_options_from_env(accept_new_host_keys)
+    cluster, opts = Cluster.from_inventory(inv), connect_options_from_env(accept_new_host_keys)
+    if connects:  # a known_hosts that cannot be read is exit 2 before any host is contacted
+        from tunnelspec.connection.factory import check_known_hosts
+
+        check_known_hosts(inv, cluster.hosts, opts)
+    return inv, cluster, opts
 
 
 @main.command("status")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 @_extra_vars_option
 def status_cmd(inventory_file, fmt, extra_vars):
@@ -198,7 +320,7 @@ def status_cmd(inventory_file, fmt, extra_vars):
 
 
 @main.command("logs")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--output", "-o", "output", default=None, type=click.Path(),
               help="Directory, or a .tar.gz file, to write (default ./tunnelspec-logs-<UTC time>).")
 @click.option("--since", default=None,
@@ -213,10 +335,17 @@ def logs_cmd(inventory_file, output, since, extra_vars):
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     where, hosts = logs.run(inv, cluster, opts, output, since)
     click.echo(logs.summary(hosts, where), nl=False)
+    unreachable = [b.name for b in hosts if b.unreachable]
+    if unreachable:  # the bundle holds what could be collected; the exit code says it is not everything
+        from tunnelspec.errors import EXIT_UNREACHABLE
+
+        click.echo(f"ERROR: unreachable: {', '.join(unreachable)} (the bundle {where} has the other hosts)",
+                   err=True)
+        sys.exit(EXIT_UNREACHABLE)
 
 
 @main.command("bench")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096),
               help="Tokens generated per completion.")
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50),
@@ -249,7 +378,7 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
 
 
 @main.command("check")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="Errors, warnings and the plan as text, or one JSON object.")
 @_extra_vars_option
@@ -272,7 +401,7 @@ def inventory() -> None:
 
 
 @inventory.command("list")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 def inventory_list(inventory_file: str) -> None:
     """Print the inventory as JSON, in the structure of `ansible-inventory --list`."""
     import json
@@ -380,7 +509,7 @@ def hostkeys() -> None:
 
 
 @hostkeys.command("scan")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @click.option("--limit", "-l", help="Only hosts matching this pattern.")
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 def hostkeys_scan(inventory_file: str, limit: str | None, fmt: str) -> None:
@@ -427,7 +556,7 @@ def _tunnel_play(inventory_file, name, fmt, extra, lock, lock_timeout, no_wait, 
 
 
 @tunnel.command("open")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_limit
 @_tunnel_fmt
 @_extra_vars_option
@@ -440,7 +569,7 @@ def tunnel_open(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
 
 
 @tunnel.command("close")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_limit
 @_tunnel_fmt
 @_extra_vars_option
@@ -452,7 +581,7 @@ def tunnel_close(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
 
 
 @tunnel.command("status")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_limit
 @_tunnel_fmt
 @_extra_vars_option
@@ -476,7 +605,7 @@ def keys() -> None:
 
 
 @keys.command("rotate")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_fmt
 @_extra_vars_option
 @lock_options
@@ -495,7 +624,7 @@ def certs() -> None:
 
 
 @certs.command("rotate")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_fmt
 @_extra_vars_option
 @lock_options
@@ -505,14 +634,14 @@ def certs_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
     longer validates)."""
     from tunnelspec import certs as certs_mod
 
-    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     old, new = certs_mod.rotate(cluster)
     click.echo(f"CA rotated: {old or '(none)'} → {new}; clients pin {cluster.main.tls.ca_file}", err=True)
     _tunnel_play(inventory_file, "certs-rotate.yml", fmt, [], "certs rotate", lock_timeout, no_wait, extra_vars)
 
 
 @certs.command("show")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_fmt
 @_extra_vars_option
 def certs_show(inventory_file, fmt, extra_vars):
@@ -521,13 +650,13 @@ def certs_show(inventory_file, fmt, extra_vars):
 
     from tunnelspec import certs as certs_mod
 
-    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     d = certs_mod.show(cluster)
     click.echo(json.dumps(d, sort_keys=True) if fmt == "json" else certs_mod.render_show(d), nl=fmt == "json")
 
 
 @main.command("client-config")
-@click.argument("inventory_file", metavar="INVENTORY", type=click.Path(dir_okay=False))
+@inventory_argument
 @_tunnel_fmt
 @_extra_vars_option
 def client_config_cmd(inventory_file, fmt, extra_vars):
@@ -538,7 +667,7 @@ def client_config_cmd(inventory_file, fmt, extra_vars):
     from tunnelspec import certs as certs_mod
     from tunnelspec.client_config import render
 
-    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     cfg = certs_mod.config_for(cluster)
     click.echo(json.dumps(cfg, sort_keys=True, indent=2) if fmt == "json" else render(cfg), nl=fmt == "json")
 

@@ -1,8 +1,10 @@
 """Exception tree. Each error carries the exit code the CLI returns for it.
 
-Exit codes: 0 converged, 1 a task failed, 2 usage or inventory error,
-3 --check found drift, 4 a host unreachable, 5 another run holds the cluster's run lock
-(--no-wait, or --lock-timeout passed; engine/runlock.py).
+Exit codes (the table in docs/ci.md; every command follows it): 0 converged, 1 a task failed,
+2 usage or inventory error, 3 --check found drift, 4 a host unreachable, 5 another run holds the
+cluster's run lock (--no-wait, or --lock-timeout passed; engine/runlock.py), 70 internal error (a bug:
+the traceback is written to a file the message names), 130 interrupted (Ctrl-C), 141 the output was
+closed (`| head`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ EXIT_USAGE = 2
 EXIT_DRIFT = 3
 EXIT_UNREACHABLE = 4
 EXIT_LOCKED = 5
+EXIT_INTERNAL = 70       # sysexits' EX_SOFTWARE
+EXIT_INTERRUPTED = 130   # 128 + SIGINT, as a shell reports it
+EXIT_CLOSED_OUTPUT = 141  # 128 + SIGPIPE
 
 
 class TunnelspecError(Exception):

@@ -282,6 +282,30 @@ async def collect(inventory, cluster, opts: ConnectOptions, since: str | None = 
     return rows, report
 
 
+def check_output(path: Path) -> None:
+    """--output names a directory (new, or existing and a directory) or a .tar.gz/.tgz file (new, or a
+    file to replace) whose nearest existing parent is a writable directory; else UsageError."""
+    import os
+
+    from tunnelspec.errors import UsageError
+
+    archive = path.name.endswith((".tar.gz", ".tgz"))
+    if path.exists():
+        if archive and path.is_dir():
+            raise UsageError(f"--output {path}: is a directory; name a new .tar.gz file, or a directory without "
+                             "the .tar.gz ending")
+        if not archive and not path.is_dir():
+            raise UsageError(f"--output {path}: exists and is not a directory; name a directory (new or "
+                             "existing) or a file ending in .tar.gz")
+    parent = path if path.is_dir() else path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"--output {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {path}: {parent} is not writable")
+
+
 def write_bundle(path: Path, hosts: list[HostBundle], report: dict, inventory, secrets: list[str]) -> str:
     """Write every file (masked) into a directory, or a .tar.gz when the path ends so. Returns where."""
     files: dict[str, str] = {
@@ -315,6 +339,7 @@ def write_bundle(path: Path, hosts: list[HostBundle], report: dict, inventory, s
 def run(inventory, cluster, opts: ConnectOptions, output: str | None, since: str | None,
         extra_secrets: list[str] | None = None) -> tuple[str, list[HostBundle]]:
     path = Path(output) if output else Path(time.strftime("tunnelspec-logs-%Y%m%dT%H%M%SZ", time.gmtime()))
+    check_output(path)  # before collecting: a target that cannot be written is exit 2, not a lost bundle
     hosts, report = asyncio.run(collect(inventory, cluster, opts, since))
     found = [s for b in hosts for s in b.secrets]
     where = write_bundle(path, hosts, report, inventory, _secrets(inventory, opts, [*(extra_secrets or []), *found]))

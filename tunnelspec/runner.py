@@ -100,3 +100,39 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
 
     summary = asyncio.run(go())
     return summary.exit_code()
+
+
+def list_playbook(inventory_path: str, playbook_path: str | Path, extra_vars: dict, limit: str | None,
+                  hosts: bool = True, tags: bool = False, fmt: str = "human") -> str:
+    """`--list-hosts` / `--list-tags` (ansible-playbook's): each play's hosts after --limit and its tasks'
+    tags, from the inventory and the playbook alone; nothing is contacted."""
+    import json
+
+    from tunnelspec.inventory import load_inventory
+
+    inv = load_inventory(inventory_path).with_extra_vars(extra_vars)
+    playbook = load_playbook(playbook_path)
+    allowed = set(inv.match(limit)) if limit else None
+    if allowed is not None and not allowed:
+        raise UsageError(f"--limit {limit!r} matches no host in {inventory_path}")
+    plays = []
+    for p in playbook.plays:
+        matched = [h for h in inv.match(p.hosts) if allowed is None or h in allowed]
+        task_tags = sorted({str(t) for t in (*p.tags, *(t for task in p.tasks + p.handlers for t in task.tags))})
+        plays.append({"name": p.name, "pattern": p.hosts, "hosts": matched, "play_tags": [str(t) for t in p.tags],
+                      "task_tags": task_tags})
+    if fmt == "json":
+        return json.dumps({"playbook": str(playbook.path), "plays": [
+            {k: v for k, v in pl.items() if (hosts or k != "hosts") and (tags or k != "task_tags")}
+            for pl in plays]}, sort_keys=True)
+    out = [f"playbook: {playbook.path}", ""]
+    for i, pl in enumerate(plays, 1):
+        out.append(f"  play #{i} ({pl['pattern']}): {pl['name']}\tTAGS: [{', '.join(pl['play_tags'])}]")
+        if hosts:
+            out.append(f"    pattern: {pl['pattern']}")
+            out.append(f"    hosts ({len(pl['hosts'])}):")
+            out.extend(f"      {h}" for h in pl["hosts"])
+        if tags:
+            out.append(f"      TASK TAGS: [{', '.join(pl['task_tags'])}]")
+        out.append("")
+    return "\n".join(out).rstrip("\n")

@@ -43,15 +43,20 @@ EVENTS = {
                   "properties": {"path": _STR, "before": _STR, "after": _STR}}},
     ),
     "unreachable": _event("unreachable", {"host": _HOST, "play": _STR, "msg": _STR}, {"task": _STR}),
+    # A long wait (the /health wait, a git fetch, apt-get) says where it stands: elapsed_s (and budget_s,
+    # what it waits for, llama-server's newest journal line when there is one).
     "progress": _event("progress", {"host": _HOST, "task": _STR, "msg": _STR},
-                       {"percent": {"type": "number", "minimum": 0, "maximum": 100}}, extra=True),
+                       {"percent": {"type": "number", "minimum": 0, "maximum": 100},
+                        "elapsed_s": {"type": "number", "minimum": 0}, "budget_s": {"type": "number", "minimum": 0},
+                        "waiting_for": _STR, "journal": _STR}, extra=True),
     "gate": _event("gate", {"play": _STR, "status": {"enum": ["ok", "failed", "planned"]}, "msg": _STR}),
     "host_key_pinned": _event("host_key_pinned", {"host": _HOST, "msg": _STR}),
     "message": _event("message", {"msg": _STR}),
     # An error that stopped the command before or outside a run (exit 2: bad options, inventory or
     # playbook); the same text is on stderr as `ERROR: …`.
     # exit 5: another run holds the cluster's run lock (--no-wait, or --lock-timeout passed).
-    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4, 5]}}),
+    # 70: an internal error (its traceback in a file the msg names); 130: interrupted (Ctrl-C).
+    "error": _event("error", {"msg": _STR, "exit_code": {"enum": [1, 2, 3, 4, 5, 70, 130]}}),
     # A mutating run waiting for another run's lock on a host (engine/runlock.py); holder: who.
     "run_lock": _event("run_lock", {"host": _HOST, "status": {"enum": ["waiting"]}, "msg": _STR},
                        {"holder": {"type": "object", "additionalProperties": False,
