@@ -96,8 +96,10 @@ class _SetAside:
             value = self.neutral(host, var)
             if value is None:
                 return False
-            # A missing variable is missing for every host that reads the same layers: given once.
-            target = self.inv.hosts[host].vars if self.consequence(err) else self.inv.groups["all"].vars
+            # A missing variable is missing for every host that reads the same layers: given once
+            # (a port, though, is one host's: each gets its own).
+            own = self.consequence(err) or var in PORT_VARS
+            target = self.inv.hosts[host].vars if own else self.inv.groups["all"].vars
             target[var] = value
             return True
         if var in SOURCE_VARS and main and host != main and var in self.inv.host_vars(main):
@@ -125,9 +127,12 @@ def collect_cluster_errors(inv: Inventory, *, models: bool = True, controller_so
             out.cluster = cluster
             return out
         except ClusterError as err:
-            if str(err) in seen:
+            # The same text once as the user's error and once more as its consequence (a default
+            # that repeats the mistake, e.g. rpc_role's default draft) is progress; a third time is not.
+            key = f"{work.consequence(err)}:{err}"
+            if key in seen:
                 break
-            seen.add(str(err))
+            seen.add(key)
             if not work.consequence(err):
                 out.errors.append(err)
                 if err.var:

@@ -1,0 +1,257 @@
+"""`tunnelspec check`: every mistake of a broken inventory in one run, each with its `file:line`,
+exit 2, in seconds and with no connection; the shipped inventories pass and show their plan.
+
+The corpus (corpus/*.ini, *.yml) holds one mistake per file, a few files several. Each file ends
+with `# expect: LINE TEXT` lines: some line of the output must name `FILE:LINE:` and hold TEXT.
+
+"Nothing connects" is proved, not assumed: every run here has a guard (a sitecustomize on
+PYTHONPATH) that makes any socket connect record itself in a file and fail; the positive control
+shows the guard catching a real connect attempt.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+CORPUS = HERE / "corpus"
+CASES = sorted([*CORPUS.glob("*.ini"), *CORPUS.glob("*.yml")])
+SHIPPED = [*sorted((ROOT / "examples").glob("*.ini")), ROOT / "inventory.example.ini", ROOT / "inventory.example.yml"]
+TEST_NET = ipaddress.ip_network("192.0.2.0/24")
+
+GUARD = '''
+import os, socket
+def _refuse(self, *a, **k):
+    with open(os.environ["CHECK_CONNECT_LOG"], "a") as f:
+        f.write(repr(a) + "\\n")
+    raise OSError("connection attempted during an offline check")
+socket.socket.connect = _refuse
+socket.socket.connect_ex = _refuse
+'''
+
+
+@pytest.fixture(scope="module")
+def guard(tmp_path_factory):
+    d = tmp_path_factory.mktemp("guard")
+    (d / "sitecustomize.py").write_text(GUARD)
+    log = d / "connects.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+    env.update(PYTHONPATH=os.pathsep.join([str(d), str(ROOT)]), CHECK_CONNECT_LOG=str(log),
+               XDG_CACHE_HOME=str(d / "cache"))  # no record of an earlier deploy: the planned spelling
+    return env, log
+
+
+def run(env, *args, cwd=CORPUS, timeout=60):
+    start = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "tunnelspec", *args], capture_output=True, text=True, env=env,
+                       cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+    return p, time.monotonic() - start
+
+
+def expectations(path: Path) -> list[tuple[int, str]]:
+    return [(int(m.group(1)), m.group(2).strip())
+            for m in re.finditer(r"^# expect: (\d+) (.+)$", path.read_text(), re.M)]
+
+
+def test_corpus_is_big_and_varied():
+    assert len(CASES) >= 30
+    assert len([c for c in CASES if c.suffix == ".yml"]) >= 5
+    assert len([c for c in CASES if len(expectations(c)) >= 3]) >= 4, "a few files hold several mistakes"
+    assert all(expectations(c) for c in CASES), [c.name for c in CASES if not expectations(c)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_every_mistake_named_with_its_line(case, guard):
+    env, log = guard
+    for address in re.findall(r"ansible_host[=:]\s*([0-9.]+)", case.read_text()):
+        assert ipaddress.ip_address(address) in TEST_NET, f"{case.name}: {address} is not TEST-NET-1"
+    p, took = run(env, "check", case.name)
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert "Traceback" not in out, out
+    assert took < 5, f"check took {took:.1f}s"
+    lines = out.splitlines()
+    for line, text in expectations(case):
+        assert any(f"{case.name}:{line}:" in l and text in l for l in lines), f"line {line}: {text!r} in\n{out}"
+    assert not log.exists(), log.read_text()
+
+
+def test_the_guard_sees_a_connect(guard, tmp_path):
+    """Positive control: under the same guard a real connect attempt is recorded (and fails)."""
+    env, log = guard
+    env = dict(env, CHECK_CONNECT_LOG=str(tmp_path / "control.log"))
+    code = "import socket\ntry:\n    socket.create_connection(('192.0.2.10', 22), timeout=1)\nexcept OSError:\n    pass\n"
+    subprocess.run([sys.executable, "-c", code], env=env, timeout=30, check=True)
+    assert "192.0.2.10" in (tmp_path / "control.log").read_text()
+
+
+def test_json_format_lists_every_error_and_warning(guard):
+    env, _ = guard
+    p, _ = run(env, "check", "44_yaml_several.yml", "--format", "json")
+    assert p.returncode == 2
+    doc = json.loads(p.stdout)
+    assert doc["ok"] is False and doc["schema"] == 1
+    assert sorted((e["line"], e["var"]) for e in doc["errors"]) == [(11, "rpc_bind"), (15, "llama_commit")]
+    assert {(w["line"], w["var"]) for w in doc["warnings"]} == {(7, "context_size"), (8, "llama_server_extra_args")}
+    assert all(e["file"] == "44_yaml_several.yml" for e in doc["errors"])
+    # The plan as it stands with those lines left out: main and the node, each with its commands.
+    assert set(doc["plan"]["hosts"]) == {"main-host", "node-a"}
+
+
+def test_deploy_stops_on_the_same_errors_before_any_connection(guard):
+    env, log = guard
+    case = CORPUS / "29_several_parse_and_model.ini"
+    p, took = run(env, "deploy", case.name)
+    assert p.returncode == 2, p.stdout + p.stderr
+    for line, text in expectations(case):
+        assert f"{case.name}:{line}:" in p.stderr and text in p.stderr
+    assert "no host was contacted" in p.stderr
+    assert not log.exists(), log.read_text()
+
+
+def _plan(doc, host, what):
+    return next(c["argv"] for c in doc["plan"]["hosts"][host] if c["what"] == what)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_inventories_check_and_show_their_plan(path, guard):
+    env, log = guard
+    p, took = run(env, "check", str(path), "--format", "json", cwd=ROOT)
+    doc = json.loads(p.stdout)
+    if path.name.startswith("seed000"):
+        # Seed 000's main is a Mac: refused (the example says so and what to do instead); the plan
+        # is still shown for the rest.
+        assert p.returncode == 2 and [e["var"] for e in doc["errors"]] == ["llama_backend"], doc["errors"]
+        assert "metal refused on the main host" in doc["errors"][0]["message"]
+    else:
+        assert p.returncode == 0, doc["errors"]
+    assert doc["warnings"] == []
+    assert took < 5
+    assert not log.exists()
+    assert "flags as planned" in doc["plan"]["spelling"]
+    text = path.read_text()
+    main = next(h for h, cmds in doc["plan"]["hosts"].items() if any(c["what"] == "llama-server" for c in cmds))
+    server = _plan(doc, main, "llama-server")
+    assert server[0].endswith("/current/bin/llama-server") and "--rpc" in server
+    if "llama_draft_model" in re.sub(r"^#.*$", "", text, flags=re.M):
+        assert server[server.index("--spec-draft-device") + 1].startswith("RPC")
+    nodes = [h for h in doc["plan"]["hosts"] if h != main]
+    assert nodes
+    for node in nodes:
+        rpc = _plan(doc, node, "rpc-server")
+        assert rpc[rpc.index("-H") + 1] == "127.0.0.1"
+        tunnel = _plan(doc, main, f"tunnel to {node}")
+        assert tunnel[0] == "/usr/bin/ssh" and tunnel[tunnel.index("-L") + 1].startswith("127.0.0.1:")
+    human, _ = run(env, "check", str(path), cwd=ROOT)
+    for host in doc["plan"]["hosts"]:
+        assert f"  {host}:" in human.stdout
+    assert "flags as planned; the build's spelling is checked on deploy" in human.stdout
+
+
+# ---- seed 000's JSON argument: the quoting that works, and the one check warns about ----------
+SEED000_JSON = {"preserve_thinking": True}
+BASE = """[main]
+main-host ansible_host=192.0.2.10{host_extra}
+
+[main:vars]
+{main_var}
+
+[rpc]
+node-a ansible_host=192.0.2.11
+
+[all:vars]
+ansible_user=root
+llama_repo=https://github.com/ggml-org/llama.cpp
+llama_commit="0123456789abcdef0123456789abcdef01234567"
+llama_model=/srv/models/target.gguf
+llama_draft_model=/srv/models/draft.gguf
+"""
+
+
+def _inventory(tmp_path, main_var="", host_extra=""):
+    path = tmp_path / "inventory.ini"
+    path.write_text(BASE.format(main_var=main_var, host_extra=host_extra))
+    return path
+
+
+@pytest.mark.parametrize("main_var,host_extra", [
+    # inventory.example.ini's rule: a list literal, one element per argument, the JSON in single quotes
+    ("""llama_server_extra_args=["--chat-template-kwargs", '{"preserve_thinking": true}']""", ""),
+    # the seed's own line, as written, in a [main:vars] section (split like a shell line)
+    (r'''llama_server_extra_args=--chat-template-kwargs "{\"preserve_thinking\": true}"''', ""),
+    # on the host's line: the whole value in single quotes
+    ("", r''' llama_server_extra_args='--chat-template-kwargs "{\"preserve_thinking\": true}"' '''.rstrip()),
+], ids=["list-literal", "group-vars-as-the-seed-writes-it", "host-line-single-quoted"])
+def test_seed000_json_argument_is_one_valid_json_element(tmp_path, guard, main_var, host_extra):
+    env, _ = guard
+    p, _ = run(env, "check", str(_inventory(tmp_path, main_var, host_extra)), "--format", "json", cwd=tmp_path)
+    doc = json.loads(p.stdout)
+    assert p.returncode == 0 and doc["warnings"] == [], doc
+    argv = _plan(doc, "main-host", "llama-server")
+    assert json.loads(argv[argv.index("--chat-template-kwargs") + 1]) == SEED000_JSON
+    assert argv[-2:] == ["--chat-template-kwargs", '{"preserve_thinking": true}']
+
+
+@pytest.mark.parametrize("main_var", [
+    'llama_server_extra_args=--chat-template-kwargs {"preserve_thinking": true}',  # no quotes: split at the space
+    # Python's quotes around the seed's shell quoting: the backslashes go, the inner quotes split it
+    r"""llama_server_extra_args='--chat-template-kwargs "{\"preserve_thinking\": true}"'""",
+], ids=["unquoted", "python-quoted-shell-escapes"])
+def test_seed000_json_argument_mis_quoted_is_a_warning_with_its_line(tmp_path, guard, main_var):
+    env, _ = guard
+    p, _ = run(env, "check", str(_inventory(tmp_path, main_var)), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout  # a warning, not an error
+    (warning,) = [l for l in p.stdout.splitlines() if l.startswith("WARNING:")]
+    assert "inventory.ini:5:" in warning and "llama_server_extra_args" in warning and "not valid JSON" in warning
+
+
+# ---- variables ----------------------------------------------------------------------------------
+def test_own_and_ansible_variables_are_not_unknown(tmp_path, guard):
+    env, _ = guard
+    path = _inventory(tmp_path, "my_context_size=195000\nansible_python_interpreter=/usr/bin/python3",
+                      " context_size=195000")
+    p, _ = run(env, "check", str(path), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout  # warnings alone
+    warnings = [l for l in p.stdout.splitlines() if l.startswith("WARNING:")]
+    assert len(warnings) == 1 and "inventory.ini:2:" in warnings[0] and "my_context_size" in warnings[0]
+
+
+# ---- patch files against the controller's own tree ------------------------------------------------
+def _git(cwd, *args):
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("applies", [True, False])
+def test_patch_file_checked_against_the_controller_tree(tmp_path, guard, applies):
+    env, _ = guard
+    repo = tmp_path / "llama.cpp"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "README.md").write_text("one\ntwo\n")
+    _git(repo, "add", "README.md")
+    _git(repo, "commit", "-q", "-m", "base")
+    commit = _git(repo, "rev-parse", "HEAD")
+    old = "two" if applies else "three"
+    (tmp_path / "fix.patch").write_text(f"--- a/README.md\n+++ b/README.md\n@@ -1,2 +1,2 @@\n one\n-{old}\n+2\n")
+    text = BASE.format(main_var="", host_extra="").replace(
+        "llama_repo=https://github.com/ggml-org/llama.cpp", f"llama_repo=controller:{repo}").replace(
+        "0123456789abcdef0123456789abcdef01234567", commit) + 'llama_patches=[{"file": "fix.patch"}]\n'
+    (tmp_path / "inventory.ini").write_text(text)
+    p, _ = run(env, "check", "inventory.ini", cwd=tmp_path)
+    if applies:
+        assert p.returncode == 0, p.stdout
+    else:
+        assert p.returncode == 2 and "inventory.ini:16:" in p.stdout and "does not apply to the pinned tree" in p.stdout
+    assert _git(repo, "status", "--porcelain") == "" and _git(repo, "rev-parse", "HEAD") == commit
