@@ -10,7 +10,7 @@ import re
 
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
-from tunnelspec.facts import nft, sockets
+from tunnelspec.facts import nft, port_owners, sockets
 from tunnelspec.llama import http, props, rpc, split_proof
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
 from tunnelspec.tasks.rpc import RPC_UNIT, START_OF_RUN_SCRIPT
@@ -174,24 +174,51 @@ def _opted_out(hv: dict) -> bool:
     return str(hv.get("rpc_local_isolation", "true")).strip().lower() in ("false", "no", "0", "off")
 
 
-async def _isolation(conn, hv: dict, groups: list[tuple[list[int], str]], label: str) -> dict:
+async def _squatters(conn, seen, listeners: list[tuple[list[int], str | None]]) -> list[str]:
+    """Guarded ports held by another user than their service's (or root): each with its owner and
+    command line."""
+    allowed: dict[int, set[int]] = {}
+    for ports, user in listeners:
+        for p in ports:
+            allowed.setdefault(p, set()).update({seen.uids[user]} if user and seen.uids.get(user) is not None else set())
+    try:
+        return [f"port {b.port}: {b.describe()}"
+                for b in port_owners.squatters(await port_owners.observe(conn), allowed)]
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return [f"listeners unreadable: {e}"]
+
+
+async def _isolation(conn, hv: dict, groups: list[tuple[list[int], str]], label: str,
+                     listeners: list[tuple[list[int], str | None]] = ()) -> dict:
     """The loopback isolation as loaded now: `state` ok | missing | changed | off | error. `groups`:
-    (ports, the one user allowed besides root) of each guard."""
+    (ports, the one user allowed besides root) of each guard; `listeners`: (ports, the one user that
+    may listen there besides root, or None). `squatters`: guarded ports another user holds."""
+    users = list(dict.fromkeys([u for _, u in groups] + [u for _, u in listeners if u]))
+    try:
+        seen = await nft.observe(conn, users)
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return {"state": "error", "label": label, "msg": f"error: {e}"}
+    out = _isolation_rules(seen, hv, groups, label, listeners)
+    out["squatters"] = await _squatters(conn, seen, list(listeners))
+    return out
+
+
+def _isolation_rules(seen, hv: dict, groups, label: str, listeners) -> dict:
     if _opted_out(hv):
         return {"state": "off", "label": label, "msg": "OFF (rpc_local_isolation=false): WARNING, every local "
                 "user can connect"}
-    try:
-        seen = await nft.observe(conn, list(dict.fromkeys(u for _, u in groups)))
-    except Exception as e:  # noqa: BLE001 - a row, not a crash
-        return {"state": "error", "label": label, "msg": f"error: {e}"}
     if seen.table_error:
         return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
-    known = all(seen.uids.get(u) is not None for _, u in groups)
+    known = all(seen.uids.get(u) is not None for _, u in groups) and all(
+        seen.uids.get(u) is not None for _, u in listeners if u)
     want: tuple = ()
     for ports, user in groups:
         uid = seen.uids.get(user)
         want += nft.rules_for(ports, [uid] if uid is not None else [], label)
-    want = tuple(sorted(want, key=lambda r: r.port))
+    for ports, user in listeners:
+        uid = seen.uids.get(user) if user else None
+        want += nft.listen_rules_for(ports, [uid] if uid is not None else [], label)
+    want = nft.ordered(want)
     if known and nft.matches(seen.table, want):
         return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
     if not seen.table.present:
@@ -223,11 +250,14 @@ async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> 
             out["isolation"] = await _isolation(
                 conn, hv, [([n.tunnel_port for n in cluster.rpc], cluster.main.users.llama),
                            ([cluster.main.front.internal_port], cluster.main.front.user)],
-                "tunnel ports: llama-server only; llama-server's port: the front only")
+                "tunnel ports: llama-server only; llama-server's port: the front only",
+                [([n.tunnel_port for n in cluster.rpc], cluster.main.users.tunnel),
+                 ([cluster.main.front.internal_port], cluster.main.users.llama), ([1], None)])
             return {**out, "facts": facts}
         node = cluster.node(name)
         out = await _rpc_status(conn, node)
-        out["isolation"] = await _isolation(conn, hv, [([node.rpc_port], node.users.tunnel)], "rpc port: tunnel user only")
+        out["isolation"] = await _isolation(conn, hv, [([node.rpc_port], node.users.tunnel)], "rpc port: tunnel user only",
+                                            [([node.rpc_port], node.users.rpc)])
         return {**out, "facts": facts}
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"}
@@ -272,6 +302,8 @@ def render(report: dict) -> str:
             iso = h["isolation"]
             extra = f" ({iso['refused']} refused so far)" if iso.get("refused") else ""
             lines.append(f"{'':<10} isolation: {iso['msg']}{extra}")
+            for sq in iso.get("squatters") or []:
+                lines.append(f"{'':<10} WARNING guarded {sq} (not its service: run nothing there, deploy refuses)")
         if "llama_server" in h:
             s = h["llama_server"]
             acc = s["draft_acceptance"]

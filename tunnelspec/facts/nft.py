@@ -13,6 +13,28 @@ One rule per guarded loopback port, in one output chain:
 - `meta skuid != { 0, U }`: root (tunnelspec's probes) and the one allowed user pass; anyone else
   gets a TCP reset, i.e. "connection refused" at once.
 - uids are numbers resolved on the host at deploy time: loading at boot needs no name service.
+
+And, per guarded port, three rules that keep anyone else from *listening* there (port squatting:
+another user binds the port while its service is down — restart, crash, deploy, reboot — and
+receives what the tunnel, the front or llama-server sends there):
+
+    oif "lo" tcp sport P tcp flags & (syn | ack) == syn | ack meta skuid { 0, L } accept
+    oif "lo" tcp sport P tcp flags & (syn | ack) == syn | ack meta skuid != { 0, L } counter tcp flags set rst | ack
+    oif "lo" tcp sport P tcp flags & (syn | ack) == syn | ack counter drop
+
+- A listener answers a SYN with a SYN-ACK, and the kernel attributes that packet to the listening
+  socket (its request socket resolves to the listener): `meta skuid` is the listener's owner. Only
+  SYN-ACKs are judged, so a client socket of another user whose ephemeral source port happens to be
+  P (50052 lies in 32768-60999) sends SYNs and data, never a SYN-ACK, and is not hit.
+- A squatter's SYN-ACK becomes a RST (`tcp flags set rst | ack`, its ack number kept, so the
+  client's kernel accepts it): the client fails at once with "connection refused", as if nothing
+  listened; the squatter's handshake never completes, so accept() never returns and no byte reaches
+  it.
+- A SYN-ACK with no socket at all is a SYN cookie (the listen queue is full): a squatter gets one
+  for every connection with listen(0), and `meta skuid` cannot be read for it, so a single
+  `skuid != {...}` rule would let it through (measured). The third rule drops it: a squatter still
+  gets nothing, and the rare cookie of a legitimate service (llama.cpp's rpc-server listens with a
+  backlog of 1) costs its client one SYN retransmission (1 s), not the connection.
 """
 
 from __future__ import annotations
@@ -33,22 +55,53 @@ class PortRule:
     comment: str
 
 
+@dataclass(frozen=True)
+class ListenRule:
+    """Only these uids (root included) may answer connections on loopback port `port`."""
+    port: int
+    uids: tuple[int, ...]
+    comment: str
+
+
+def _allowed(uids) -> tuple[int, ...]:
+    return tuple(sorted({0, *(int(u) for u in uids)}))
+
+
 def rules_for(ports, uids, comment: str) -> tuple[PortRule, ...]:
-    allowed = tuple(sorted({0, *(int(u) for u in uids)}))
+    allowed = _allowed(uids)
     return tuple(PortRule(int(p), allowed, comment) for p in sorted({int(p) for p in ports}))
 
 
-def ruleset_text(rules: tuple[PortRule, ...], header: str) -> str:
+def listen_rules_for(ports, uids, comment: str) -> tuple[ListenRule, ...]:
+    allowed = _allowed(uids)
+    return tuple(ListenRule(int(p), allowed, comment) for p in sorted({int(p) for p in ports}))
+
+
+def ordered(rules) -> tuple:
+    """Connect guards first, then listen guards, each by port: the order the file and the parser use."""
+    return tuple(sorted(rules, key=lambda r: (isinstance(r, ListenRule), r.port)))
+
+
+def _set(uids: tuple[int, ...]) -> str:
+    return "{ " + ", ".join(str(u) for u in uids) + " }"
+
+
+def ruleset_text(rules: tuple, header: str) -> str:
     """The file `nft -f` loads: it replaces tunnelspec's table in one transaction (the first line
     creates it if absent so that the delete never fails) and touches no other table."""
     lines = [f"#!{NFT} -f", *(f"# {h}" if h else "#" for h in header.splitlines()),
              f"table {FAMILY} {TABLE}", f"delete table {FAMILY} {TABLE}",
              f"table {FAMILY} {TABLE} {{", f"\tchain {CHAIN} {{",
              "\t\ttype filter hook output priority filter; policy accept;"]
-    for r in rules:
-        uids = ", ".join(str(u) for u in r.uids)
-        lines.append(f'\t\toif "lo" tcp dport {r.port} tcp flags & (syn | ack) == syn '
-                     f'meta skuid != {{ {uids} }} counter reject with tcp reset comment "{r.comment}"')
+    for r in ordered(rules):
+        if isinstance(r, ListenRule):
+            synack = f'oif "lo" tcp sport {r.port} tcp flags & (syn | ack) == syn | ack'
+            lines += [f'\t\t{synack} meta skuid {_set(r.uids)} accept comment "{r.comment}"',
+                      f'\t\t{synack} meta skuid != {_set(r.uids)} counter tcp flags set rst | ack comment "{r.comment}"',
+                      f'\t\t{synack} counter drop comment "{r.comment}"']
+        else:
+            lines.append(f'\t\toif "lo" tcp dport {r.port} tcp flags & (syn | ack) == syn '
+                         f'meta skuid != {_set(r.uids)} counter reject with tcp reset comment "{r.comment}"')
     lines += ["\t}", "}"]
     return "\n".join(lines) + "\n"
 
@@ -73,9 +126,11 @@ def _flags(mask) -> list:
     return [f for f in mask if isinstance(f, str)] if isinstance(mask, list) else []
 
 
-def _rule(expr: list, comment: str | None) -> PortRule | None:
-    """One live rule as a PortRule when it is exactly our shape, else None."""
-    seen = {"oif": False, "port": None, "syn": False, "uids": None, "reject": False}
+def _rule(expr: list, comment: str | None) -> tuple | None:
+    """One live rule as an atom when it is exactly one of our shapes, else None:
+    ("connect", PortRule), or ("accept" | "reset" | "drop", port, uids) of a listen guard."""
+    seen = {"oif": False, "dport": None, "sport": None, "syn": False, "synack": False, "uids": None, "op": None,
+            "verdict": None}
     for e in expr:
         m = e.get("match")
         if m:
@@ -83,31 +138,68 @@ def _rule(expr: list, comment: str | None) -> PortRule | None:
             if left == {"meta": {"key": "oif"}} and op == "==" and right == "lo":
                 seen["oif"] = True
             elif left == {"payload": {"protocol": "tcp", "field": "dport"}} and op == "==" and isinstance(right, int):
-                seen["port"] = right
-            elif "&" in left and op == "==" and right == "syn":
+                seen["dport"] = right
+            elif left == {"payload": {"protocol": "tcp", "field": "sport"}} and op == "==" and isinstance(right, int):
+                seen["sport"] = right
+            elif isinstance(left, dict) and "&" in left and op == "==" and right == "syn":
                 seen["syn"] = sorted(_flags(left["&"][1])) == ["ack", "syn"]
-            elif left == {"meta": {"key": "skuid"}} and op == "!=":
-                seen["uids"] = _values(right)
+            elif isinstance(left, dict) and "&" in left and op == "==" and sorted(_flags(right)) == ["ack", "syn"]:
+                seen["synack"] = sorted(_flags(left["&"][1])) == ["ack", "syn"]
+            elif left == {"meta": {"key": "skuid"}} and op in ("==", "!=") and seen["uids"] is None:
+                seen["uids"], seen["op"] = _values(right), op
             else:
                 return None
         elif "counter" in e:
             continue
+        elif seen["verdict"] is not None:
+            return None
         elif e.get("reject", {}).get("type") == "tcp reset":
-            seen["reject"] = True
+            seen["verdict"] = "reject"
+        elif "accept" in e:
+            seen["verdict"] = "accept"
+        elif "drop" in e:
+            seen["verdict"] = "drop"
+        elif (e.get("mangle", {}).get("key") == {"payload": {"protocol": "tcp", "field": "flags"}}
+              and sorted(_flags(e["mangle"].get("value"))) == ["ack", "rst"]):
+            seen["verdict"] = "reset"
         else:
             return None
-    if seen["oif"] and seen["port"] and seen["syn"] and seen["uids"] and seen["reject"]:
-        return PortRule(seen["port"], seen["uids"], comment or "")
+    if not seen["oif"]:
+        return None
+    if (seen["dport"] and seen["sport"] is None and seen["syn"] and seen["uids"] and seen["op"] == "!="
+            and seen["verdict"] == "reject"):
+        return ("connect", PortRule(seen["dport"], seen["uids"], comment or ""))
+    if not (seen["sport"] and seen["dport"] is None and seen["synack"]):
+        return None
+    want = {"accept": "==", "reset": "!=", "drop": None}
+    if seen["verdict"] in want and seen["op"] == want[seen["verdict"]] and (seen["verdict"] == "drop") == (seen["uids"] is None):
+        return (seen["verdict"], seen["sport"], seen["uids"], comment or "")
     return None
 
 
 @dataclass
 class LiveTable:
     present: bool
-    rules: tuple[PortRule, ...] = ()
+    rules: tuple = ()         # PortRule and ListenRule, ordered()
     foreign: int = 0          # rules or chains of another shape in our table
     chain_ok: bool = False    # our output chain with the right hook, priority and policy
     rejected: int = 0         # packets the rules refused so far (counters)
+
+
+def _listen_guards(atoms: list[tuple]) -> tuple[list[ListenRule], int]:
+    """Listen guards from their rules in chain order: per port exactly accept, reset, drop with one
+    uid set; anything else counts as foreign."""
+    by_port: dict[int, list[tuple]] = {}
+    for a in atoms:
+        by_port.setdefault(a[1], []).append(a)
+    out, foreign = [], 0
+    for port, seq in by_port.items():
+        kinds = [a[0] for a in seq]
+        if kinds == ["accept", "reset", "drop"] and seq[0][2] == seq[1][2]:
+            out.append(ListenRule(port, seq[0][2], seq[0][3]))
+        else:
+            foreign += len(seq)
+    return out, foreign
 
 
 def parse_live(text: str) -> LiveTable:
@@ -120,7 +212,8 @@ def parse_live(text: str) -> LiveTable:
     if not table:
         return LiveTable(False)
     live = LiveTable(True)
-    rules = []
+    rules: list = []
+    listen_atoms: list[tuple] = []
     for i in items:
         if "chain" in i:
             c = i["chain"]
@@ -134,23 +227,28 @@ def parse_live(text: str) -> LiveTable:
             parsed = _rule(r.get("expr", []), r.get("comment")) if r.get("chain") == CHAIN else None
             if parsed is None:
                 live.foreign += 1
+            elif parsed[0] == "connect":
+                rules.append(parsed[1])
             else:
-                rules.append(parsed)
+                listen_atoms.append(parsed)
             for e in r.get("expr", []):
                 if "counter" in e:
                     live.rejected += int(e["counter"].get("packets", 0))
         elif "set" in i or "map" in i or "flowtable" in i:
             live.foreign += 1
-    live.rules = tuple(sorted(rules, key=lambda r: r.port))
+    guards, foreign = _listen_guards(listen_atoms)
+    live.foreign += foreign
+    live.rules = ordered(rules + guards)
     return live
 
 
-def matches(live: LiveTable, want: tuple[PortRule, ...]) -> bool:
-    return live.present and live.chain_ok and live.foreign == 0 and live.rules == tuple(want)
+def matches(live: LiveTable, want: tuple) -> bool:
+    return live.present and live.chain_ok and live.foreign == 0 and live.rules == ordered(want)
 
 
-def describe(rules: tuple[PortRule, ...]) -> str:
-    return "; ".join(f"tcp/{r.port} uids {','.join(map(str, r.uids))}" for r in rules) or "no rule"
+def describe(rules: tuple) -> str:
+    return "; ".join(f"{'listen ' if isinstance(r, ListenRule) else ''}tcp/{r.port} uids {','.join(map(str, r.uids))}"
+                     for r in ordered(rules)) or "no rule"
 
 
 # ---- what a host has now, in one round trip ------------------------------------------------------

@@ -20,7 +20,7 @@ import shlex
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.errors import TaskFailed
-from tunnelspec.facts import nft
+from tunnelspec.facts import nft, port_owners
 from tunnelspec.reporting import events
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
@@ -136,6 +136,9 @@ class LocalIsolation(Task):
             "more": Arg(list, default=[],
                         help="More guarded ports with their own users: a list of {ports, users} (main: llama-server's "
                              "own port, for the front's user only)."),
+            "listeners": Arg(list, default=[],
+                             help="Who may listen (answer connections) on guarded ports besides root: a list of "
+                                  "{ports, users}, each the port's own service user (none: only root)."),
             "label": Arg(str, default="guarded ports", help="What status and verify print when the rules are in place."),
             "enabled": Arg((str, bool), default=True,
                            help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns."),
@@ -169,8 +172,16 @@ class LocalIsolation(Task):
             out.append(([int(p) for p in g["ports"]], [str(u) for u in g["users"]]))
         return out
 
+    def listen_groups(self) -> list[tuple[list[int], list[str]]]:
+        out = []
+        for g in self.p["listeners"]:
+            if not isinstance(g, dict) or set(g) != {"ports", "users"}:
+                raise TaskFailed(f"listeners: each entry is {{ports, users}}, got {g!r}")
+            out.append(([int(p) for p in g["ports"]], [str(u) for u in g["users"]]))
+        return out
+
     def all_users(self) -> list[str]:
-        return list(dict.fromkeys(u for _, users in self.groups() for u in users))
+        return list(dict.fromkeys(u for _, users in self.groups() + self.listen_groups() for u in users))
 
     def _desired(self, seen: nft.HostIsolation) -> tuple[tuple, str, str]:
         missing = [u for u, uid in seen.uids.items() if uid is None]
@@ -182,20 +193,45 @@ class LocalIsolation(Task):
             rules += nft.rules_for(ports, [seen.uids[u] for u in users], self.p["label"])
             lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
                          f"may connect to loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
-        rules = tuple(sorted(rules, key=lambda r: r.port))
+        for ports, users in self.listen_groups():
+            rules += nft.listen_rules_for(ports, [seen.uids[u] for u in users], self.p["label"])
+            lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
+                         f"may listen on loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
+        rules = nft.ordered(rules)
         return rules, nft.ruleset_text(rules, "\n".join(lines)), _unit_text(self.p["label"], self._guarded())
 
+    async def refuse_squatters(self, ctx, seen: nft.HostIsolation) -> None:
+        """A guarded port held by anyone but its service's user (or root) stops the run, naming what
+        holds it: deploying through it would hand the squatter the tunnel's, the front's or
+        llama-server's traffic the moment the rules are gone, and shows someone is trying."""
+        allowed: dict[int, set[int]] = {}
+        for ports, users in self.listen_groups():
+            for port in ports:
+                allowed.setdefault(port, set()).update(seen.uids[u] for u in users if seen.uids.get(u) is not None)
+        if not allowed:
+            return
+        bad = port_owners.squatters(await port_owners.observe(ctx.conn), allowed)
+        if bad:
+            raise TaskFailed(f"{ctx.host}: guarded port(s) taken by another user: "
+                             + "; ".join(f"port {b.port}: {b.describe()}" for b in bad)
+                             + ". Only root and the port's own service user may listen there: stop that process "
+                               "(and find out who started it), then deploy again")
+
     def probes(self) -> list[list[str]]:
+        owners = [port_owners.argv()] if self.p["state"] == "present" and self.p["listeners"] else []
         if not self._want_present():
-            return [nft.observe_argv(self.all_users())]
-        return [nft.observe_argv(self.all_users()), read_argv(nft.RULES_PATH), read_argv(nft.UNIT_PATH)]
+            return [nft.observe_argv(self.all_users()), *owners]
+        return [nft.observe_argv(self.all_users()), read_argv(nft.RULES_PATH), read_argv(nft.UNIT_PATH), *owners]
 
     async def check(self, ctx):
         seen = await nft.observe(ctx.conn, self.all_users())
         if not self._want_present():
+            if self.p["state"] == "present":    # opted out: still no deploy through a squatter
+                await self.refuse_squatters(ctx, seen)
             return await self._check_absent(ctx, seen)
         if not seen.net_admin:
             raise TaskFailed(_cap_reason(ctx.host))
+        await self.refuse_squatters(ctx, seen)
         rules, text, unit = self._desired(seen)
         cur_file = (await ctx.conn.get(nft.RULES_PATH) or b"").decode()
         cur_unit = (await ctx.conn.get(nft.UNIT_PATH) or b"").decode()
@@ -325,6 +361,7 @@ class LocalIsolationVerify(Task):
             return ok(msg)
         inner = LocalIsolation({**self.p, "state": "present", "install": False})
         seen = await nft.observe(ctx.conn, inner.all_users())
+        await inner.refuse_squatters(ctx, seen)
         rules, _, _ = inner._desired(seen)
         if seen.table_error:
             raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")

@@ -1,0 +1,110 @@
+"""PortOwners: who holds each listening TCP port on a host — the socket's owner (uid and name) and the
+processes holding it (pid, user, command line), in one probe.
+
+`ss -Hltnpe` gives the listener, its processes and the socket's owner (`uid:N`, printed only when
+not 0), e.g.
+`LISTEN 0 0 127.0.0.1:50052 0.0.0.0:* users:(("python3",pid=812,fd=3)) uid:65534 ino:96841 sk:3 <->`;
+`ps` gives each process's user and full command line, `getent passwd` each owner's name. A guarded
+port held by another owner than its service's is a squatter (tasks/isolation.py refuses to deploy
+through it; status names it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from tunnelspec.facts.sockets import _PROC, _split_endpoint
+
+_UID = re.compile(r"\buid:(\d+)\b")
+
+SCRIPT = r"""
+echo "== ss"; ss -Hltnpe
+pids=$(ss -Hltnp | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un | paste -sd, -)
+echo "== ps"; [ -z "$pids" ] || ps -ww -o pid=,user:32=,args= -p "$pids"
+echo "== users"
+for u in $(ss -Hltnpe | grep -o 'uid:[0-9]*' | cut -d: -f2 | sort -un); do
+  echo "$u $(getent passwd "$u" | cut -d: -f1)"
+done
+echo "== end"
+"""
+
+
+@dataclass(frozen=True)
+class Holder:
+    pid: int
+    user: str
+    command: str
+
+
+@dataclass(frozen=True)
+class OwnedListener:
+    address: str
+    port: int
+    uid: int
+    owner: str                     # the uid's name on the host ('' when it has none)
+    holders: tuple[Holder, ...] = field(default=())
+
+    def describe(self) -> str:
+        who = f"user {self.owner or '?'} (uid {self.uid})"
+        procs = "; ".join(f"pid {h.pid} {h.command!r}" for h in self.holders) or "no process visible"
+        return f"{self.address}:{self.port} held by {who}: {procs}"
+
+
+def _sections(text: str) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    cur = None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            cur = line[3:].strip()
+            out[cur] = []
+        elif cur is not None:
+            out[cur].append(line)
+    return out
+
+
+def parse(text: str) -> list[OwnedListener]:
+    s = _sections(text)
+    if "end" not in s:
+        raise ValueError("incomplete port owner probe output")
+    procs: dict[int, Holder] = {}
+    for line in s.get("ps", []):
+        parts = line.split(None, 2)
+        if len(parts) >= 2 and parts[0].isdigit():
+            procs[int(parts[0])] = Holder(int(parts[0]), parts[1], parts[2] if len(parts) > 2 else "")
+    names = {}
+    for line in s.get("users", []):
+        parts = line.split()
+        if parts and parts[0].isdigit():
+            names[int(parts[0])] = parts[1] if len(parts) > 1 else ""
+    names[0] = "root"
+    out = []
+    for line in s.get("ss", []):
+        parts = line.split()
+        if len(parts) < 5 or parts[0] != "LISTEN":
+            continue
+        try:
+            address, port = _split_endpoint(parts[3])
+        except ValueError:
+            continue
+        rest = " ".join(parts[5:])
+        m = _UID.search(rest)
+        uid = int(m.group(1)) if m else 0
+        holders = tuple(procs.get(int(pid), Holder(int(pid), "?", name)) for name, pid in _PROC.findall(rest))
+        out.append(OwnedListener(address, port, uid, names.get(uid, ""), tuple(dict.fromkeys(holders))))
+    return out
+
+
+def argv() -> list[str]:
+    return ["sh", "-c", SCRIPT]
+
+
+def squatters(listeners: list[OwnedListener], allowed: dict[int, set[int]]) -> list[OwnedListener]:
+    """The listeners on a guarded port (`allowed`: port → the uids that may listen there, root
+    always) owned by anyone else, on any address."""
+    return [l for l in listeners if l.port in allowed and l.uid != 0 and l.uid not in allowed[l.port]]
+
+
+async def observe(conn) -> list[OwnedListener]:
+    res = await conn.probe(argv(), timeout=30)
+    return parse(res.stdout)
