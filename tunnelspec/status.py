@@ -10,6 +10,7 @@ import re
 
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.constants import DEVICES_CACHE, LOOPBACK
+from tunnelspec.errors import EXIT_UNREACHABLE, HostUnreachable
 from tunnelspec.facts import nft, port_owners, sockets
 from tunnelspec.llama import http, props, rpc, split_proof
 from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
@@ -241,7 +242,9 @@ async def _facts(conn, root: str) -> dict:
 async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> dict:
     try:
         conn = await connect(name, hv, opts, inv_dir)
-    except Exception as e:  # noqa: BLE001 - an unreachable host is a row, not a crash
+    except HostUnreachable as e:  # a row, not a crash; exit 4 (status_exit_code)
+        return {"role": "?", "error": str(e), "unreachable": True}
+    except Exception as e:  # noqa: BLE001 - a host that cannot be connected to is a row, not a crash
         return {"role": "?", "error": str(e)}
     try:
         facts = await _facts(conn, cluster.main.root if name == cluster.main.name else cluster.node(name).root)
@@ -331,7 +334,10 @@ def _tls_line(t: dict) -> str:
 
 
 def status_exit_code(report: dict) -> int:
-    """0 when every host answered and llama-server is healthy, else 1."""
+    """0 when every host answered and llama-server is healthy; 4 when a host could not be reached (the
+    table in docs/ci.md: unreachable before failed); else 1."""
+    if any(h.get("unreachable") for h in report["hosts"].values()):
+        return EXIT_UNREACHABLE
     for h in report["hosts"].values():
         if "error" in h:
             return 1

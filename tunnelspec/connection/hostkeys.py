@@ -123,6 +123,7 @@ class HostKeyPolicy:
             return HostKeyError(
                 f"{where}: HOST KEY CHANGED. Pinned {pinned}, host presented {fp}. This may be an attack; "
                 "if the host was really reinstalled, remove the old line from known_hosts and re-verify.")
+        into = f"add the line it prints to {self.pin_path}" if self.pin_path else "add its line to known_hosts"
         return HostKeyError(
-            f"{where}: unknown host key {fp}. Verify it out of band (`tunnelspec hostkeys scan`), then pin it "
-            "in the inventory's known_hosts, or pass --accept-new-host-keys to pin it on first use.")
+            f"{where}: unknown host key {fp}. Run `tunnelspec hostkeys scan`, verify the fingerprint out of band, "
+            f"then {into}; or pass --accept-new-host-keys to pin it on first use.")
