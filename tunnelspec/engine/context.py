@@ -72,6 +72,13 @@ class HostContext:
     def progress(self, msg: str, **data) -> None:
         self.emit(events.progress(self.host, self.task_name, msg, **data))
 
+    def heartbeat(self, what: str, every: float | None = None):
+        """`async with ctx.heartbeat("git clone …"):` — a progress line now, then one every 10 s
+        with the time taken, until the body ends (engine/heartbeat.py)."""
+        from tunnelspec.engine.heartbeat import HEARTBEAT_EVERY, Heartbeat
+
+        return Heartbeat(self.progress, what, every or HEARTBEAT_EVERY)
+
     def add_secret(self, value: str) -> None:
         if value:
             self.secrets.append(value)

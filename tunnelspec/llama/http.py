@@ -149,15 +149,46 @@ def tcp_opener(port: int, host: str = LOOPBACK) -> Opener:
     return lambda: asyncio.open_connection(host, port)
 
 
-async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float = 0.5) -> Response:
+# Seconds between two reports of a /health wait, and before the first one while no answer came (an
+# unhealthy answer is reported at once). A request may be held (the front holds it until llama-server
+# is up): the reports go on while it is pending.
+HEALTH_REPORT_EVERY = 5.0
+HEALTH_FIRST_REPORT = 1.0
+
+
+async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float = 0.5, *,
+                      report: Callable[[float, str], Awaitable[None]] | None = None,
+                      report_every: float = HEALTH_REPORT_EVERY,
+                      first_report: float = HEALTH_FIRST_REPORT) -> Response:
     """Poll /health until 200 (llama-server answers 503 while loading the model). Raises HttpError
-    with the last status seen when the deadline passes."""
+    with the last status seen when the deadline passes. `report(elapsed_s, last_answer)` is awaited
+    at the first answer that is not 200 (or after `first_report` s without one), then every
+    `report_every` seconds while the wait lasts, a request in flight included."""
     loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    last = "no answer"
+    start = loop.time()
+    end = start + deadline_s
+    last = "no answer yet"
+    next_report, reported = first_report, False
+
+    async def maybe_report(unhealthy: bool) -> None:
+        nonlocal next_report, reported
+        elapsed = loop.time() - start
+        if report is None or (elapsed < next_report and (reported or not unhealthy)):
+            return
+        next_report, reported = (int(elapsed / report_every) + 1) * report_every, True
+        await report(elapsed, last)
+
     for _ in range(int(deadline_s / interval) + 2):
+        poll = asyncio.ensure_future(
+            request(opener, "GET", "/health", timeout=min(10.0, max(1.0, end - loop.time()))))
         try:
-            r = await request(opener, "GET", "/health", timeout=min(10.0, max(1.0, end - loop.time())))
+            while report is not None:
+                wait = max(0.0, next_report - (loop.time() - start))
+                done, _ = await asyncio.wait({poll}, timeout=wait if wait > 0 else 0.01)
+                if done:
+                    break
+                await maybe_report(False)
+            r = await poll
             if r.status == 200:
                 return r
             last = f"HTTP {r.status} {r.body[:120].decode(errors='replace').strip()}"
@@ -165,8 +196,12 @@ async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float
             last = str(e)
             if getattr(e.__cause__, "permanent", False):
                 break  # e.g. TLS: a certificate the pinned CA does not trust; waiting cannot change it
+        finally:
+            if not poll.done():
+                poll.cancel()
         if loop.time() >= end:
             break
+        await maybe_report(True)
         await asyncio.sleep(interval)
     raise HttpError(f"/health not ok within {deadline_s:g}s (last: {last})")
 

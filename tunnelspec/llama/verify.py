@@ -60,6 +60,46 @@ def start_timeout(configured: int | None, model_bytes: list[int]) -> int:
     return BASE_START_TIMEOUT + int(round(gib * START_SECONDS_PER_GIB))
 
 
+async def journal_last_line(conn, unit: str = UNIT, lines: int = 40) -> str:
+    """The newest line of the unit's current run (its InvocationID), for a progress report; '' when
+    there is none or the journal cannot be read (a report must not fail the wait)."""
+    try:
+        inv = (await conn.probe(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+        argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit]
+        if inv:
+            argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
+        out = (await conn.probe(argv, timeout=30)).stdout or ""
+    except Exception:  # noqa: BLE001 — a report is best effort; the wait itself says what failed
+        return ""
+    text = [l.strip() for l in out.splitlines() if l.strip()]
+    return text[-1] if text else ""
+
+
+def health_progress_line(elapsed: float, budget: float, last: str, journal: str) -> str:
+    """`llama-server not healthy yet: 12 s of 195 s (HTTP 503 …); journal: llama_model_load: …`"""
+    answer = " ".join(last.split())
+    answer = answer if len(answer) <= 70 else answer[:69] + "…"
+    line = f"llama-server not healthy yet: {elapsed:.0f} s of {budget:g} s ({answer})"
+    if journal:
+        journal = journal if len(journal) <= 160 else journal[:159] + "…"
+        line += f"; journal: {journal}"
+    return line
+
+
+def health_reporter(conn, progress, budget: float):
+    """The /health wait's report (http.wait_health): elapsed time, the budget, the last answer and
+    llama-server's newest journal line (its model-load lines as they come), as a progress event."""
+    if progress is None:
+        return None
+
+    async def report(elapsed: float, last: str) -> None:
+        journal = await journal_last_line(conn)
+        progress(health_progress_line(elapsed, budget, last, journal), waiting_for="/health",
+                 elapsed_s=round(elapsed, 1), budget_s=budget, journal=journal)
+
+    return report
+
+
 def model_paths(argv: list[str]) -> list[str]:
     """The model files (-m and the draft's) of a llama-server argv."""
     out = []
@@ -79,14 +119,16 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
 
 async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
                         health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
-                        add_secret=None, tls: ApiTls | None = None) -> dict:
+                        add_secret=None, tls: ApiTls | None = None, progress=None) -> dict:
     """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
     `host` is the address llama-server listens on, as seen from the main host; `tls` (public bind):
-    TLS with the CA pinned, the certificate checked for the name clients use."""
+    TLS with the CA pinned, the certificate checked for the name clients use. `progress(msg, **data)`
+    (a task's): where a long /health wait stands, every few seconds."""
     seen = Seen()
     opener = api_opener(conn, port, host, tls, seen)
+    report = health_reporter(conn, progress, health_timeout)
     try:
-        await http.wait_health(opener, health_timeout)
+        await http.wait_health(opener, health_timeout, report=report)
     except http.HttpError as e:
         raise TaskFailed(await server_death.describe(conn, f"llama-server on {host}:{port} not healthy ({e})")) from None
     key = await read_api_key(conn, api_key_file)
@@ -102,7 +144,7 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
         # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
         # again (Restart=always). That next request is this one. Once healthy again, one more try.
         try:
-            await http.wait_health(opener, health_timeout)
+            await http.wait_health(opener, health_timeout, report=report)
             body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
         except http.OutputParserError as e2:
             raise TaskFailed(output_parser_failure(plan, e2)) from None

@@ -73,10 +73,12 @@ class GitCheckout(Task):
         dest, repo, ver = self.p["dest"], self.p["repo"], self.p["version"]
         run = ctx.conn.run
         if ch.data.get("clone"):
-            await run(["git", "clone", "--no-checkout", "--quiet", "--", repo, dest], check=True)
+            async with ctx.heartbeat(f"git clone {repo}"):
+                await run(["git", "clone", "--no-checkout", "--quiet", "--", repo, dest], check=True)
         has = await run(["git", "-C", dest, "cat-file", "-e", f"{ver}^{{commit}}"])
         if has.rc != 0:
-            await run(["git", "-C", dest, "fetch", "--quiet", "origin", ver], check=True)
+            async with ctx.heartbeat(f"git fetch origin {ver[:12]}"):
+                await run(["git", "-C", dest, "fetch", "--quiet", "origin", ver], check=True)
         argv = ["git", "-C", dest, "checkout", "--quiet", "--detach"]
         if self.p["force"]:
             argv.append("--force")

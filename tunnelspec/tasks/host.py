@@ -188,15 +188,17 @@ class Prerequisites(Task):
 
     async def apply(self, ctx, ch):
         pkgs = ch.data["packages"]
-        ctx.progress(f"apt-get install {' '.join(pkgs)}")
         install = [*APT_ENV, "apt-get", "install", "-y", "-q", "--no-install-recommends", *pkgs]
-        res = await ctx.conn.run(install, timeout=1800)
+        async with ctx.heartbeat(f"apt-get install {' '.join(pkgs)}"):
+            res = await ctx.conn.run(install, timeout=1800)
         if res.rc != 0:
             # Stale or empty package lists are the usual cause on a fresh host: refresh them once.
-            upd = await ctx.conn.run([*APT_ENV, "apt-get", "update", "-q"], timeout=600)
+            async with ctx.heartbeat("apt-get update (the install failed; the package lists may be stale)"):
+                upd = await ctx.conn.run([*APT_ENV, "apt-get", "update", "-q"], timeout=600)
             if upd.rc != 0:
                 raise TaskFailed(f"apt-get update failed:\n{_tail(upd.stderr or upd.stdout)}")
-            res = await ctx.conn.run(install, timeout=1800)
+            async with ctx.heartbeat(f"apt-get install {' '.join(pkgs)} (after apt-get update)"):
+                res = await ctx.conn.run(install, timeout=1800)
         if res.rc != 0:
             raise TaskFailed(f"installing failed: {shlex.join(install)}\n{_tail(res.stderr or res.stdout)}")
         f = await gather(ctx.conn, self.p["root"])

@@ -163,9 +163,10 @@ class LlamaSource(Task):
                 make, arg = 'git clone --quiet --no-checkout -- "$1" "$2"', self.p["repo"]
             # Made beside and renamed into place with its "applying" mark: a killed clone leaves only
             # the scratch dir (removed next time), never a checkout without its files.
-            await run(["sh", "-c", f'rm -rf -- "$2" && {make} && touch -- "$2/.git/tunnelspec-applying" && '
-                       '{ rmdir -- "$3" 2>/dev/null; mv -T -- "$2" "$3"; }',
-                       "sh", arg, d + ".tunnelspec-clone", d], check=True, timeout=3600)
+            async with ctx.heartbeat(f"git clone {self.p['repo']}" if not self.pushed else f"git init {d}"):
+                await run(["sh", "-c", f'rm -rf -- "$2" && {make} && touch -- "$2/.git/tunnelspec-applying" && '
+                           '{ rmdir -- "$3" 2>/dev/null; mv -T -- "$2" "$3"; }',
+                           "sh", arg, d + ".tunnelspec-clone", d], check=True, timeout=3600)
         else:
             await run(["touch", "--", applying], check=True)
             if st.origin != origin:
@@ -212,11 +213,13 @@ class LlamaSource(Task):
         d, run = self.dir, ctx.conn.run
         if (await run(_git(d, "cat-file", "-e", f"{sha}^{{commit}}"))).rc == 0:
             return
-        await run(_git(d, "fetch", "--quiet", "--tags", "--", remote, "+refs/heads/*:refs/remotes/origin/*"),
-                  check=True, timeout=3600)
+        async with ctx.heartbeat(f"git fetch {remote} (branches and tags) for {sha[:12]}"):
+            await run(_git(d, "fetch", "--quiet", "--tags", "--", remote, "+refs/heads/*:refs/remotes/origin/*"),
+                      check=True, timeout=3600)
         if (await run(_git(d, "cat-file", "-e", f"{sha}^{{commit}}"))).rc == 0:
             return
-        res = await run(_git(d, "fetch", "--quiet", "--", remote, sha), timeout=3600)
+        async with ctx.heartbeat(f"git fetch {remote} {sha[:12]}"):
+            res = await run(_git(d, "fetch", "--quiet", "--", remote, sha), timeout=3600)
         if res.rc != 0:
             raise TaskFailed(f"commit {sha} is not in {self.p['repo']} (fetched all branches and tags): "
                              f"{_tail(res.stderr)}")
@@ -250,7 +253,8 @@ class LlamaSource(Task):
             source, ref = "origin", f"refs/pull/{patch.pr}/head"
         else:
             source, ref = patch.remote, patch.ref
-        res = await run(_git(d, "fetch", "--quiet", "--", source, ref), timeout=3600)
+        async with ctx.heartbeat(f"git fetch {source} {ref} (patch {patch.id})"):
+            res = await run(_git(d, "fetch", "--quiet", "--", source, ref), timeout=3600)
         if res.rc != 0:
             raise TaskFailed(f"patch {patch.id}: cannot fetch {ref} from {source} on {ctx.host}: {_tail(res.stderr)}")
         res = await run(_git(d, "rev-parse", "--verify", "-q", f"{patch.commit}^{{commit}}"))

@@ -395,7 +395,7 @@ class LlamaVerify(Task):
                                    api_key_file=self.p["api_key_file"],
                                    health_timeout=wait, n_predict=self.p["n_predict"],
                                    prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
-                                   add_secret=ctx.add_secret, tls=self._tls())
+                                   add_secret=ctx.add_secret, tls=self._tls(), progress=ctx.progress)
 
     async def _went_degraded(self, ctx, plan: dict, settle: float = 20.0) -> bool:
         """After a failed proof: has llama-server left speculation because the draft node went away?
@@ -426,7 +426,8 @@ class LlamaVerify(Task):
             return plan, ""
         cluster = ctx.require_cluster()
         loop = asyncio.get_running_loop()
-        end = loop.time() + self.p["rejoin_wait"] + (health_wait if self.p["rejoin_wait"] else 0)
+        start, next_report = loop.time(), 0.0
+        end = start + self.p["rejoin_wait"] + (health_wait if self.p["rejoin_wait"] else 0)
         for _ in range(int(self.p["rejoin_wait"] + health_wait) + 2):
             sv = await serving_state(ctx.conn, cluster)
             if sv["mode"] != front.DEGRADED:
@@ -441,6 +442,12 @@ class LlamaVerify(Task):
                                  f"draft on {sv['node']}: {sv['reason']}{detail}. Serving continues; the draft "
                                  f"comes back by itself once {sv['node']} answers steadily "
                                  f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
+            waited = loop.time() - start
+            if waited >= next_report:  # now, then every 10 s: the wait may take a minute or more
+                next_report = (int(waited / 10) + 1) * 10.0
+                ctx.progress(f"degraded: waiting for the draft on {sv['node']} to come back: {waited:.0f} s of "
+                             f"{end - start:.0f} s ({sv['reason']})", waiting_for="draft",
+                             elapsed_s=round(waited, 1), budget_s=round(end - start))
             await asyncio.sleep(1.0)
         return plan, ""
 
