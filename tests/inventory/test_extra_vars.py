@@ -82,7 +82,9 @@ CASES = {
 NOT_IN_THE_MODEL = {"tunnelspec_known_hosts", "tunnelspec_lock_dir", "tunnelspec_pending_dir",
                     "rpc_local_isolation",  # read by playbooks/isolation*.yml and status
                     "tunnelspec_install_packages",  # read by playbooks/hosts.yml, prerequisites.yml
-                    "tunnel_ssh_host", "tunnel_ssh_port"}  # read by inventory/addresses.py
+                    "tunnel_ssh_host", "tunnel_ssh_port",  # read by inventory/addresses.py
+                    "llama_keep_builds", "tunnel_from",  # read by playbooks/build.yml, tunnel.yml
+                    "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge"}  # set by commands (-e)
 # rpc_bind has one allowed value: -e with another one is refused, naming -e (test below).
 REFUSED_OTHERWISE = {"rpc_bind"}
 
