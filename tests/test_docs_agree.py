@@ -43,7 +43,8 @@ def documented_vars(text: str) -> set[str]:
     names: set[str] = set()
     for line in text.splitlines():
         s = line.strip()
-        head = re.match(r"^#?\s*([a-z][a-z0-9]*_[a-z0-9_]+)(=|\s{2,}|\s+(?=true|false|cpu|draft))", s)
+        head = (re.match(r"^#?\s*([a-z][a-z0-9_]*)=", s)
+                or re.match(r"^#?\s*([a-z][a-z0-9]*_[a-z0-9_]+)(\s{2,}|\s+(?=true|false|cpu|draft))", s))
         if head:
             names.add(head.group(1))
         if s and not s.startswith(("#", ";", "[")):
