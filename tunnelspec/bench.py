@@ -19,9 +19,11 @@ The network wait of a side with --rpc is measured on main while its completions 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 from tunnelspec import bench_figures as figs
+from tunnelspec import front
 from tunnelspec import bench_netwait as netwait
 from tunnelspec.bench_argv import (baseline_argv, context_size, deployed_kind, describe_placement, flag_value,
                                    local_devices, parse_exec_start, rpc_ports)
@@ -88,7 +90,33 @@ async def _measure(conn, unit: str, opener, key, prompt: str, n_predict: int, ru
     return side
 
 
-async def _fit(conn, argv: list[str], local: str, n_ctx: int | None, size, shape, note: str) -> dict:
+def as_user(user: str, argv: list[str]) -> list[str]:
+    """argv run as the service's own user: anything that talks to llama-server or an RPC server, or
+    runs a llama.cpp binary for bench, never runs as root (a compromised server or node could attack
+    its client)."""
+    return ["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", "--", *argv]
+
+
+async def configured_argv(conn, main, running: list[str]) -> list[str]:
+    """The command line bench works with: the one of the deploy's root-owned plan (the launcher's
+    modes file) that llama-server runs now. The running process's /proc cmdline only says *which*
+    mode runs: the process can rewrite it (argv[0] included), so nothing from it is executed, least
+    of all as root."""
+    raw = await conn.get(front.MODES_PATH)
+    try:
+        modes = json.loads(raw)["modes"] if raw else {}
+    except (ValueError, KeyError, TypeError):
+        modes = {}
+    binary = f"{main.root}/current/bin/llama-server"
+    for argv in (modes or {}).values():
+        if isinstance(argv, list) and argv == running and argv and argv[0] == binary:
+            return list(argv)
+    raise TaskFailed(f"main: {UNIT} runs a command line the deploy did not configure ({' '.join(running[:3])} …; "
+                     f"not a mode of {front.MODES_PATH} with {binary}): bench runs nothing a service chose. "
+                     "Run `tunnelspec deploy`, or see `tunnelspec status`")
+
+
+async def _fit(conn, argv: list[str], local: str, n_ctx: int | None, size, shape, note: str, user: str) -> dict:
     """Does the target fit main's own devices (`local`: "none" is the CPU, its RAM)?"""
     if not size:
         return figs.fit_unknown(f"the target's size on main is unknown ({note or 'stat failed'})")
@@ -98,7 +126,7 @@ async def _fit(conn, argv: list[str], local: str, n_ctx: int | None, size, shape
         if fig is None:
             return figs.fit_unknown("main's /proc/meminfo has no MemAvailable/MemTotal")
         return figs.fit_on_main(size, shape, n_ctx, [fig], note)
-    res = await conn.run([argv[0], "--list-devices"], timeout=120)
+    res = await conn.run(as_user(user, [argv[0], "--list-devices"]), timeout=120)
     found, missing = figs.device_figures(res.stdout + "\n" + res.stderr, local)
     if missing or not found:
         return figs.fit_unknown(f"`{argv[0]} --list-devices` on main does not list {', '.join(missing) or local}")
@@ -184,6 +212,7 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         if not argv or not argv[0].endswith("llama-server"):
             raise TaskFailed(f"main: {UNIT} is not running llama-server (its main process runs "
                              f"{' '.join(argv[:2]) or 'nothing'}): run `tunnelspec deploy`, or see `tunnelspec status`")
+        argv = await configured_argv(conn, main, argv)
         kind = deployed_kind(argv)
         if same_placement and kind != "speculative":
             raise UsageError(f"bench --same-placement drops only the draft, and the deployed llama-server on "
@@ -209,7 +238,8 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
                     "title": "same placement, no draft" if same_placement else "main alone",
                     "devices": flag_value(base, "-dev", "--device") or local, "rpc": bool(rpc_ports(base)),
                     "endpoint": f"{LOOPBACK}:{port}", "n_ctx": n_ctx,
-                    "fit": None if same_placement else await _fit(conn, argv, local, n_ctx, size, shape, note)}
+                    "fit": None if same_placement else await _fit(conn, argv, local, n_ctx, size, shape, note,
+                                                                  main.users.llama)}
         baseline["placement"] = describe_placement(base) if same_placement else f"-dev {baseline['devices']}, no RPC"
         if baseline["fit"] and baseline["fit"]["fits"] is False:
             baseline.update(ran=False, why=baseline["fit"]["message"])

@@ -91,6 +91,8 @@ class RpcDevices(Task):
         "service": Arg(str, default=UNIT, help="The llama-server unit stopped before discovery."),
         "discover": Arg(bool, default=True,
                         help="Allowed to (re)discover; false: fail when the cached map is not current."),
+        "user": Arg(str, default="",
+                    help="Runs the listing as this user (llama-server's), never as root: it speaks RPC to the nodes."),
     }
 
     def probes(self) -> list[list[str]]:
@@ -122,6 +124,10 @@ class RpcDevices(Task):
         await ctx.conn.run(["systemctl", "stop", self.p["service"]])
         argv = ["timeout", "--kill-after=5", str(self.p["timeout"]),
                 *list_devices_argv(self.p["binary"], cluster.rpc_endpoints)]
+        if self.p["user"]:
+            # A node's rpc-server could attack its client: the client is llama-server's user, as when serving.
+            u = self.p["user"]
+            argv = ["/usr/bin/setpriv", f"--reuid={u}", f"--regid={u}", "--init-groups", "--", *argv]
         res = await ctx.conn.run(argv, timeout=self.p["timeout"] + 15)
         out = res.stdout + res.stderr
         if res.rc == 124:
