@@ -119,7 +119,7 @@ def unit_props(units):
     if not units:
         return {}
     res = subprocess.run(["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "NRestarts", "--"] + list(units),
-                         capture_output=True, text=True, timeout=10)
+                         capture_output=True, text=True, timeout=5)
     if res.returncode != 0:
         raise OSError(res.stderr.strip() or "systemctl show failed")
     found, cur = {}, {}
@@ -164,8 +164,15 @@ def cert_end(path):
     return float(ssl.cert_time_to_seconds(res.stdout.split("=", 1)[1].strip()))
 
 
-def _http_get(connect, host, path, headers=None, timeout=5.0):
-    """GET over an already connected stream socket; the body on 200, else OSError."""
+# Each source gets this long (seconds): a scrape must answer within Prometheus' scrape_timeout even when
+# llama-server is busy (its /metrics waits for its main loop) — then that source is a 0, not the scrape.
+SOURCE_TIMEOUT = 1.5
+
+
+def _http_get(connect, host, path, headers=None, timeout=SOURCE_TIMEOUT):
+    """GET over an already connected stream socket; the body on 200, else OSError (also past `timeout`
+    in all)."""
+    deadline = time.monotonic() + timeout
     s = connect()
     try:
         s.settimeout(timeout)
@@ -175,6 +182,10 @@ def _http_get(connect, host, path, headers=None, timeout=5.0):
         s.sendall((req + "\r\n").encode())
         data = b""
         while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OSError("no complete answer within %gs" % timeout)
+            s.settimeout(left)
             chunk = s.recv(65536)
             if not chunk:
                 break
@@ -198,7 +209,8 @@ def llama_metrics(cfg):
         with open(key_path) as f:
             headers["Authorization"] = "Bearer " + f.read().strip()
     host, port = l["address"].rsplit(":", 1)
-    return _http_get(lambda: socket.create_connection((host, int(port)), timeout=5), host, "/metrics", headers)
+    return _http_get(lambda: socket.create_connection((host, int(port)), timeout=SOURCE_TIMEOUT), host, "/metrics",
+                     headers)
 
 
 def front_metrics(cfg):
@@ -206,7 +218,7 @@ def front_metrics(cfg):
 
     def connect():
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(5)
+        s.settimeout(SOURCE_TIMEOUT)
         s.connect(path)
         return s
     return _http_get(connect, "front", "/metrics?scope=frontend&scope=backend&scope=server")

@@ -220,6 +220,8 @@ def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> 
     taken: dict[int, str] = {main.server_port: f"llama_server_port of {main.name}"}
     if main.front is not None:
         taken[main.front.internal_port] = f"llama_server_internal_port of {main.name}"
+        if main.front.metrics is not None:
+            taken[main.front.metrics.port] = f"metrics_port of {main.name}"
     for node in nodes:
         if node.tunnel_port in taken:
             raise cluster_error(
