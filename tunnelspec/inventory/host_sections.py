@@ -250,48 +250,60 @@ def _patches(hv: HostVars) -> tuple[Patch, ...]:
             "llama_patches",
             "must be a list literal, e.g. [{\"pr\": 123, \"commit\": \"<sha>\"}, {\"file\": \"patches/x.patch\"}]",
         )
-    return tuple(_patch(hv, i, entry) for i, entry in enumerate(value))
+    patches, problems = [], []
+    for i, entry in enumerate(value):
+        try:
+            patches.append(_patch(hv, i, entry))
+        except _PatchEntryError as err:
+            problems.append(str(err))
+    if problems:
+        # Every entry's mistake at once: a short SHA in one entry and a tag in another are one fix.
+        raise hv.fail("llama_patches", "; ".join(problems))
+    return tuple(patches)
+
+
+class _PatchEntryError(ValueError):
+    """One llama_patches entry's mistake; _patches reports every entry's together."""
 
 
 def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
     where = f"entry {index}"
     if not isinstance(entry, dict):
-        raise hv.fail("llama_patches", f"{where} must be a dict like {{\"pr\": 123, \"commit\": \"<sha>\"}}, got {entry!r}")
+        raise _PatchEntryError(f"{where} must be a dict like {{\"pr\": 123, \"commit\": \"<sha>\"}}, got {entry!r}")
     keys = set(entry)
     forms = {frozenset({"pr", "commit"}): "pr", frozenset({"pr", "head"}): "pr",
              frozenset({"remote", "ref", "commit"}): "remote", frozenset({"file"}): "file"}
     kind = forms.get(frozenset(keys))
     if kind is None:
-        raise hv.fail(
-            "llama_patches",
+        raise _PatchEntryError(
             f"{where} has keys {sorted(keys)}; use one of {{pr, commit}} (one commit of a PR), {{pr, head}} "
             "(the whole PR, up to that head), {remote, ref, commit} or {file}",
         )
     if kind == "file":
         rel = entry["file"]
         if not isinstance(rel, str) or not rel:
-            raise hv.fail("llama_patches", f"{where}: file must be a path string")
+            raise _PatchEntryError(f"{where}: file must be a path string")
         path = (hv.inv.path.parent / rel).resolve()
         if not path.is_file():
-            raise hv.fail("llama_patches", f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)")
+            raise _PatchEntryError(f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)")
         if not is_patch_text(path.read_text(encoding="utf-8", errors="replace")):
-            raise hv.fail("llama_patches", f"{where}: {path} is not a patch: no unified diff in it (`--- a/…`, "
+            raise _PatchEntryError(f"{where}: {path} is not a patch: no unified diff in it (`--- a/…`, "
                           "`+++ b/…` and `@@` hunks, as `git diff` or `git format-patch` write); give the patch file")
         return Patch(kind="file", file=path)
     key = "head" if "head" in keys else "commit"
     # Full SHAs only, as for llama_commit: the one rule and its reason live in short_sha_error.
     bad = short_sha_error(entry[key], key)
     if bad:
-        raise hv.fail("llama_patches", f"{where}: {bad}")
+        raise _PatchEntryError(f"{where}: {bad}")
     sha = entry[key].strip().lower()
     if kind == "pr":
         pr = entry["pr"]
         if isinstance(pr, bool) or not isinstance(pr, int) or pr < 1:
-            raise hv.fail("llama_patches", f"{where}: pr must be a positive PR number, got {pr!r}")
+            raise _PatchEntryError(f"{where}: pr must be a positive PR number, got {pr!r}")
         return Patch(kind="pr", pr=pr, head=sha) if key == "head" else Patch(kind="pr", pr=pr, commit=sha)
     for key in ("remote", "ref"):
         if not isinstance(entry[key], str) or not entry[key].strip() or entry[key].startswith("-"):
-            raise hv.fail("llama_patches", f"{where}: {key} must be a non-empty string not starting with '-'")
+            raise _PatchEntryError(f"{where}: {key} must be a non-empty string not starting with '-'")
     return Patch(kind="remote", remote=entry["remote"], ref=entry["ref"], commit=sha)
 
 
