@@ -15,12 +15,16 @@ from tunnelspec.keys import TUNNEL_FORCED_COMMAND, fingerprint
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 from tunnelspec.tasks.base import Arg, Task, change, ok, register_task, wait_budget
-from tunnelspec.tasks.systemd import Service, SystemdUnit, daemon_reload
+from tunnelspec.tasks.systemd import UNIT_DIR, Service, SystemdUnit, daemon_reload
 from tunnelspec.tunnel_ssh import (AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel,
                                    selected_nodes, ssh_argv, unit_name)
 
 
 # ---- main: one unit per node ------------------------------------------------------------------------
+# The tunnel unit files installed on main (read-only; one of the play's batched probes).
+_INSTALLED_TUNNELS = ["find", UNIT_DIR, "-maxdepth", "1", "-name", "tunnelspec-tunnel-*.service", "-printf", "%f\n"]
+
+
 @register_task
 class TunnelUnits(Task):
     """Install, start and enable `tunnelspec-tunnel-<node>.service` on main (state=started), or
@@ -39,7 +43,7 @@ class TunnelUnits(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [AES_NI_PROBE]
+        return [AES_NI_PROBE, _INSTALLED_TUNNELS]
 
     async def _aes_ni(self, ctx) -> bool:
         return (await ctx.conn.probe(AES_NI_PROBE)).stdout.strip() == "aes"
@@ -78,9 +82,21 @@ class TunnelUnits(Task):
             if u.changed or s.changed:
                 todo.append(f"{name}: {', '.join(c.msg for c in (u, s) if c.changed)}")
                 plan.append((node.name, u.changed, s.changed))
+        orphans = await self._orphans(ctx)
+        todo += [f"{u}: remove (its node is no longer in the inventory)" for u in orphans]
         if not todo:
             return ok(f"tunnels {self.p['state']}")
-        return change("; ".join(todo), plan=plan)
+        return change("; ".join(todo), plan=plan, orphans=orphans)
+
+    async def _orphans(self, ctx) -> list[str]:
+        """Tunnel units of nodes no longer in the inventory (a node renamed or removed): they would
+        keep their ssh running and hold their tunnel port, which a new node's tunnel may need. Only
+        when every node is converged (`tunnel open --limit NODE` touches no other unit)."""
+        if self.p["state"] != "started" or self.p["nodes"] not in ("all", "", [], ["all"]):
+            return []
+        wanted = {unit_name(n.name) for n in ctx.require_cluster().rpc}
+        found = (await ctx.conn.probe(_INSTALLED_TUNNELS)).stdout.split()
+        return sorted(u for u in found if u not in wanted)
 
     async def apply(self, ctx, ch):
         nodes = {n.name: n for n in ctx.require_cluster().rpc}
@@ -92,8 +108,13 @@ class TunnelUnits(Task):
             if unit_changed:
                 await unit.apply(ctx, await unit.check(ctx))
                 changed_units.append(name)
-        if changed_units:
+        for unit in ch.data.get("orphans", []):
+            await ctx.conn.run(["systemctl", "disable", "--now", "--quiet", unit])
+            await ctx.conn.run(["rm", "-f", "--", f"{UNIT_DIR}/{unit}"], check=True)
+        if changed_units or ch.data.get("orphans"):
             await daemon_reload(ctx.conn)
+        for unit in ch.data.get("orphans", []):
+            await ctx.conn.run(["systemctl", "reset-failed", unit])
         for node, _, _ in ch.data["plan"]:
             name, _, svc = parts[node]
             if name in changed_units and self.p["state"] == "started":
