@@ -142,8 +142,28 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
         _check_patches_apply(cluster, report)
     from tunnelspec.plan import build_plan
 
-    report.plan = build_plan(cluster)
+    report.plan = build_plan(cluster, _rpc_server_name(cluster) if controller_git else None)
     return report
+
+
+def _rpc_server_name(cluster) -> str | None:
+    """The RPC server's binary name in the pinned tree, when the controller holds it (renamed
+    ≈b98xx); None: not known offline."""
+    from tunnelspec.llama import controller_repo, versions
+
+    source = cluster.source
+    if not controller_repo.is_controller_repo(source.repo):
+        return None
+    repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
+    for name in (versions.RPC_TOOL_CMAKELISTS, versions.RPC_TOOL_CMAKELISTS_OLD):
+        res = subprocess.run(["git", "-C", str(repo), "show", f"{source.commit}:{name}"], capture_output=True,
+                             text=True, timeout=60)
+        if res.returncode == 0:
+            try:
+                return versions.rpc_server_target(res.stdout)
+            except Exception:  # noqa: BLE001 - a tree we cannot read says nothing; the host will
+                return None
+    return None
 
 
 def _check_groups(inv, report: Report) -> None:

@@ -93,7 +93,9 @@ def planned_devices(cluster) -> dict[int, list[str]]:
     return out
 
 
-def build_plan(cluster, rpc_server_name: str = "ggml-rpc-server") -> Plan:
+def build_plan(cluster, rpc_server_name: str | None = None) -> Plan:
+    """`rpc_server_name`: the pinned tree's RPC server binary, when known offline (else the current
+    name, and a note)."""
     from tunnelspec.models import hub
     from tunnelspec.tasks.rpc import rpc_argv
 
@@ -114,10 +116,13 @@ def build_plan(cluster, rpc_server_name: str = "ggml-rpc-server") -> Plan:
             ssh_argv(node, node_ssh_target(cluster.inventory, node.name), node.users.tunnel, KEY_PATH, KNOWN_HOSTS,
                      session=True),
             f"tunnel to {node.name}"))
+    if rpc_server_name is None and cluster.rpc:
+        plan.notes.append("the RPC server is ggml-rpc-server in the pinned tree's build, or rpc-server in a tree "
+                          "from before its rename (≈b98xx): the deploy finds which")
     for node in cluster.rpc:
         plan.commands.append(Command(
             node.name, RPC_UNIT,
-            rpc_argv(f"{node.root}/current/bin/{rpc_server_name}", node.rpc_port, node.devices, node.threads,
+            rpc_argv(f"{node.root}/current/bin/{rpc_server_name or 'ggml-rpc-server'}", node.rpc_port, node.devices, node.threads,
                      node.cache),
             "rpc-server"))
     if cluster.rpc:

@@ -240,7 +240,9 @@ def test_patch_file_checked_against_the_controller_tree(tmp_path, guard, applies
     repo.mkdir()
     _git(repo, "init", "-q")
     (repo / "README.md").write_text("one\ntwo\n")
-    _git(repo, "add", "README.md")
+    (repo / "tools" / "rpc").mkdir(parents=True)  # a tree from before the rename to ggml-rpc-server
+    (repo / "tools" / "rpc" / "CMakeLists.txt").write_text("set(TARGET rpc-server)\n")
+    _git(repo, "add", "README.md", "tools")
     _git(repo, "commit", "-q", "-m", "base")
     commit = _git(repo, "rev-parse", "HEAD")
     old = "two" if applies else "three"
@@ -252,6 +254,8 @@ def test_patch_file_checked_against_the_controller_tree(tmp_path, guard, applies
     p, _ = run(env, "check", "inventory.ini", cwd=tmp_path)
     if applies:
         assert p.returncode == 0, p.stdout
+        doc = json.loads(run(env, "check", "inventory.ini", "--format", "json", cwd=tmp_path)[0].stdout)
+        assert _plan(doc, "node-a", "rpc-server")[0] == "/opt/tunnelspec/current/bin/rpc-server"
     else:
         assert p.returncode == 2 and "inventory.ini:16:" in p.stdout and "does not apply to the pinned tree" in p.stdout
     assert _git(repo, "status", "--porcelain") == "" and _git(repo, "rev-parse", "HEAD") == commit
