@@ -130,6 +130,13 @@ def test_prometheus_sees_modes_reconnects_and_only_the_token_opens_it(lab_tools,
         assert status == 200 and 'tunnelspec_serving_mode{mode="speculative"} 1' in body, body[:3000]
         assert "llamacpp:" in body and "haproxy_" in body and 'tunnelspec_exporter_source_up{source="llama_server"} 1' in body
         assert api_key not in body and token not in body
+        # Each of the exporter's sources answered: the mode file, systemd, llama-server, the front, the certificate.
+        for source in ("state", "systemd", "llama_server", "front", "certificate"):
+            assert f'tunnelspec_exporter_source_up{{source="{source}"}} 1' in body, (source, body[:3000])
+        assert 'tunnelspec_node_rpc_info{node="rpc-a",version="' in body and 'tunnelspec_tunnel_up{node="rpc-b"} 1' in body
+        end = [float(l.split()[1]) for l in body.splitlines()
+               if l.startswith("tunnelspec_tls_certificate_expiry_timestamp_seconds ")]
+        assert end and 300 * 86400 < end[0] - time.time() < 366 * 86400, end
         # Nothing new listens off loopback on main but the front; nothing new on the nodes.
         listen = sh(lab, "main", "ss", "-Hltn")
         assert "127.0.0.1:9466" in listen and f"{main_ip}:9466" not in listen and "0.0.0.0:9466" not in listen

@@ -151,3 +151,20 @@ def test_monitoring_files_are_packaged():
     assert link.resolve() == MON.resolve()
     for f in (RULES, RULES_TEST, DASHBOARD):
         assert (link / f.name).is_file()
+
+
+def test_the_docs_scrape_config_is_valid_prometheus(tmp_path):
+    """docs/metrics.md's scrape configuration, as written (its files stood in by empty ones here)."""
+    block = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)[0]
+    cfg = yaml.safe_load(block)
+    job = cfg["scrape_configs"][0]
+    assert job["job_name"] == "tunnelspec" and job["scheme"] == "https"
+    assert job["authorization"]["type"] == "Bearer" and "credentials_file" in job["authorization"]
+    job["tls_config"]["ca_file"] = str(tmp_path / "ca.crt")
+    job["authorization"]["credentials_file"] = str(tmp_path / "token")
+    (tmp_path / "ca.crt").write_text("")
+    (tmp_path / "token").write_text("x\n")
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+    res = subprocess.run([promtool(), "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
