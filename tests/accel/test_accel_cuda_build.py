@@ -184,10 +184,16 @@ def test_architectures_given_twice(tmp_path):
 
 
 @pytest.mark.parametrize("backend, default", [("cpu", "none"), ("cuda", "CUDA0"), ("hip", "ROCm0"),
-                                              ("vulkan", "Vulkan0"), ("metal", "MTL0")])
+                                              ("vulkan", "Vulkan0")])
 def test_mains_target_defaults_to_its_accelerator(tmp_path, backend, default):
     c = cluster(write(tmp_path, main_vars=(f"llama_backend={backend}",)))
     assert c.main.target_devices == default
+
+
+def test_a_metal_main_is_refused_from_the_inventory(tmp_path):
+    # Metal is a Mac, where tunnelspec does not deploy: refused before any connection, saying what to do.
+    with pytest.raises(ClusterError, match="metal refused on the main host.*a Linux host"):
+        cluster(write(tmp_path, main_vars=("llama_backend=metal",)))
 
 
 def test_none_stays_available_explicitly(tmp_path):
