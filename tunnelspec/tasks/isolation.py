@@ -28,6 +28,15 @@ OPT_OUT = "rpc_local_isolation"
 APT_INSTALL = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
                "--no-install-recommends", "nftables"]
 _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
+# Appended to Debian's /etc/nftables.conf (after its `flush ruleset`): every `nft -f` of it —
+# nftables.service's start, restart and reload — loads our table in the same transaction as its
+# flush. The bracket makes it a glob: no error when the file is gone (a teardown that could not
+# edit the configuration leaves a harmless line, never a firewall that fails to load).
+NFT_CONF = "/etc/nftables.conf"
+CONF_MARK = "# tunnelspec: loopback isolation, loaded in the same transaction as this file's flush"
+CONF_INCLUDE = f'include "{nft.RULES_PATH[:-1]}[{nft.RULES_PATH[-1]}]"'
+_CONF_DROP = ["sed", "-i", "-e", f"/^{CONF_MARK}$/d", "-e", '/^include "\/etc\/tunnelspec\/isolation.nf\[t\]"$/d',
+              "--", NFT_CONF]
 _PROBE_RULES = ("table inet tunnelspec_probe {\n\tchain output {\n"
                 "\t\ttype filter hook output priority filter; policy accept;\n\t}\n}\n")
 
@@ -63,12 +72,19 @@ def _unit_text(label: str, guarded: list[str]) -> str:
         # Debian's /etc/nftables.conf usually starts with `flush ruleset`: load after it, and again
         # whenever it is restarted.
         "After=local-fs.target nftables.service",
+        # A stop or restart of nftables.service (whose ExecStop is `flush ruleset`) stops or restarts
+        # this unit, and with it the units that require it: never guarded units up without rules.
         "PartOf=nftables.service",
+        # `systemctl reload nftables` runs `nft -f /etc/nftables.conf` again (flush ruleset): load
+        # ours again right after it. Where /etc/nftables.conf includes our file (tunnelspec adds the
+        # line), its own flush and our table are one transaction and there is no moment without.
+        "ReloadPropagatedFrom=nftables.service",
         "",
         "[Service]",
         "Type=oneshot",
         "RemainAfterExit=yes",
         f"ExecStart={nft.NFT} -f {nft.RULES_PATH}",
+        f"ExecReload={nft.NFT} -f {nft.RULES_PATH}",
         "",
         "[Install]",
         "WantedBy=multi-user.target",
@@ -221,7 +237,8 @@ class LocalIsolation(Task):
         owners = [port_owners.argv()] if self.p["state"] == "present" and self.p["listeners"] else []
         if not self._want_present():
             return [nft.observe_argv(self.all_users()), *owners]
-        return [nft.observe_argv(self.all_users()), read_argv(nft.RULES_PATH), read_argv(nft.UNIT_PATH), *owners]
+        return [nft.observe_argv(self.all_users()), read_argv(nft.RULES_PATH), read_argv(nft.UNIT_PATH),
+                read_argv(NFT_CONF), *owners]
 
     async def check(self, ctx):
         seen = await nft.observe(ctx.conn, self.all_users())
@@ -252,6 +269,10 @@ class LocalIsolation(Task):
                                                  if seen.table.present else "no table") + ")")
         if seen.active != "active":
             todo.append(f"start {nft.UNIT} ({seen.active or 'inactive'})")
+        conf = await ctx.conn.get(NFT_CONF)
+        include = conf is not None and CONF_INCLUDE not in conf.decode(errors="replace").splitlines()
+        if include:
+            todo.append(f"include the rules in {NFT_CONF}")
         if not todo:
             return ok(f"{self.p['label']} ({nft.describe(rules)})")
         diff = (Diff(cur_file, text, nft.RULES_PATH) if cur_file != text
@@ -260,7 +281,8 @@ class LocalIsolation(Task):
                           "nft list table inet tunnelspec"))
         return change(", ".join(todo), diff, text=text, unit=unit, install=not seen.nft,
                       write_file=cur_file != text, write_unit=cur_unit != unit,
-                      relink=set(seen.links) != self._links_wanted(), active=seen.active == "active")
+                      relink=set(seen.links) != self._links_wanted(), active=seen.active == "active",
+                      include=include)
 
     async def _check_absent(self, ctx, seen: nft.HostIsolation):
         present = []
@@ -268,6 +290,9 @@ class LocalIsolation(Task):
             if (await ctx.conn.probe(["test", "-e", path])).rc == 0:
                 present.append(path)
         present += seen.links + seen.requires_dirs
+        conf = await ctx.conn.get(NFT_CONF)
+        if conf is not None and CONF_INCLUDE in conf.decode(errors="replace").splitlines():
+            present.append(f"the include line in {NFT_CONF}")
         if seen.table.present:
             present.append("table inet tunnelspec")
         if seen.active in ("active", "failed", "activating"):
@@ -317,11 +342,24 @@ class LocalIsolation(Task):
         res = await ctx.conn.run([nft.NFT, "-f", nft.RULES_PATH], timeout=30)
         if res.rc != 0:
             raise TaskFailed(f"nft -f {nft.RULES_PATH} failed: {res.stderr.strip()}")
+        if ch.data.get("include"):
+            await self._include(ctx)
         if not ch.data["active"]:
             res = await ctx.conn.run(["systemctl", "start", nft.UNIT])
             if res.rc != 0:
                 j = await ctx.conn.run(["journalctl", "-u", nft.UNIT, "-n", "10", "--no-pager", "-o", "cat"])
                 raise TaskFailed(f"{nft.UNIT} failed to start:\n{res.stderr.strip()}\n{j.stdout.strip()}")
+
+    async def _include(self, ctx) -> None:
+        """Append the include line to /etc/nftables.conf; taken back if the file no longer loads."""
+        before = (await ctx.conn.run([nft.NFT, "-c", "-f", NFT_CONF], timeout=30)).rc
+        await ctx.conn.run(["sh", "-c", 'printf "\n%s\n%s\n" "$1" "$2" >> "$3"', "sh", CONF_MARK, CONF_INCLUDE,
+                            NFT_CONF], check=True)
+        res = await ctx.conn.run([nft.NFT, "-c", "-f", NFT_CONF], timeout=30)
+        if res.rc != 0 and before == 0:
+            await ctx.conn.run(_CONF_DROP, check=True)
+            raise TaskFailed(f"{NFT_CONF} no longer loads with tunnelspec's include line (taken back): "
+                             f"{res.stderr.strip()}")
 
     async def _prune_requires_dirs(self, ctx) -> None:
         await ctx.conn.run(["find", "/etc/systemd/system", "-mindepth", "1", "-maxdepth", "1", "-type", "d",
@@ -336,6 +374,7 @@ class LocalIsolation(Task):
         await self._prune_requires_dirs(ctx)
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
         await ctx.conn.run(["systemctl", "stop", nft.UNIT])
+        await ctx.conn.run(["sh", "-c", 'f=$1; shift; [ ! -f "$f" ] || exec "$@"', "sh", NFT_CONF, *_CONF_DROP])
         await ctx.conn.run(["rm", "-f", "--", nft.UNIT_PATH, nft.RULES_PATH], check=True)
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
         await ctx.conn.run(["systemctl", "reset-failed", nft.UNIT])
