@@ -24,7 +24,7 @@ HELP = ROOT / "tests/server/data/llama-server-help.txt"
 
 # What each example must turn into (flag → value), with one RPC device per node in [rpc] order.
 EXPECT = {
-    "seed000-mtp-laptop-gpu.ini": {"-dev": "MTL0", "--spec-type": "draft-mtp", "--spec-draft-device": "RPC0",
+    "seed000-mtp-laptop-gpu.ini": {"-dev": "CUDA0", "--spec-type": "draft-mtp", "--spec-draft-device": "RPC0",
                                    "--spec-draft-n-max": "3",
                                    "--spec-draft-model": "/srv/models/mtp-Qwen3.6-27B-Q4_0.gguf"},
     "seed004-tensor-parallel-dflash.ini": {"-dev": "CUDA0,CUDA1", "-sm": "tensor", "--spec-type": "draft-dflash",
@@ -52,12 +52,6 @@ def test_example_parses_validates_and_composes(name):
     assert res.returncode == 0, res.stderr
     assert "main" in json.loads(res.stdout)
     inv = load_inventory(path)
-    if name.startswith("seed000"):
-        # Seed 000's main is a Mac: refused from the inventory alone (the example says what to do
-        # instead); its flags compose as promised once main is a Linux host.
-        with pytest.raises(ClusterError, match="metal refused on the main host"):
-            Cluster.from_inventory(inv)
-        inv = inv.with_extra_vars({"llama_backend": "cpu"})
     c = Cluster.from_inventory(inv)
     c.require_models()
     by_port = {n.tunnel_port: [f"RPC{i}"] for i, n in enumerate(c.rpc)}
@@ -69,7 +63,7 @@ def test_example_parses_validates_and_composes(name):
 
 def test_seed000_in_the_lab_differs_only_in_hosts_models_and_all_vars(tmp_path):
     """The variant tests/deploy/test_mtp_lab.py deploys, built here against an inventory as `lab up`
-    writes it: the Mac and the laptop become the lab's CPU hosts, the 27B files the tiny MTP pair;
+    writes it: the main server and the laptop become the lab's CPU hosts, the 27B files the tiny MTP pair;
     the speculative settings compose as in the example, the target on main's CPU."""
     from types import SimpleNamespace
 
@@ -93,7 +87,7 @@ def test_seed000_in_the_lab_differs_only_in_hosts_models_and_all_vars(tmp_path):
     diff = changed_lines(example, text)
     assert {why for why, _, _ in diff} == {"host", "model", "all:vars"}, diff
     assert [(old, new) for why, old, new in diff if why == "host"] == [
-        ("mac ansible_host=192.0.2.10 llama_backend=metal llama_target_devices=MTL0", "main ansible_host=10.77.0.10"),
+        ("srv ansible_host=192.0.2.20 llama_backend=cuda llama_target_devices=CUDA0", "main ansible_host=10.77.0.10"),
         ("laptop ansible_host=192.0.2.30 rpc_role=draft llama_backend=cuda rpc_devices=CUDA0",
          "rpc-a ansible_host=10.77.0.11 rpc_role=draft")]
     assert [new for why, _, new in diff if why == "model"] == [f"llama_model={target}", f"llama_draft_model={draft}"]
