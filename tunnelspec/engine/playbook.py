@@ -105,6 +105,8 @@ def load_playbook(path: str | Path) -> Playbook:
         text = path.read_text()
     except OSError as e:
         raise PlaybookError(f"cannot read playbook: {e.strerror}", str(path)) from None
+    except UnicodeDecodeError as e:
+        raise PlaybookError(f"not a text file (byte {e.start} is not UTF-8); a playbook is YAML", str(path)) from None
     data = load_yaml(text, str(path))
     file = str(path)
     if not isinstance(data, list):
