@@ -1,3 +1,9 @@
-from tunnelspec.cli import main
+import sys
+
+try:
+    from tunnelspec.cli import main
+except KeyboardInterrupt:  # Ctrl-C before the CLI's own handling is in place (docs/ci.md: 130)
+    sys.stderr.write("ERROR: interrupted\n")
+    sys.exit(130)
 
 main()
