@@ -74,7 +74,19 @@ async def _main_status(conn, cluster) -> dict:
     server.update(await _split_status(conn, cluster, devices))
     server["serving"] = await serving_state(conn, cluster, devices)
     out["llama_server"] = server
+    out["generations"] = await _generations(conn)
     return out
+
+
+async def _generations(conn, shown: int = 4) -> dict:
+    """The current generation and the previous few kept on main (docs/generations.md)."""
+    from tunnelspec import generation as gen
+    from tunnelspec.tasks.generation import read_records
+
+    records, current = await read_records(conn)
+    rows = [{"n": n, "current": n == current, "summary": gen.summary(r)}
+            for n, r in sorted(records.items(), reverse=True)[:shown]]
+    return {"current": current, "kept": sorted(records), "recent": rows}
 
 
 def _iso(t) -> str | None:
@@ -322,6 +334,13 @@ def render(report: dict) -> str:
                 lines.append(f"{'':<10} {serving_line(s['serving'])}")
             if s.get("tls"):
                 lines.append(f"{'':<10} {_tls_line(s['tls'])}")
+        if "generations" in h:
+            g = h["generations"]
+            if not g["recent"]:
+                lines.append(f"{'':<10} generations: none yet (a deploy that passes verify records one)")
+            for row in g["recent"]:
+                mark = "current" if row["current"] else "kept"
+                lines.append(f"{'':<10} {mark:<8} {row['summary']}")
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ KNOWN_VARS = frozenset(
         "front_user",  # inventory/front_vars.py: the front (HAProxy) and the draft's return
         "metrics", "metrics_port", "metrics_token_file",  # inventory/front_vars.py (docs/metrics.md)
         "llama_keep_builds", "tunnel_from",  # playbooks/build.yml, tunnel.yml
+        "tunnelspec_keep_generations",  # playbooks/server.yml (tasks/generation.py, docs/generations.md)
         "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge",  # set by commands with -e (cli.py)
     }
 )

@@ -43,7 +43,9 @@ USED = ".tunnelspec-used"   # touched whenever the build becomes current: its mt
 # After a switch: keep the `keep` most recently used build dirs (last made current; else stamp, else
 # the dir's own mtime — a failed build keeps its partial objects for the retry while it is recent),
 # never one a tunnelspec unit's ExecStart still names (e.g. the rpc-server until the rpc play rewrites
-# its unit), never one another run is building (its flock is held). Prints each removed key.
+# its unit), never one a kept generation uses (listed in build/.tunnelspec-pinned by the deploy's
+# generation record, docs/generations.md), never one another run is building (its flock is held).
+# Prints each removed key.
 _PRUNE = r"""
 root=$1; keep=$2; cur=$3; used=$4; stamp=$5
 cd -- "$root/build" 2>/dev/null || exit 0
@@ -55,6 +57,7 @@ for d in */; do
 done | sort -rn | while read -r t d; do
   if [ "$d" = "$cur" ]; then continue; fi
   if [ "$keep" -gt 1 ]; then keep=$((keep - 1)); continue; fi
+  if grep -qsxF -- "$d" "$root/build/.tunnelspec-pinned"; then continue; fi
   if grep -qsF -- "/build/$d/" /etc/systemd/system/tunnelspec-*.service; then continue; fi
   flock -n "$d.lock" rm -rf -- "$d" && rm -f -- "$d.lock" && echo "$d"
 done
