@@ -12,7 +12,7 @@ from typing import Any
 from tunnelspec.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.inventory.fields import HostVars, is_full_sha
 from tunnelspec.inventory.placement import node_share
-from tunnelspec.inventory.front_vars import FrontSettings, front_of
+from tunnelspec.inventory.front_vars import DEFAULT_FRONT_USER, FrontSettings, front_of
 from tunnelspec.inventory.tls_vars import TlsSettings, tls_of
 from tunnelspec.inventory.values import USER_NAME
 from tunnelspec.llama.devices import static_target_default
@@ -158,6 +158,14 @@ def users_of(hv: HostVars) -> Users:
         if not USER_NAME.match(name) or name == "root":
             raise hv.fail(var, f"{name!r} is not a valid unprivileged system user name (e.g. {default})")
         values[var.split("_")[0]] = name
+    # Each service its own user: the isolation rules and file ownership tell them apart by uid
+    # (front_user == llama_user would let the front listen on llama-server's port and read its key).
+    seen: dict[str, str] = {}
+    for var in ("rpc_user", "tunnel_user", "llama_user", "front_user"):
+        name = values[var.split("_")[0]] if var != "front_user" else hv.string(var, DEFAULT_FRONT_USER)
+        if name in seen:
+            raise hv.fail(var, f"{name!r} is {seen[name]} too: every service needs its own user")
+        seen[name] = var
     return Users(**values)
 
 
@@ -165,7 +173,15 @@ def root_of(hv: HostVars) -> str:
     root = hv.string("tunnelspec_root", OPT_DIR)
     if not root.startswith("/") or root.rstrip("/") == "":
         raise hv.fail("tunnelspec_root", f"must be an absolute directory other than '/', got {root!r}")
-    return root.rstrip("/")
+    root = root.rstrip("/")
+    parts = [p for p in root.split("/") if p]
+    if ".." in parts or "." in parts or "//" in root:
+        raise hv.fail("tunnelspec_root", f"{root!r}: write it without '.', '..' or '//'")
+    if (len(parts) < 2 or root.startswith(("/usr/", "/etc/", "/boot/", "/proc/", "/sys/", "/dev/", "/run/"))
+            or (parts[0] == "home" and len(parts) == 2) or root in ("/var/lib", "/var/cache", "/var/log", "/var/tmp")):
+        raise hv.fail("tunnelspec_root", f"{root!r} is not a directory of tunnelspec's own (teardown --purge removes "
+                      f"what tunnelspec put in it): use a dedicated one such as {OPT_DIR}")
+    return root
 
 
 def build_of(hv: HostVars) -> BuildSettings:
@@ -358,6 +374,11 @@ def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
 RPC_ENV_PREFIXES = ("GGML_", "CUDA_", "HIP_", "ROCR_", "HSA_", "GPU_", "VK_", "MESA_", "LP_", "RADV_", "ANV_")
 _ENV_KEY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 _ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+-]*$")
+# Variables with a runtime's prefix that make it load code from a path: CUDA's injection library,
+# ROCm's tools library, Vulkan's driver (ICD) and layer lists, ggml's backend library path. They
+# would run any library as the rpc-server's user: refused, whatever the prefix.
+_ENV_LOADS_CODE = re.compile(r"INJECTION|PRELOAD|LIBRARY|_LIBS?$|_TOOLS_LIB|LAYER|ICD|DRIVER_FILES|BACKEND_PATH|"
+                             r"BACKEND_DIR")
 
 
 def rpc_env_of(hv: HostVars) -> tuple[tuple[str, str], ...]:
@@ -381,6 +402,9 @@ def rpc_env_of(hv: HostVars) -> tuple[tuple[str, str], ...]:
         if not key.startswith(RPC_ENV_PREFIXES):
             raise hv.fail("rpc_env", f"{key} is not a GPU runtime variable: rpc_env takes names starting with "
                           f"{', '.join(RPC_ENV_PREFIXES)}")
+        if _ENV_LOADS_CODE.search(key):
+            raise hv.fail("rpc_env", f"{key} makes the runtime load a library or driver from a path: refused "
+                          "(code the RPC server would run); install drivers and layers system-wide instead")
         if not _ENV_VALUE.match(value):
             raise hv.fail("rpc_env", f"{key}: the value {value!r} may hold letters, digits and _ . , : / + - only")
         out.append((key, value))

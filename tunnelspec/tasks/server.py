@@ -33,12 +33,22 @@ class ApiKeyFile(Task):
         "owner": Arg(str, required=True, help="The user that must own it and alone read it (llama-server's user)."),
     }
 
-    async def check(self, ctx):
-        res = await ctx.conn.probe(["stat", "-c", "%a %U %s", "--", self.p["path"]])
+    async def _stat(self, ctx) -> tuple[str, str, str]:
+        # Never through a symlink or onto a file with other names: the fix below is a root chown,
+        # and a link planted there would hand the key's owner whatever it points to.
+        res = await ctx.conn.probe(["stat", "-c", "%h %a %U %s %F", "--", self.p["path"]])
         if res.rc != 0:
             raise TaskFailed(f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; "
                              "write the key there (one line) first")
-        mode, owner, size = res.stdout.split()
+        links, mode, owner, size, kind = res.stdout.strip().split(" ", 4)
+        if kind not in ("regular file", "regular empty file") or links != "1":
+            raise TaskFailed(f"{ctx.host}: API key file {self.p['path']} is a {kind} with {links} name(s), not a "
+                             "plain file: tunnelspec changes the owner only of a regular file with one name. "
+                             "Put the key in a regular file (e.g. /etc/tunnelspec/llama-api-key)")
+        return mode, owner, size
+
+    async def check(self, ctx):
+        mode, owner, size = await self._stat(ctx)
         if int(size) == 0:
             raise TaskFailed(f"API key file {self.p['path']} is empty")
         if (mode, owner) != ("600", self.p["owner"]):
@@ -53,8 +63,9 @@ class ApiKeyFile(Task):
         return ok("API key file 0600, owned by " + owner)
 
     async def apply(self, ctx, ch):
+        await self._stat(ctx)
+        await ctx.conn.run(["chown", "--no-dereference", f"{self.p['owner']}:", "--", self.p["path"]], check=True)
         await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
-        await ctx.conn.run(["chown", f"{self.p['owner']}:", "--", self.p["path"]], check=True)
 
 
 def _nodes_key(cluster, binary_id: str) -> str:

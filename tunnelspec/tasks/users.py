@@ -4,9 +4,35 @@ from __future__ import annotations
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.errors import TaskFailed
+from tunnelspec.reporting import events
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
 
 NOLOGIN = "/usr/sbin/nologin"
+# Written as the account's comment (GECOS) when tunnelspec creates it: an account without it is not
+# tunnelspec's, and is never changed or removed (issue 37: llama_user=ubuntu got nologin, then
+# teardown killed its processes and deleted it with its home). The comment lives in /etc/passwd with
+# the account itself: no separate record to lose, and reading it is the getent the task runs anyway.
+MARK = "tunnelspec service user"
+SYSTEM_UID_MAX = 999
+
+
+def ours(fields: list[str]) -> bool:
+    """Was this account (a `getent passwd` line split on ':') created by tunnelspec? Its comment says
+    so; accounts created before the comment existed are recognised by what tunnelspec made them: a
+    system uid, a `tunnelspec-` name and an empty comment (they get the comment on the next deploy)."""
+    if len(fields) < 7:
+        return False
+    if fields[4] == MARK:
+        return True
+    return (fields[4] == "" and fields[0].startswith("tunnelspec-") and fields[2].isdigit()
+            and 0 < int(fields[2]) <= SYSTEM_UID_MAX)
+
+
+def not_ours(host: str, fields: list[str]) -> str:
+    return (f"{host}: user {fields[0]} exists and was not created by tunnelspec (uid {fields[2]}, shell {fields[6]}"
+            + (f", comment {fields[4]!r}" if fields[4] else "") + "): tunnelspec changes and removes only the "
+            "service users it created. Choose another name (rpc_user, tunnel_user, llama_user, front_user) or "
+            "remove that account yourself")
 
 
 # Kill every process of the user, then wait (≤ 5 s) until none is left but zombies: SIGKILL is
@@ -44,12 +70,20 @@ class User(Task):
     async def check(self, ctx):
         res = await ctx.conn.probe(self._getent_argv())
         present = res.rc == 0
+        fields = res.stdout.strip().split(":") if present else []
         if self.p["state"] == "absent":
+            if present and not ours(fields):
+                msg = f"user {self.p['name']} left alone: not created by tunnelspec"
+                ctx.emit(events.message(f"WARNING: {ctx.host}: {msg}"))
+                return ok(msg)
             return change(f"remove user {self.p['name']}") if present else ok("user absent")
         if not present:
             return change(f"create user {self.p['name']}", create=True)
-        fields = res.stdout.strip().split(":")
+        if not ours(fields):
+            raise TaskFailed(not_ours(ctx.host, fields))
         diffs = []
+        if fields[4] != MARK:
+            diffs.append(("comment", fields[4], MARK))
         if fields[6] != self.p["shell"]:
             diffs.append(("shell", fields[6], self.p["shell"]))
         if self.p["home"] and fields[5] != self.p["home"]:
@@ -71,7 +105,7 @@ class User(Task):
                 raise TaskFailed(f"could not remove user {name}")
             return
         if ch.data.get("create"):
-            argv = ["useradd", "--shell", self.p["shell"], "--user-group"]
+            argv = ["useradd", "--shell", self.p["shell"], "--user-group", "--comment", MARK]
             if self.p["system"]:
                 argv.append("--system")
             if self.p["home"]:
@@ -79,10 +113,42 @@ class User(Task):
             argv += ["--create-home"] if self.p["create_home"] else ["--no-create-home"]
             await ctx.conn.run(argv + ["--", name], check=True)
         else:
-            argv = ["usermod", "--shell", self.p["shell"]]
+            argv = ["usermod", "--shell", self.p["shell"], "--comment", MARK]
             if self.p["home"]:
                 argv += ["--home", self.p["home"]]
             await ctx.conn.run(argv + ["--", name], check=True)
+
+
+@register_task
+class ServiceUsersOwned(Task):
+    """Read-only preflight: every service user named for this host is either absent (tunnelspec
+    will create it) or one tunnelspec created — never an existing account of someone else's, which
+    the deploy would change (nologin shell) and a teardown would delete."""
+
+    module = "service_users_owned"
+    read_only = True
+    args = {"names": Arg(list, default=[], help="The service users of this host.")}
+
+    def probes(self) -> list[list[str]]:
+        return [self._argv()]
+
+    def _argv(self) -> list[str]:
+        return ["sh", "-c", 'for u in "$@"; do getent passwd -- "$u" || echo "$u:-"; done', "sh",
+                *[str(n) for n in self.p["names"]]]
+
+    async def check(self, ctx):
+        names = [str(n) for n in self.p["names"]]
+        if not names:
+            return ok("no service user")
+        res = await ctx.conn.probe(self._argv())
+        problems = []
+        for line in res.stdout.splitlines():
+            fields = line.split(":")
+            if len(fields) >= 7 and fields[0] in names and not ours(fields):
+                problems.append(not_ours(ctx.host, fields))
+        if problems:
+            raise TaskFailed("; ".join(problems))
+        return ok("service users absent or tunnelspec's: " + ", ".join(names))
 
 
 def key_line(options: str | None, key: str) -> str:
