@@ -240,7 +240,8 @@ def play_cmd(inventory_option, paths, **kw):
 
     if inventory_option is not None:
         if len(paths) != 1:
-            raise click.UsageError("with -i INVENTORY, give one argument, the PLAYBOOK" if paths else
+            raise click.UsageError(f"the inventory is given twice (-i {inventory_option!r} and {paths[0]!r}): with "
+                                   "-i INVENTORY, not both, the one argument is the PLAYBOOK" if paths else
                                    "Missing argument 'PLAYBOOK'.")
         inventory_file, playbook = inventory_option, paths[0]
     elif len(paths) == 2:
