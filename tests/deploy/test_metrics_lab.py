@@ -140,6 +140,10 @@ def test_prometheus_sees_modes_reconnects_and_only_the_token_opens_it(lab_tools,
         # Nothing new listens off loopback on main but the front; nothing new on the nodes.
         listen = sh(lab, "main", "ss", "-Hltn")
         assert "127.0.0.1:9466" in listen and f"{main_ip}:9466" not in listen and "0.0.0.0:9466" not in listen
+        # On main, the loopback endpoint (what an SSH tunnel reaches) serves the same figures.
+        local = sh(lab, "main", "python3", "-c", "import urllib.request as u; "
+                   "print(u.urlopen('http://127.0.0.1:9466/metrics', timeout=10).read().decode())")
+        assert 'tunnelspec_serving_mode{mode="speculative"} 1' in local and api_key not in local
 
         prom = Prom(tmp_path, f"{main_ip}:8080", ca_file, str(token_file), main_ip)
         prom.wait('tunnelspec_serving_mode{mode="speculative"} == 1', 60)
