@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from tunnelspec.constants import LOOPBACK
-from tunnelspec.errors import TaskFailed
+from tunnelspec.errors import ArgumentError, TaskFailed
 from tunnelspec.inventory.addresses import tunnel_address
 from tunnelspec.llama.rpc import probe_until
 
@@ -54,6 +54,11 @@ AES_NI_PROBE = ["grep", "-m1", "-ow", "aes", "/proc/cpuinfo"]
 def ssh_argv(node, target: tuple[str, int], user: str, key: str, known_hosts: str, session: bool,
              aes_ni: bool = False) -> list[str]:
     host, port = target
+    # The host is ssh's last argument: one starting with '-' would be read as an option
+    # (-oProxyCommand=… runs a command as the tunnel user); blanks and controls have no place there.
+    if not host or host.startswith("-") or any(c.isspace() or ord(c) < 32 for c in host):
+        raise ArgumentError(f"rpc node {node.name}: {host!r} cannot be the tunnel's ssh host (ansible_host or "
+                            "tunnel_ssh_host): a name or an address, not starting with '-'")
     opts = {
         "BatchMode": "yes", "StrictHostKeyChecking": "yes", "UserKnownHostsFile": known_hosts,
         "GlobalKnownHostsFile": "/dev/null", "CheckHostIP": "no", "UpdateHostKeys": "no",

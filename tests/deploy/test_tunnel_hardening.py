@@ -252,21 +252,40 @@ def test_sshd_dropin_rolled_back_when_sshd_would_not_apply_it(lab, tmp_path):
     assert run(lab, "rpc-a", "sshd", "-t").returncode == 0
 
 
-def test_sshd_dropin_skipped_without_an_include_line(lab, tmp_path):
-    """A main config without `Include …sshd_config.d/*.conf`: nothing installed, the main config
-    not edited, and the run says why. (A copy of the real config minus its Include line.)"""
+def test_match_block_appended_to_sshd_config_without_an_include_line(lab, tmp_path):
+    """A main config without `Include …sshd_config.d/*.conf` (a copy of the real config minus its
+    Include line, so the real sshd is untouched): the Match block goes at the end of that config
+    between marker lines, sshd (`-f` the copy) applies the whole policy to the tunnel user —
+    stream-local forwarding off included, which no authorized_keys option can turn off — a second
+    run is ok, and state=absent takes exactly the block out again."""
+    from tunnelspec.tasks.tunnel_sshd import BLOCK_BEGIN, BLOCK_END
+
     config = "/tmp/tunnelspec-policytest-sshd_config"
     late = "/etc/ssh/sshd_config.d/zz-tunnelspec-policytest.conf"
-    book = tmp_path / "skip.yml"
+    book = tmp_path / "block.yml"
     book.write_text(ROLLBACK_PLAY.format(user=TEST_USER, path=late, config=config))
+    gone = tmp_path / "gone.yml"
+    gone.write_text(f"- hosts: rpc-a\n  tasks:\n    - name: block removed\n      tunnel_sshd_policy: "
+                    f"{{user: {TEST_USER}, path: {late}, config: {config}, state: absent}}\n")
     before = run(lab, "rpc-a", "sha256sum", "/etc/ssh/sshd_config").stdout
     try:
         run(lab, "rpc-a", "sh", "-c", 'grep -vi "^[[:space:]]*include" /etc/ssh/sshd_config > "$1"', "sh", config)
+        original = run(lab, "rpc-a", "cat", config).stdout
         r = tunnelspec("play", str(lab.inventory), str(book), "--format", "json", timeout=120)
-        assert r.rc == 0, failed_report(r)
-        ev = next(e for e in r.results() if e["task"] == "drop-in for a test user")
-        assert ev["status"] == "ok" and ev["msg"].startswith("skipped:") and "Include" in ev["msg"], ev
+        assert r.rc == 0 and r.recap["rpc-a"]["changed"] == 1, failed_report(r)
+        text = run(lab, "rpc-a", "cat", config).stdout
+        assert text.startswith(original.rstrip("\n")) and BLOCK_BEGIN in text and text.endswith(BLOCK_END + "\n"), text
+        from tunnelspec.facts.sshd import parse_sshd_T
+        got = parse_sshd_T(run(lab, "rpc-a", "sshd", "-f", config, "-T", "-C",
+                               f"user={TEST_USER},host=x,addr=10.77.0.10").stdout)
+        assert got["allowstreamlocalforwarding"] == "no" and got["allowtcpforwarding"] == "local", got
+        assert got["clientaliveinterval"] == "5"
         assert run(lab, "rpc-a", "test", "-e", late).returncode != 0
+        r = tunnelspec("play", str(lab.inventory), str(book), "--format", "json", timeout=120)
+        assert r.rc == 0 and r.recap["rpc-a"]["changed"] == 0, failed_report(r)
+        r = tunnelspec("play", str(lab.inventory), str(gone), "--format", "json", timeout=120)
+        assert r.rc == 0, failed_report(r)
+        assert run(lab, "rpc-a", "cat", config).stdout == original
     finally:
         run(lab, "rpc-a", "rm", "-f", "--", config, late)
     assert run(lab, "rpc-a", "sha256sum", "/etc/ssh/sshd_config").stdout == before

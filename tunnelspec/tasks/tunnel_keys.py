@@ -129,6 +129,14 @@ class KnownHostsPin(Task):
 
 
 # ---- nodes: the restricted key line ----------------------------------------------------------------
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
 async def source_address(ctx, node_address: str) -> str | None:
     """Main's address as the node sees it: the source main's routing picks for the node's IP.
     None when the node is addressed by name (no DNS from here) or main cannot tell."""
@@ -166,11 +174,17 @@ class TunnelAuthorizedKey(Task):
 
     async def _line(self, ctx) -> str:
         frm = self.p["from_address"]
-        if frm is None:
+        if not frm:
             addr, _ = node_ssh_target(ctx.require_cluster().inventory, ctx.host)
             frm = await source_address(ctx, addr)
+            if not frm:
+                # Never a line without from=: the stolen key would then work from anywhere.
+                why = (f"it is addressed by name ({addr})" if not _is_ip(addr)
+                       else f"`ip route get {addr}` on main names no source address")
+                raise TaskFailed(f"{ctx.host}: the tunnel key's from= (main's address as {ctx.host} sees it) cannot "
+                                 f"be computed: {why}. Set tunnel_from=<that IP address> for {ctx.host} in the inventory")
         try:
-            opts = tunnel_key_options(self.p["rpc_port"], frm or None, TUNNEL_FORCED_COMMAND)
+            opts = tunnel_key_options(self.p["rpc_port"], frm, TUNNEL_FORCED_COMMAND)
             return authorized_keys_line(self.p["pubkey"], opts, "tunnelspec-tunnel") + "\n"
         except ValueError as e:     # a port, address or key the line cannot carry: the arguments' fault
             raise ArgumentError(str(e)) from None

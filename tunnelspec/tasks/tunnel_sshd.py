@@ -32,10 +32,35 @@ SSHD_TUNNEL_POLICY = (
 )
 
 
-async def effective_policy_gaps(conn, user: str, address: str, sshd: str) -> list[str]:
+# Where sshd_config includes no sshd_config.d, the same block goes at the end of sshd_config itself,
+# between these lines (a Match block runs to the next Match or the end of the file): there is no
+# authorized_keys option that turns off stream-local (Unix socket) forwarding, which the key's
+# `port-forwarding` turns back on, so only sshd's own config can.
+BLOCK_BEGIN = "# BEGIN tunnelspec: limits for the tunnel user (managed block, do not edit)"
+BLOCK_END = "# END tunnelspec"
+
+
+def without_block(config: str) -> str:
+    out, inside = [], False
+    for line in config.splitlines(keepends=True):
+        if line.rstrip("\n") == BLOCK_BEGIN:
+            inside = True
+        elif inside and line.rstrip("\n") == BLOCK_END:
+            inside = False
+        elif not inside:
+            out.append(line)
+    text = "".join(out)
+    return text.rstrip("\n") + "\n" if text.strip() else ""
+
+
+def with_block(config: str, block: str) -> str:
+    return without_block(config) + "\n" + BLOCK_BEGIN + "\n" + block.rstrip("\n") + "\n" + BLOCK_END + "\n"
+
+
+async def effective_policy_gaps(conn, user: str, address: str, sshd: str, config: str | None = None) -> list[str]:
     """Settings of SSHD_TUNNEL_POLICY that sshd would not apply to `user` from `address`."""
     try:
-        got = await effective_settings(conn, sshd, user, address)
+        got = await effective_settings(conn, sshd, user, address, config)
     except RuntimeError as e:
         return [str(e)]
     return [f"{k} {got.get(k.lower(), '?')} (want {v})" for k, v in SSHD_TUNNEL_POLICY
@@ -45,8 +70,8 @@ async def effective_policy_gaps(conn, user: str, address: str, sshd: str) -> lis
 @register_task
 class TunnelSshdPolicy(Task):
     """`Match User <tunnel user>` drop-in in sshd_config.d on a node (state=present), or gone
-    (state=absent). Installed only where the main sshd_config includes sshd_config.d (Debian and
-    Ubuntu do); elsewhere it is skipped with a message, never by editing the main config.
+    (state=absent). Where the main sshd_config includes no sshd_config.d, the same block is appended
+    to sshd_config itself between marker lines (and taken out again by state=absent).
     A candidate is put in place, checked with `sshd -t` and `sshd -T`, and rolled back if sshd
     would reject it: an sshd that cannot start locks everyone out. Notify `sshd_reload`
     (and `tunnel_sessions_renew`, so existing tunnel sessions pick the limits up)."""
@@ -73,13 +98,24 @@ class TunnelSshdPolicy(Task):
     async def check(self, ctx):
         path = self.p["path"]
         st = await file_state(ctx.conn, path)
+        raw = await ctx.conn.get(self.p["config"])
+        config = (raw or b"").decode(errors="replace")
         if self.p["state"] == "absent":
-            return change(f"remove {path}", absent=True) if st.exists else ok(f"{path} absent")
-        config = (await ctx.conn.get(self.p["config"]) or b"").decode(errors="replace")
-        if not any(fnmatch.fnmatchcase(path, g) for g in sshd_includes(config)):
-            return ok(f"skipped: {self.p['config']} has no `Include {path.rsplit('/', 1)[0]}/*.conf` line, and "
-                      "tunnelspec does not edit the main sshd config; the tunnel key's authorized_keys "
-                      "restrictions still apply, but orphaned tunnel sessions are not reaped by sshd")
+            todo, data = [], {"absent": st.exists}
+            if st.exists:
+                todo.append(f"remove {path}")
+            if BLOCK_BEGIN in config.splitlines():
+                todo.append(f"remove the tunnel user's block from {self.p['config']}")
+                data["main_config"] = without_block(config)
+            return change(", ".join(todo), **data) if todo else ok(f"{path} absent")
+        if raw is not None and not any(fnmatch.fnmatchcase(path, g) for g in sshd_includes(config)):
+            new = with_block(config, self._render(ctx).decode())
+            if new == config:
+                return ok(f"sshd limits for {self.p['user']} in place (in {self.p['config']}: it includes no "
+                          f"{path.rsplit('/', 1)[0]})")
+            return change(f"add the tunnel user's Match block to {self.p['config']} (it has no `Include "
+                          f"{path.rsplit('/', 1)[0]}/*.conf` line)", Diff(config, new, self.p["config"]),
+                          main_config=new)
         want = self._render(ctx)
         if st.exists and st.type != "file":
             raise TaskFailed(f"{path} exists and is a {st.type}, not a file")
@@ -90,8 +126,14 @@ class TunnelSshdPolicy(Task):
 
     async def apply(self, ctx, ch):
         path = self.p["path"]
-        if ch.data.get("absent"):
-            await ctx.conn.run(["rm", "-f", "--", path], check=True)
+        if self.p["state"] == "absent":
+            if ch.data.get("absent"):
+                await ctx.conn.run(["rm", "-f", "--", path], check=True)
+            if "main_config" in ch.data:
+                await ctx.conn.put(ch.data["main_config"], self.p["config"], 0o644, "root")
+            return
+        if "main_config" in ch.data:
+            await self._apply_main_config(ctx, ch.data["main_config"])
             return
         before = await ctx.conn.get(path)
         await ctx.conn.put(ch.data["content"], path, 0o644, "root")
@@ -113,6 +155,25 @@ class TunnelSshdPolicy(Task):
             else:
                 await ctx.conn.put(before, path, 0o644, "root")
             raise TaskFailed(f"{path} rolled back ({problem})")
+
+    async def _apply_main_config(self, ctx, new: str) -> None:
+        config = self.p["config"]
+        before = await ctx.conn.get(config)
+        await ctx.conn.put(new, config, 0o644, "root")
+        problem = await _main_config_problem(ctx, self, config)
+        if problem:
+            await ctx.conn.put(before, config, 0o644, "root")
+            raise TaskFailed(f"{config}: the tunnel user's block was taken out again ({problem})")
+
+
+async def _main_config_problem(ctx, task, config: str) -> str | None:
+    res = await ctx.conn.probe([task.p["sshd"], "-t", "-f", config])
+    if res.rc != 0:
+        return f"sshd -t rejects it: {(res.stderr or res.stdout).strip()}"
+    addr, _ = node_ssh_target(ctx.require_cluster().inventory, ctx.host)
+    gaps = await effective_policy_gaps(ctx.conn, task.p["user"], await source_address(ctx, addr) or LOOPBACK,
+                                       task.p["sshd"], config)
+    return "an earlier setting in the config overrides: " + ", ".join(gaps) if gaps else None
 
 
 @register_task
