@@ -56,6 +56,9 @@ def test_wheel_carries_playbooks_templates_and_main(tmp_path):
     assert "tunnelspec/__main__.py" in names
     assert "tunnelspec/data/playbooks/deploy.yml" in names
     assert "tunnelspec/data/templates/tunnelspec-rpc.service.j2" in names
+    # The alert rules, their tests and the dashboard (docs/metrics.md) come with the package.
+    assert {"tunnelspec/data/monitoring/tunnelspec.rules.yml", "tunnelspec/data/monitoring/tunnelspec.rules.test.yml",
+            "tunnelspec/data/monitoring/tunnelspec.dashboard.json"} <= names
     meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
     text = zipfile.ZipFile(wheel).read(meta).decode()
     assert "License-Expression: MIT" in text
