@@ -11,6 +11,7 @@ from tunnelspec.facts.files import FileState, file_state, norm_mode
 from tunnelspec.facts.files import command as file_state_argv
 from tunnelspec.tasks.base import Arg, Change, Diff, Task, change, ok, register_task
 from tunnelspec.errors import TaskFailed
+from tunnelspec.reporting import events
 
 
 def _meta_diffs(st: FileState, mode, owner, group) -> list[str]:
@@ -209,9 +210,26 @@ class Copy(_Content):
         raise TaskFailed("copy needs `content` or `src`")
 
 
-def template_search_path(ctx) -> list[Path]:
-    here = Path(__file__).resolve().parent.parent
-    return [ctx.inventory_dir, here / "data" / "templates"]
+SHIPPED_TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "templates"
+# Shipped templates a file of the same name next to the inventory may replace (with a warning on
+# every run): what runs as an unprivileged service user only. Everything else shipped — unit files
+# (systemd reads them as root; one line makes a service root), the draft watch (a root daemon) and
+# the sshd configuration — is never replaced by a file that happens to lie next to the inventory.
+OVERRIDABLE = frozenset({"tunnelspec-front.cfg.j2", "tunnelspec-rpc-wait.py"})
+
+
+def template_search_path(ctx, name: str | None = None) -> list[Path]:
+    """Where template `name` is looked for: the inventory's directory, then tunnelspec's own. A
+    file next to the inventory that replaces a shipped template is refused (root-run) or warned
+    about (OVERRIDABLE), each run."""
+    if name and (SHIPPED_TEMPLATES / name).exists() and (ctx.inventory_dir / name).exists():
+        where = ctx.inventory_dir / name
+        if name not in OVERRIDABLE:
+            raise TaskFailed(f"{where} would replace tunnelspec's own {name}, which root runs or reads: refused. "
+                             f"Move or rename that file (only {', '.join(sorted(OVERRIDABLE))} may be replaced)")
+        ctx.emit(events.message(f"WARNING: {ctx.host}: {where} replaces tunnelspec's shipped {name} "
+                                "(a file next to the inventory wins): remove it to use the shipped one"))
+    return [ctx.inventory_dir, SHIPPED_TEMPLATES]
 
 
 @register_task
@@ -233,7 +251,7 @@ class Template(_Content):
 
     async def desired(self, ctx) -> bytes:
         src = Path(self.p["src"])
-        cands = [src] if src.is_absolute() else [d / src for d in template_search_path(ctx)]
+        cands = [src] if src.is_absolute() else [d / src for d in template_search_path(ctx, str(src))]
         for c in cands:
             if c.exists():
                 try:
