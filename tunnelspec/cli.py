@@ -210,7 +210,8 @@ def playbook_options(f):
 
 
 def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
-          preflight=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False, **kw):
+          preflight=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False,
+          rollback=None, **kw):
     from tunnelspec.runner import connect_options_from_env, run_playbook_file
 
     if list_hosts or list_tags:
@@ -225,7 +226,7 @@ def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=F
                            lock_wait=not no_wait, **kw)
     code = run_playbook_file(inventory_file, playbook, options, fmt,
                              connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster,
-                             require_models=require_models, preflight=preflight)
+                             require_models=require_models, preflight=preflight, rollback=rollback)
     sys.exit(code)
 
 
@@ -263,11 +264,33 @@ def _builtin(name: str) -> str:
 @inventory_argument
 @click.option("--allow-vulnerable-llama", is_flag=True,
               help="Deploy even when the pinned build is in a known-vulnerable range (see `tunnelspec advisories`).")
+@click.option("--no-rollback", is_flag=True,
+              help="On failure, leave the hosts as the failure left them (debugging) instead of returning to the "
+                   "last verified generation (docs/generations.md).")
 @run_options
-def deploy_cmd(inventory_file, allow_vulnerable_llama, **kw):
+def deploy_cmd(inventory_file, allow_vulnerable_llama, no_rollback, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
     _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
-          allow_vulnerable_llama=allow_vulnerable_llama, lock="deploy", **kw)
+          allow_vulnerable_llama=allow_vulnerable_llama, lock="deploy", rollback=not no_rollback, **kw)
+
+
+@main.command("rollback")
+@inventory_argument
+@click.option("--to", "to", type=click.IntRange(1), default=None,
+              help="The kept generation to return to (`tunnelspec status` lists them); default: the current one.")
+@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
+@_extra_vars_option
+@lock_options
+def rollback_cmd(inventory_file, to, fmt, extra_vars, lock_timeout, no_wait):
+    """Return every host to a kept generation (its build, files and source; no compile, no download) and verify."""
+    from tunnelspec.rollback import rollback
+    from tunnelspec.runner import reporter
+
+    inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
+    options = _run_options(False, False, None, (), (), 20, 0, extra_vars=extra_vars,
+                           lock=f"rollback{f' --to {to}' if to else ''}", lock_timeout=lock_timeout,
+                           lock_wait=not no_wait)
+    sys.exit(rollback(inventory_file, cluster, options, reporter(fmt), opts, to or 0))
 
 
 @main.command("teardown")
@@ -403,14 +426,20 @@ def inventory() -> None:
 
 @inventory.command("list")
 @inventory_argument
-def inventory_list(inventory_file: str) -> None:
-    """Print the inventory as JSON, in the structure of `ansible-inventory --list`."""
+@click.option("--show-secrets", is_flag=True,
+              help="Print the values of secret-named variables (…_password, …_token, api_key, …) too; "
+                   "masked as *** by default.")
+def inventory_list(inventory_file: str, show_secrets: bool) -> None:
+    """Print the inventory as JSON, in the structure of `ansible-inventory --list` (secret-named
+    variables masked unless --show-secrets)."""
     import json
 
     from tunnelspec.inventory import load_inventory
+    from tunnelspec.secrets import masked
 
     inv = load_inventory(inventory_file)
-    click.echo(json.dumps(inv.to_ansible_list(), indent=4, sort_keys=True))
+    data = inv.to_ansible_list()
+    click.echo(json.dumps(data if show_secrets else masked(data), indent=4, sort_keys=True))
 
 
 # ---- lab -------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from tunnelspec.connection import ConnectOptions
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import load_playbook
-from tunnelspec.errors import ClusterError, UsageError
+from tunnelspec.errors import EXIT_FAILED, ClusterError, UsageError
 from tunnelspec.reporting.human import HumanReporter
 from tunnelspec.reporting.jsonl import JsonReporter
 from tunnelspec.secrets import Secret
@@ -44,7 +44,11 @@ def load_cluster(inv):
 
 def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
                       connect_options: ConnectOptions | None = None, require_cluster: bool = False,
-                      stream=None, require_models: bool = False, preflight: bool = False) -> int:
+                      stream=None, require_models: bool = False, preflight: bool = False,
+                      rollback: bool | None = None) -> int:
+    """`rollback`: a deploy — True returns every host to the last verified generation when the run
+    fails (docs/generations.md); False (--no-rollback) leaves them as the failure left them, and says
+    so; None: not a deploy."""
     from tunnelspec.inventory import load_inventory
 
     if preflight:
@@ -75,7 +79,15 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     from tunnelspec.connection.factory import check_known_hosts
 
     check_known_hosts(inv, inv.match(options.limit or "all"), connect_options)
-    run = Run(inv, options, reporter(fmt, options.verbose, stream or sys.stdout), connect_options, cluster)
+    emit = reporter(fmt, options.verbose, stream or sys.stdout)
+    failures: list[dict] = []
+
+    def tee(event: dict) -> None:
+        if event.get("status") == "failed" or (event.get("event") == "gate" and event.get("status") == "failed"):
+            failures.append(event)
+        emit(event)
+
+    run = Run(inv, options, tee if rollback is not None else emit, connect_options, cluster)
 
     async def go():
         if preflight and cluster is not None:
@@ -99,7 +111,12 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
         return await run.run_playbook(playbook)
 
     summary = asyncio.run(go())
-    return summary.exit_code()
+    code = summary.exit_code()
+    if rollback is not None and code == EXIT_FAILED and not options.check:
+        from tunnelspec.rollback import after_failed_deploy
+
+        after_failed_deploy(inventory_path, options, emit, connect_options, cluster, failures, enabled=rollback)
+    return code
 
 
 def list_playbook(inventory_path: str, playbook_path: str | Path, extra_vars: dict, limit: str | None,

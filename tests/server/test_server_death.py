@@ -63,3 +63,35 @@ def test_issue_25719_warning_only_when_n_max_is_imposed_beyond_the_slots():
     assert kb.n_parallel(["-c", "256", "-np", "2"], -1) == 2
     assert kb.n_parallel(["--parallel=3"], None) == 3
     assert kb.n_parallel([], -1) is None and kb.n_parallel([], 4) == 4
+
+
+# ---- a llama-server that dies while loading ---------------------------------------------------------
+ABORT_JOURNAL = """\
+llama_model_loader: loaded meta data with 24 key-value pairs
+tunnelspec-test: refusing to load the model (a deliberate abort)
+tunnelspec-llama-server.service: Main process exited, code=killed, status=6/ABRT
+tunnelspec-llama-server.service: Failed with result 'signal'.
+tunnelspec-llama-server.service: Scheduled restart job, restart counter is at 4.
+Started tunnelspec-llama-server.service - tunnelspec llama-server.
+"""
+
+
+def test_a_signal_death_is_told_with_the_process_last_line():
+    assert sd.last_words(ABORT_JOURNAL) == "tunnelspec-test: refusing to load the model (a deliberate abort)"
+    props = {"ActiveState": "activating", "SubState": "auto-restart", "Result": "signal", "ExecMainCode": "2",
+             "ExecMainStatus": "6", "NRestarts": "4"}
+    text = sd.describe_from("not healthy", props, ABORT_JOURNAL)
+    assert "llama-server died: tunnelspec-test: refusing to load the model" in text
+    assert "systemd: tunnelspec-llama-server.service: Main process exited, code=killed, status=6/ABRT" in text
+    # A cause llama.cpp names itself still wins (GGML_ASSERT), as before.
+    assert sd.last_words("x\ntunnelspec-llama-server.service: Main process exited, code=killed, status=9/KILL\n") == "x"
+    assert sd.last_words("only systemd: Main process exited, code=killed, status=9/KILL\n") is None
+
+
+def test_crash_loop_is_two_signal_deaths_or_three_restarts():
+    base = {"NRestarts": "1", "ExecMainCode": "2"}
+    assert not sd.crash_loop(base, {"NRestarts": "2", "ExecMainCode": "2"})
+    assert sd.crash_loop(base, {"NRestarts": "3", "ExecMainCode": "2"})
+    assert not sd.crash_loop(base, {"NRestarts": "3", "ExecMainCode": "1"})   # clean exits: the launcher waiting
+    assert sd.crash_loop(base, {"NRestarts": "4", "ExecMainCode": "1"})
+    assert not sd.crash_loop({}, {"NRestarts": "x"})

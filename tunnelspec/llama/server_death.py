@@ -39,6 +39,25 @@ def abort_line(journal: str) -> str | None:
     return None
 
 
+# systemd's own lines about the unit (with `-o cat` they are mixed with the process's output).
+_SYSTEMD = re.compile(r"^(?:\S+\.service: |(?:Started|Starting|Stopped|Stopping|Consumed) )")
+_SIGNAL_EXIT = re.compile(r"Main process exited, code=(?:dumped|killed)")
+
+
+def last_words(journal: str) -> str | None:
+    """The last line the process printed before systemd reported it killed by a signal: an abort()
+    after an fprintf(stderr, …), a crash handler's message — what the process said, not systemd."""
+    lines = [ln.strip() for ln in journal.splitlines() if ln.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if _SIGNAL_EXIT.search(lines[i]):
+            for prev in reversed(lines[:i]):
+                if _SYSTEMD.search(prev):
+                    continue
+                return None if _SIGNAL_EXIT.search(prev) else prev
+            return None
+    return None
+
+
 def exit_line(journal: str) -> str | None:
     found = None
     for m in _EXIT.finditer(journal):
@@ -66,11 +85,32 @@ def describe_from(what: str, props: dict[str, str], journal: str, unit: str = UN
     exit report; without an abort line, the journal's last lines."""
     state = unit_state_text(props, unit)
     cause, exited = abort_line(journal), exit_line(journal)
+    if cause and _SIGNAL_EXIT.search(cause):
+        # Only systemd's signal report matched: what llama-server itself printed last says more.
+        said = last_words(journal)
+        if said:
+            return f"{what}: llama-server died: {said}; {state}; systemd: {cause}"
     if cause:
         extra = f"; systemd: {exited}" if exited and exited not in cause else ""
         return f"{what}: llama-server died: {cause}; {state}{extra}"
     tail = "\n".join(journal.strip().splitlines()[-15:])
     return f"{what}; {state}:\n{tail}"
+
+
+def crash_loop(start: dict[str, str], now: dict[str, str]) -> bool:
+    """The unit restarts in a loop: since `start` (its props when the wait began) systemd restarted it
+    twice with the process killed by a signal (an abort while loading is not cured by waiting), or
+    three times whatever the exit. The launcher's own exits while it waits for a node are slow (90 s)."""
+    try:
+        restarts = int(now.get("NRestarts") or 0) - int(start.get("NRestarts") or 0)
+    except ValueError:
+        return False
+    signalled = now.get("ExecMainCode") in ("2", "3")
+    return restarts >= 3 or (restarts >= 2 and signalled)
+
+
+async def unit_props(conn, unit: str = UNIT) -> dict[str, str]:
+    return parse_props((await conn.probe(["systemctl", "show", "-p", ",".join(PROPS), unit])).stdout)
 
 
 async def describe(conn, what: str, unit: str = UNIT, lines: int = 300) -> str:

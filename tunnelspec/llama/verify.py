@@ -100,6 +100,30 @@ def health_reporter(conn, progress, budget: float):
     return report
 
 
+def crash_watch(conn, report, host: str, port: int):
+    """The /health wait's report, plus a look at the unit each time: a llama-server that dies again
+    and again before /health answers (an abort while loading the model) fails the wait at once,
+    with its own last words, instead of after the whole budget. Call it to start a wait: returns
+    the report for that wait, its restart count taken now."""
+
+    async def start():
+        baseline = await server_death.unit_props(conn)
+
+        async def watched(elapsed: float, last: str) -> None:
+            if report is not None:
+                await report(elapsed, last)
+            now = await server_death.unit_props(conn)
+            if server_death.crash_loop(baseline, now):
+                n = int(now.get("NRestarts") or 0) - int(baseline.get("NRestarts") or 0)
+                raise TaskFailed(await server_death.describe(
+                    conn, f"llama-server on {host}:{port} restarts in a loop ({n} restarts in {elapsed:.0f} s, "
+                    "never healthy)"))
+
+        return watched
+
+    return start
+
+
 def model_paths(argv: list[str]) -> list[str]:
     """The model files (-m and the draft's) of a llama-server argv."""
     out = []
@@ -126,9 +150,9 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     (a task's): where a long /health wait stands, every few seconds."""
     seen = Seen()
     opener = api_opener(conn, port, host, tls, seen)
-    report = health_reporter(conn, progress, health_timeout)
+    report = crash_watch(conn, health_reporter(conn, progress, health_timeout), host, port)
     try:
-        await http.wait_health(opener, health_timeout, report=report)
+        await http.wait_health(opener, health_timeout, report=await report())
     except http.HttpError as e:
         raise TaskFailed(await server_death.describe(conn, f"llama-server on {host}:{port} not healthy ({e})")) from None
     key = await read_api_key(conn, api_key_file)
@@ -144,7 +168,7 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
         # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
         # again (Restart=always). That next request is this one. Once healthy again, one more try.
         try:
-            await http.wait_health(opener, health_timeout, report=report)
+            await http.wait_health(opener, health_timeout, report=await report())
             body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
         except http.OutputParserError as e2:
             raise TaskFailed(output_parser_failure(plan, e2)) from None

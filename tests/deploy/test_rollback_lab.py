@@ -1,0 +1,209 @@
+"""Issue 38 in the lab: a deploy never leaves the cluster worse than it found it.
+
+A local patch makes the new llama-server abort (an fprintf to stderr, then abort()) just before it
+loads the model. The deploy builds it (one file of tools/server recompiles, ccache has the rest),
+starts it, sees it restart in a loop, and returns every host to the last verified generation: it
+exits non-zero naming llama-server's own abort line and "serving generation N again". Throughout, a
+client on main asks the API (through the front) every 2 s: at least 99 % of its requests are
+answered, and the cluster serves the previous generation with draft tokens accepted within 60 s of
+the failure. The next deploy of the previous inventory changes nothing. Then `rollback --to N` to a
+generation of the test's own (another spec_draft_n_max) and a deploy forward again, each verified,
+changed=0 after each.
+The lab's own inventory is deployed again at the end (try/finally): the other modules expect it."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from support.cli import tunnelspec
+from support.labdeploy import converge, deploy, failures, inventory_copy
+
+pytestmark = pytest.mark.lab
+
+ABORT_LINE = "tunnelspec-test: deliberate abort while loading the model (issue 38)"
+ANCHOR = "        if (!ctx_server.load_model(params)) {\n"
+
+# Runs on main (llama-server and its front listen on main's loopback): a completion every 2 s through
+# the front, each in its own thread (at most 200 at once) so a request the front holds does not delay
+# the next, until the stop file appears (bounded: at most 40 minutes). One JSON line per request.
+CLIENT = r"""
+import json, os, sys, threading, time, urllib.request
+stop, end = sys.argv[1], time.time() + 2400
+body = json.dumps({"prompt": "Once upon a time", "n_predict": 8, "temperature": 0, "top_k": 1,
+                   "cache_prompt": False}).encode()
+lock, threads = threading.Lock(), []
+
+def ask(t0):
+    rec = {"t0": t0}
+    try:
+        req = urllib.request.Request("http://127.0.0.1:8080/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        out = json.loads(urllib.request.urlopen(req, timeout=400).read())
+        rec.update(ok=True, accepted=(out.get("timings") or {}).get("draft_n_accepted"))
+    except Exception as e:
+        rec.update(ok=False, error=str(e)[:200])
+    rec["t1"] = time.time()
+    with lock:
+        print(json.dumps(rec), flush=True)
+
+while time.time() < end and not os.path.exists(stop):
+    t0 = time.time()
+    threads = [t for t in threads if t.is_alive()]
+    if len(threads) < 200:      # bounded: a request held by the front waits in its own thread
+        t = threading.Thread(target=ask, args=(t0,), daemon=True)
+        t.start()
+        threads.append(t)
+    time.sleep(max(0.0, t0 + 2.0 - time.time()))
+for t in threads:
+    t.join(timeout=400)
+"""
+
+
+def abort_patch(llama_fixtures, path: Path) -> Path:
+    rel = "tools/server/server.cpp"
+    text = subprocess.run(["git", "-C", llama_fixtures.repo_local, "show", f"{llama_fixtures.commit}:{rel}"],
+                          capture_output=True, text=True, check=True).stdout
+    assert text.count(ANCHOR) == 1, "the fixture's server.cpp changed: find the model load call again"
+    new = text.replace(ANCHOR, f'        fprintf(stderr, "%s\\n", "{ABORT_LINE}");\n        fflush(stderr);\n'
+                               f"        abort();\n{ANCHOR}")
+    diff = difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True),
+                                f"a/{rel}", f"b/{rel}")
+    path.write_text("".join(diff))
+    return path
+
+
+class Client:
+    """The client on main, run by a bounded thread of the test (lab.exec into main)."""
+
+    def __init__(self, lab):
+        self.lab, self.stop = lab, "/run/tunnelspec-test-client.stop"
+        self.out: str = ""
+        lab.exec("main", ["rm", "-f", self.stop], timeout=30)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        res = self.lab.exec("main", ["python3", "-c", CLIENT, self.stop], timeout=2500)
+        self.out = res.stdout or ""
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def finish(self) -> list[dict]:
+        self.lab.exec("main", ["touch", self.stop], timeout=30)
+        self.thread.join(timeout=600)
+        self.lab.exec("main", ["rm", "-f", self.stop], timeout=30)
+        return [json.loads(l) for l in self.out.splitlines() if l.startswith("{")]
+
+    def __exit__(self, *exc):
+        if self.thread.is_alive():
+            self.finish()
+
+
+def streamed_deploy(inventory: Path) -> tuple[int, list[tuple[float, dict]]]:
+    """deploy --format json with each event's arrival time (wall clock, as the client's on main)."""
+    p = subprocess.Popen([sys.executable, "-m", "tunnelspec", "deploy", str(inventory), "--format", "json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True)
+    got = []
+    for line in p.stdout:
+        if line.startswith("{"):
+            got.append((time.time(), json.loads(line)))
+    return p.wait(timeout=60), got
+
+
+def changed(result) -> dict:
+    return {h: c["changed"] for h, c in result.recap.items() if c["changed"]}
+
+
+def draft_n_max(lab) -> str | None:
+    """The value after the draft-max flag in the speculative command line the launcher runs."""
+    modes = json.loads(lab.exec("main", ["cat", "/etc/tunnelspec/llama-server.json"], timeout=30).stdout)
+    argv = modes["modes"]["speculative"]
+    flag = next((i for i, a in enumerate(argv) if a in ("--spec-draft-n-max", "--draft-max", "--draft-n")), None)
+    return argv[flag + 1] if flag is not None else None
+
+
+def current_generation(lab) -> int:
+    return int(lab.exec("main", ["cat", "/var/lib/tunnelspec/generations/current"], timeout=30).stdout.strip())
+
+
+def test_a_deploy_whose_llama_server_aborts_returns_to_the_last_generation(lab, lab_tools, llama_fixtures, tmp_path):
+    bad = inventory_copy(lab, tmp_path, "bad.ini",
+                         extra=(f'llama_patches=[{{"file": "{abort_patch(llama_fixtures, tmp_path / "abort.patch")}"}}]',))
+    try:
+        converge(lab.inventory)                        # the lab's state, verified: a generation
+        good = current_generation(lab)
+        with Client(lab) as client:
+            time.sleep(4)                              # a request or two before the deploy starts
+            started = time.time()
+            rc, evs = streamed_deploy(bad)
+            records = client.finish()
+        took = time.time() - started
+        events = [e for _, e in evs]
+        text = "\n".join(json.dumps(e) for e in events)
+        assert rc == 1, text[-4000:]
+        fail_t, fail = next((t, e) for t, e in evs if e.get("status") == "failed")
+        assert ABORT_LINE in fail["msg"], fail
+        assert "restarts in a loop" in fail["msg"], fail
+        last = events[-1]
+        assert last["event"] == "message" and f"serving generation {good} again" in last["msg"], events[-6:]
+        assert ABORT_LINE in last["msg"], last
+        back_t, back = next((t, e) for t, e in evs if e.get("module") == "llama_verify" and e.get("status") == "ok"
+                            and e.get("play") == "main back to the generation")
+        assert back_t - fail_t <= 60, (back_t - fail_t, back)
+        assert current_generation(lab) == good
+
+        answered = [r for r in records if r["ok"]]
+        assert records and len(answered) >= 0.99 * len(records), [r for r in records if not r["ok"]]
+        served = [r for r in answered if r["t1"] > fail_t and (r.get("accepted") or 0) > 0]
+        assert served and served[0]["t1"] - fail_t <= 60, (served[:1], fail_t)
+        longest = max(r["t1"] - r["t0"] for r in records)
+        print(f"\ndeploy + rollback {took:.0f} s; failure → generation {good} verified {back_t - fail_t:.1f} s; "
+              f"client: {len(answered)}/{len(records)} answered, longest wait {longest:.1f} s, first draft-accepted "
+              f"answer {served[0]['t1'] - fail_t:.1f} s after the failure")
+
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
+
+        print(f"failure: {fail['msg'][:600]}\nlast line: {last['msg'][:600]}")
+
+        # On purpose: a generation of our own (a serving setting that restarts llama-server), back to
+        # the lab's, `rollback --to` the first one, then forward again with a deploy.
+        variant = inventory_copy(lab, tmp_path, "variant.ini", main_vars={"spec_draft_n_max": 8})
+        v = deploy(variant)
+        assert v.rc == 0, failures(v)
+        other = current_generation(lab)
+        assert other != good
+        fwd = deploy(lab.inventory)
+        assert fwd.rc == 0, failures(fwd)
+        # The lab's state again: generation `good` once more, or a new number when keeping the
+        # variant pruned it (tunnelspec_keep_generations=3 in a lab others deploy too).
+        good = current_generation(lab)
+        status = tunnelspec("status", str(lab.inventory), "--format", "json", timeout=300)
+        gens = json.loads(status.stdout)["hosts"]["main"]["generations"]
+        assert gens["current"] == good != other and other in gens["kept"], gens
+        t0 = time.time()
+        r = tunnelspec("rollback", str(lab.inventory), "--to", str(other), "--format", "json", timeout=900)
+        assert r.rc == 0, failures(r)
+        assert any(e.get("module") == "llama_verify" and e["status"] == "ok" for e in r.results()), r.results()
+        assert current_generation(lab) == other and draft_n_max(lab) == "8"
+        took_back = time.time() - t0
+        r2 = tunnelspec("rollback", str(lab.inventory), "--to", str(other), "--format", "json", timeout=900)
+        assert r2.rc == 0 and changed(r2) == {}, changed(r2)
+        t0 = time.time()
+        fwd = deploy(lab.inventory)
+        assert fwd.rc == 0 and current_generation(lab) == good and draft_n_max(lab) != "8", failures(fwd)
+        took_fwd = time.time() - t0
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
+        print(f"rollback --to {other}: {took_back:.0f} s verified; deploy forward to {good}: {took_fwd:.0f} s")
+    finally:
+        converge(lab.inventory)
