@@ -426,14 +426,20 @@ def inventory() -> None:
 
 @inventory.command("list")
 @inventory_argument
-def inventory_list(inventory_file: str) -> None:
-    """Print the inventory as JSON, in the structure of `ansible-inventory --list`."""
+@click.option("--show-secrets", is_flag=True,
+              help="Print the values of secret-named variables (…_password, …_token, api_key, …) too; "
+                   "masked as *** by default.")
+def inventory_list(inventory_file: str, show_secrets: bool) -> None:
+    """Print the inventory as JSON, in the structure of `ansible-inventory --list` (secret-named
+    variables masked unless --show-secrets)."""
     import json
 
     from tunnelspec.inventory import load_inventory
+    from tunnelspec.secrets import masked
 
     inv = load_inventory(inventory_file)
-    click.echo(json.dumps(inv.to_ansible_list(), indent=4, sort_keys=True))
+    data = inv.to_ansible_list()
+    click.echo(json.dumps(data if show_secrets else masked(data), indent=4, sort_keys=True))
 
 
 # ---- lab -------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import re
 import tarfile
 import time
@@ -29,7 +30,7 @@ from pathlib import Path
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.llama.server_args import UNIT as SERVER_UNIT
 from tunnelspec.llama.server_args import last_acceptance
-from tunnelspec.secrets import MASK, is_secret_name, mask_text, secret_values
+from tunnelspec.secrets import mask_text, masked, secret_values
 
 CMD_TIMEOUT = 30.0  # one remote command
 HOST_TIMEOUT = 240.0  # everything from one host (journals can be long)
@@ -233,12 +234,7 @@ def _secrets(inventory, opts: ConnectOptions, extra: list[str]) -> list[str]:
 
 
 def _masked_inventory(inventory) -> dict:
-    data = inventory.to_ansible_list()
-    for hv in data["_meta"]["hostvars"].values():
-        for k in list(hv):
-            if is_secret_name(k):
-                hv[k] = MASK
-    return data
+    return masked(inventory.to_ansible_list())
 
 
 def summary(hosts: list[HostBundle], where: str) -> str:
@@ -320,7 +316,10 @@ def write_bundle(path: Path, hosts: list[HostBundle], report: dict, inventory, s
     if path.name.endswith((".tar.gz", ".tgz")):
         path.parent.mkdir(parents=True, exist_ok=True)
         top = path.name.removesuffix(".tar.gz").removesuffix(".tgz")
-        with tarfile.open(path, "w:gz") as tar:
+        # Created 0600 (never first with the umask's mode, then narrowed); not through a symlink.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
             for rel, text in sorted(files.items()):
                 data = text.encode()
                 info = tarfile.TarInfo(f"{top}/{rel}")
@@ -331,8 +330,11 @@ def write_bundle(path: Path, hosts: list[HostBundle], report: dict, inventory, s
     for rel, text in files.items():
         target = path / rel
         target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        target.write_text(text)
-        target.chmod(0o600)  # logs may hold what a reader of the machine should not see
+        # logs may hold what a reader of the machine should not see: 0600 from creation on
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
     return str(path)
 
 

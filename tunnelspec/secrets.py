@@ -50,14 +50,36 @@ def is_secret_name(name: object) -> bool:
 
 
 def secret_values(variables: dict) -> list[str]:
-    """Values to mask: Secret instances and values of secret-named variables."""
+    """Values to mask: Secret instances and values of secret-named variables, at any depth (a YAML
+    inventory nests: `service: {api_key: …}` or a list of such mappings)."""
     out = []
     for k, v in variables.items():
         if isinstance(v, Secret):
             out.append(v.reveal())
         elif is_secret_name(k) and isinstance(v, (str, int, float)) and not isinstance(v, bool) and str(v):
             out.append(str(v))
+        elif isinstance(v, dict):
+            out += secret_values(v)
+        elif isinstance(v, list):
+            for item in v:
+                if isinstance(item, dict):
+                    out += secret_values(item)
+                elif isinstance(item, Secret):
+                    out.append(item.reveal())
     return out
+
+
+def masked(value):
+    """A copy of a structure of variables with every secret-named key's value, at any depth, and
+    every Secret shown as MASK."""
+    if isinstance(value, Secret):
+        return MASK
+    if isinstance(value, dict):
+        return {k: (MASK if is_secret_name(k) and not isinstance(v, (dict, list)) else masked(v))
+                for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
 
 
 def mask_value(value, secrets: Iterable[str]):
