@@ -28,9 +28,9 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 # Every command that takes an inventory, as the CLI must offer it (a command losing -i fails here).
 KNOWN = {"play", "deploy", "teardown", "verify", "status", "logs", "bench", "check", "inventory list",
          "hostkeys scan", "tunnel open", "tunnel close", "tunnel status", "keys rotate", "certs rotate",
-         "certs show", "client-config"}
+         "certs show", "client-config", "rollback"}
 # Commands that connect to hosts (the others read the inventory only).
-CONNECTING = {"play", "deploy", "teardown", "verify", "status", "logs", "bench", "hostkeys scan", "tunnel open",
+CONNECTING = {"play", "deploy", "teardown", "verify", "status", "logs", "bench", "hostkeys scan", "tunnel open", "rollback",
               "tunnel close", "tunnel status", "keys rotate"}
 
 
@@ -297,7 +297,7 @@ UNREACHABLE_CASES = [
     ("deploy", ("--check", "--format", "json")), ("deploy", ()), ("teardown", ("--check",)), ("teardown", ()),
     ("tunnel open", ()), ("tunnel close", ()), ("keys rotate", ()), ("hostkeys scan", ()),
     ("hostkeys scan", ("--format", "json")), ("play", ()), ("play", ("--format", "json")),
-    ("deploy", ("--accept-new-host-keys",)),
+    ("deploy", ("--accept-new-host-keys",)), ("rollback", ()),
 ]
 
 
