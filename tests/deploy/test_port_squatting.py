@@ -3,7 +3,8 @@
 main. The services around it keep talking to that port (the tunnel, the front's health check and a
 client's request with its API key, llama-server's launcher and the draft watch), and the squatter
 receives no byte: its SYN-ACKs are turned into resets by the listen guards (facts/nft.py). `status`
-names the port and who holds it, `deploy` refuses naming host, port, user and command; once the
+names the port and who holds it, `deploy` refuses in its first, read-only play (nothing touched),
+naming host, port, user and command; once the
 squatter is gone a deploy serves with the draft again.
 
 Every step ends with the lab deployed and serving with the draft, as it found it: the squatter is a
@@ -110,6 +111,8 @@ def _refused_naming(r, host: str, port: int) -> None:
     text = " ".join(str(f) for f in failures(r))
     for word in (host, f"port {port}", "user nobody", "python3"):
         assert word in text, (word, text[-3000:])
+    # Refused by the first, read-only play: nothing was touched on any host.
+    assert r.results("changed") == [], [(e["host"], e["task"]) for e in r.results("changed")]
 
 
 def test_squatter_on_the_draft_nodes_rpc_port_gets_nothing_and_is_named(lab, deployed):

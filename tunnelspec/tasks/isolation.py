@@ -117,9 +117,22 @@ class LocalIsolationAvailable(Task):
     read_only = True
     args = {"enabled": Arg((str, bool), default=True,
                            help="The inventory's rpc_local_isolation: false skips the check and warns instead."),
-            "what": Arg(str, default="the guarded ports", help="What the warning says is exposed.")}
+            "what": Arg(str, default="the guarded ports", help="What the warning says is exposed."),
+            "listeners": Arg(list, default=[],
+                             help="As local_isolation's: a guarded port held by anyone else stops the run here, "
+                                  "before anything is touched (also when opted out).")}
+
+    def probes(self) -> list[list[str]]:
+        out = [nft.observe_argv([])]
+        if self.p["listeners"]:
+            guard = LocalIsolation(LocalIsolation.validate({"listeners": self.p["listeners"]}))
+            out += [nft.observe_argv(guard.all_users()), port_owners.argv()]
+        return out
 
     async def check(self, ctx):
+        if self.p["listeners"]:
+            guard = LocalIsolation(LocalIsolation.validate({"listeners": self.p["listeners"]}))
+            await guard.refuse_squatters(ctx, await nft.observe(ctx.conn, guard.all_users()))
         if not opted_in(self.p["enabled"]):
             msg = warning(ctx.host, self.p["what"])
             ctx.emit(events.message(msg))
