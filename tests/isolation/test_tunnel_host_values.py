@@ -33,3 +33,38 @@ def test_percent_reaches_ssh_as_written():
                                          "session": True, "forced_command": "x", "key_fingerprint": "SHA256:x"})
     line = next(l for l in text.splitlines() if l.startswith("ExecStart="))
     assert line.endswith(" fe80::1%%eth0") and "%eth0" not in line.replace("%%eth0", ""), line
+
+
+def _key_task(**extra):
+    from tunnelspec.tasks import TASKS, load_all
+
+    load_all()
+    cls = TASKS["tunnel_authorized_key"]
+    return cls(cls.validate({"user": "tunnelspec-tunnel", "rpc_port": 50052,
+                             "pubkey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGk2mGsPu4m0ZL3o3w3m0bPqk2Ck0k9Yd3l3X8Hk2Zk5 x",
+                             **extra}))
+
+
+def _ctx(tmp_path, node_line: str):
+    import asyncio  # noqa: F401
+
+    from tunnelspec.inventory.loader import load_inventory
+
+    path = tmp_path / "inv.ini"
+    path.write_text(f"[main]\nm1 ansible_host=10.77.0.10\n[rpc]\n{node_line}\n")
+    inv = load_inventory(path)
+    return SimpleNamespace(host="r1", require_cluster=lambda: SimpleNamespace(inventory=inv))
+
+
+def test_the_key_line_always_has_from_or_the_run_stops(tmp_path):
+    """A node addressed by name: main's source address toward it cannot be computed, so the line
+    would have no from= (the key usable from anywhere): refused, asking for tunnel_from."""
+    import asyncio
+
+    from tunnelspec.errors import TaskFailed
+
+    with pytest.raises(TaskFailed) as e:
+        asyncio.run(_key_task()._line(_ctx(tmp_path, "r1 ansible_host=rpc-a.lan")))
+    assert "r1" in str(e.value) and "tunnel_from" in str(e.value) and "by name" in str(e.value)
+    line = asyncio.run(_key_task(from_address="10.77.0.10")._line(_ctx(tmp_path, "r1 ansible_host=rpc-a.lan")))
+    assert 'from="10.77.0.10"' in line and 'permitopen="127.0.0.1:50052"' in line

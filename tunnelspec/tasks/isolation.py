@@ -35,7 +35,7 @@ _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 NFT_CONF = "/etc/nftables.conf"
 CONF_MARK = "# tunnelspec: loopback isolation, loaded in the same transaction as this file's flush"
 CONF_INCLUDE = f'include "{nft.RULES_PATH[:-1]}[{nft.RULES_PATH[-1]}]"'
-_CONF_DROP = ["sed", "-i", "-e", f"/^{CONF_MARK}$/d", "-e", '/^include "\/etc\/tunnelspec\/isolation.nf\[t\]"$/d',
+_CONF_DROP = ["sed", "-i", "-e", f"/^{CONF_MARK}$/d", "-e", r'/^include "\/etc\/tunnelspec\/isolation.nf\[t\]"$/d',
               "--", NFT_CONF]
 _PROBE_RULES = ("table inet tunnelspec_probe {\n\tchain output {\n"
                 "\t\ttype filter hook output priority filter; policy accept;\n\t}\n}\n")
