@@ -28,6 +28,7 @@ LLAMA_UNIT = "tunnelspec-llama-server.service"
 FRONT_UNIT = "tunnelspec-front.service"
 WATCH_UNIT = "tunnelspec-draftwatch.service"
 RPC_UNIT = "tunnelspec-rpc.service"
+FRONT_CONFIG = "/etc/tunnelspec/front.cfg"
 
 # What serving reads on each role, and which unit a change of it restarts (or reloads).
 MAIN_FILES = {
@@ -35,7 +36,7 @@ MAIN_FILES = {
     "/etc/tunnelspec/llama-server.json": ("restart", LLAMA_UNIT),
     DEVICES_CACHE: ("none", ""),
     f"{UNIT_DIR}/{FRONT_UNIT}": ("restart", FRONT_UNIT),
-    "/etc/tunnelspec/front.cfg": ("reload", FRONT_UNIT),
+    FRONT_CONFIG: ("reload", FRONT_UNIT),
     f"{UNIT_DIR}/{WATCH_UNIT}": ("restart", WATCH_UNIT),
     "/usr/local/lib/tunnelspec/tunnelspec-draftwatch": ("restart", WATCH_UNIT),
 }

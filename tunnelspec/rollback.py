@@ -39,8 +39,21 @@ def _picked(collected: list[dict]) -> str:
 
 def rollback(inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int = 0) -> int:
     """`tunnelspec rollback`: every host to generation `to` (0: the current one), verified."""
-    summary = _run(inventory_path, cluster, options, emit, connect_options, to)
-    return summary.exit_code()
+    seen: list[dict] = []
+
+    def tee(ev: dict) -> None:
+        seen.append(ev)
+        emit(ev)
+
+    summary = _run(inventory_path, cluster, options, tee, connect_options, to)
+    code = summary.exit_code()
+    which = _picked(seen)
+    bad = [ev for ev in seen if ev.get("status") == "failed" or ev.get("event") == "unreachable"]
+    if code == 0:
+        emit(events.message(f"serving {which} (verified)"))
+    elif bad:
+        emit(events.message(f"ROLLBACK FAILED: returning to {which} failed: {_failure_text(bad[0])}"))
+    return code
 
 
 def after_failed_deploy(inventory_path: str, options: RunOptions, emit, connect_options, cluster,

@@ -8,7 +8,8 @@ client on main asks the API (through the front) every 2 s: at least 99 % of its 
 answered, and the cluster serves the previous generation with draft tokens accepted within 60 s of
 the failure. The next deploy of the previous inventory changes nothing. Then `rollback --to N` to a
 generation of the test's own (another spec_draft_n_max) and a deploy forward again, each verified,
-changed=0 after each.
+changed=0 after each. And `deploy --no-rollback` leaves it broken, saying so, and `tunnelspec rollback`
+repairs it.
 The lab's own inventory is deployed again at the end (try/finally): the other modules expect it."""
 
 from __future__ import annotations
@@ -174,6 +175,22 @@ def test_a_deploy_whose_llama_server_aborts_returns_to_the_last_generation(lab, 
         assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
 
         print(f"failure: {fail['msg'][:600]}\nlast line: {last['msg'][:600]}")
+
+        # --no-rollback: left as the failure left it (llama-server restarting), said so; `rollback` repairs it.
+        nr = deploy(bad, "--no-rollback")
+        assert nr.rc == 1, failures(nr)
+        said = [e["msg"] for e in nr.events if e.get("event") == "message"]
+        assert said and said[-1].startswith("--no-rollback: the hosts are left as the failed deploy left them"), said
+        assert "build" in said[-1] and "tunnelspec rollback INVENTORY" in said[-1], said
+        assert "deliberate abort" in lab.exec("main", ["journalctl", "-u", "tunnelspec-llama-server", "-n", "20",
+                                                       "--no-pager", "-o", "cat"], timeout=30).stdout
+        t0 = time.time()
+        rep = tunnelspec("rollback", str(lab.inventory), "--format", "json", timeout=900)
+        assert rep.rc == 0 and current_generation(lab) == good, failures(rep)
+        assert rep.events[-1]["msg"] == f"serving generation {good} (verified)", rep.events[-1]
+        print(f"--no-rollback left it restarting; tunnelspec rollback: {time.time() - t0:.0f} s verified")
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
 
         # On purpose: a generation of our own (a serving setting that restarts llama-server), back to
         # the lab's, `rollback --to` the first one, then forward again with a deploy.

@@ -66,3 +66,12 @@ def test_no_rollback_when_nothing_changed_when_asked_or_without_a_generation(mon
     seen = fake_runs(monkeypatch, dry)
     msgs = _call(enabled)
     assert len(seen) == 1 and seen[0].check and expect in msgs[-1], msgs
+
+
+def test_rollback_on_purpose_ends_with_the_generation_it_serves(monkeypatch):
+    fake_runs(monkeypatch, [PICKED, _restore("changed")], [PICKED, _restore("failed")])
+    out: list[dict] = []
+    assert rb.rollback("inv.ini", None, RunOptions(), out.append, None, 3) == 0
+    assert out[-1]["msg"] == "serving generation 3 (verified)"
+    assert rb.rollback("inv.ini", None, RunOptions(), out.append, None, 3) == 1
+    assert out[-1]["msg"].startswith("ROLLBACK FAILED: returning to generation 3 failed: main: main at the generation")

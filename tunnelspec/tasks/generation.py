@@ -216,11 +216,8 @@ class GenerationRestore(Task):
         want, live, run = self._want(ctx), self._live, ctx.conn.run
         files = gen.managed_files(want["role"], want["root"])
         restart, reload_, units_changed = set(), set(), False
+        await self._preconditions(ctx, want, live, files)
         if want["build"] != live["build"]:
-            res = await run(["test", "-f", posixpath.join(want["build"], ".tunnelspec-stamp")])
-            if res.rc != 0:
-                raise TaskFailed(f"{ctx.host}: the build of generation {self.p['record'].get('n')} ({want['build']}) "
-                                 "is gone; cannot return to it without a build")
             await run(["sh", "-c", 'touch -- "$1/.tunnelspec-used" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
                        "sh", want["build"], posixpath.join(want["root"], "current")], check=True)
             restart.add(gen.LLAMA_UNIT if want["role"] == "main" else gen.RPC_UNIT)
@@ -234,9 +231,6 @@ class GenerationRestore(Task):
                 await run(["rm", "-f", "--", path], check=True)
             else:
                 src = posixpath.join(gen.FILES_DIR, w["sha256"])
-                if (await run(["test", "-f", src])).rc != 0:
-                    raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {self.p['record'].get('n')} "
-                                     f"({src}) is missing")
                 await run(["sh", "-c", 'install -D -m "$3" -- "$1" "$2.tunnelspec-tmp" && mv -f -- "$2.tunnelspec-tmp" "$2"',
                            "sh", src, path, w["mode"] or "644"], check=True)
             units_changed |= path.endswith(".service")
@@ -258,6 +252,29 @@ class GenerationRestore(Task):
                 raise TaskFailed(f"{ctx.host}: restart of {unit} failed: {res.stderr.strip()}")
         ctx.progress(f"{ctx.host} back to generation {self.p['record'].get('n')}"
                      + (f"; restarted {', '.join(sorted(restart))}" if restart else ""))
+
+    async def _preconditions(self, ctx, want: dict, live: dict, files: dict) -> None:
+        """Everything the switch needs, checked before anything changes: a rollback that cannot be
+        whole leaves the host as it is and says why."""
+        n, run = self.p["record"].get("n"), ctx.conn.run
+        if want["build"] != live["build"]:
+            if (await run(["test", "-f", posixpath.join(want["build"], ".tunnelspec-stamp")])).rc != 0:
+                raise TaskFailed(f"{ctx.host}: the build of generation {n} ({want['build']}) is gone; cannot return "
+                                 "to it without a build (nothing was changed)")
+        for path in files:
+            w = want["files"].get(path)
+            if not w or w == live["files"].get(path):
+                continue
+            src = posixpath.join(gen.FILES_DIR, w["sha256"])
+            if (await run(["test", "-f", src])).rc != 0:
+                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing "
+                                 "(nothing was changed)")
+            if path == gen.FRONT_CONFIG:
+                # It may name files that are no longer there (a TLS certificate, a metrics token).
+                res = await run(["/usr/sbin/haproxy", "-c", "-q", "-f", src])
+                if res.rc != 0:
+                    raise TaskFailed(f"{ctx.host}: the front configuration of generation {n} does not validate here "
+                                     f"any more (nothing was changed): {(res.stderr or res.stdout).strip()[-600:]}")
 
     async def _source(self, ctx, stack_path: str, root: str) -> None:
         """The checkout back at the generation's HEAD (its commits are still in the repository: the
