@@ -84,6 +84,7 @@ NOT_IN_THE_MODEL = {"tunnelspec_known_hosts", "tunnelspec_lock_dir", "tunnelspec
                     "tunnelspec_install_packages",  # read by playbooks/hosts.yml, prerequisites.yml
                     "tunnel_ssh_host", "tunnel_ssh_port",  # read by inventory/addresses.py
                     "llama_keep_builds", "tunnel_from",  # read by playbooks/build.yml, tunnel.yml
+                    "tunnelspec_keep_generations",  # read by playbooks/server.yml (generation_record)
                     "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge"}  # set by commands (-e)
 # rpc_bind has one allowed value: -e with another one is refused, naming -e (test below).
 REFUSED_OTHERWISE = {"rpc_bind"}
