@@ -224,3 +224,47 @@ def test_a_deploy_whose_llama_server_aborts_returns_to_the_last_generation(lab, 
         print(f"rollback --to {other}: {took_back:.0f} s verified; deploy forward to {good}: {took_fwd:.0f} s")
     finally:
         converge(lab.inventory)
+
+
+RPC_ABORT_LINE = "tunnelspec-test: rpc-server refuses to serve (issue 38)"
+RPC_ANCHOR = "    start_server_fn(endpoint.c_str(), cache_dir, params.n_threads, devices.size(), devices.data());\n"
+
+
+def rpc_abort_patch(llama_fixtures, path: Path) -> Path:
+    rel = "tools/rpc/rpc-server.cpp"
+    text = subprocess.run(["git", "-C", llama_fixtures.repo_local, "show", f"{llama_fixtures.commit}:{rel}"],
+                          capture_output=True, text=True, check=True).stdout
+    assert text.count(RPC_ANCHOR) == 1, "the fixture's rpc-server.cpp changed: find the server start again"
+    new = text.replace(RPC_ANCHOR, f'    fprintf(stderr, "%s\\n", "{RPC_ABORT_LINE}");\n    fflush(stderr);\n'
+                                   f"    abort();\n{RPC_ANCHOR}")
+    path.write_text("".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True),
+                                                 f"a/{rel}", f"b/{rel}")))
+    return path
+
+
+def test_a_deploy_whose_rpc_server_does_not_start_returns_every_host(lab, lab_tools, llama_fixtures, tmp_path):
+    """The nodes' new rpc-server aborts before it listens: the rpc play fails on the nodes (llama-server on
+    main was already stopped for the build change), and every host — nodes and main — goes back."""
+    bad = inventory_copy(lab, tmp_path, "bad-rpc.ini",
+                         extra=(f'llama_patches=[{{"file": "{rpc_abort_patch(llama_fixtures, tmp_path / "rpc.patch")}"}}]',))
+    try:
+        converge(lab.inventory)
+        good = current_generation(lab)
+        t0 = time.time()
+        r = deploy(bad)
+        took = time.time() - t0
+        assert r.rc == 1, r.stdout[-4000:]
+        failed = r.results("failed")
+        assert failed and failed[0]["host"] in ("rpc-a", "rpc-b"), failed
+        assert f"it died: {RPC_ABORT_LINE}" in failed[0]["msg"], failed[0]
+        said = [e["msg"] for e in r.events if e.get("event") == "message"]
+        assert said and said[-1].endswith(f"rolled back: serving generation {good} again (verified)"), said
+        assert any(e.get("module") == "generation_restore" and e["status"] == "changed" and e["host"] == h
+                   for e in r.results() for h in ("rpc-a", "rpc-b")), said
+        assert current_generation(lab) == good
+        print(f"\nrpc-server abort: deploy + rollback {took:.0f} s; failed first: {failed[0]['host']}: "
+              f"{failed[0]['task']}: {failed[0]['msg'][:300]}")
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
+    finally:
+        converge(lab.inventory)

@@ -225,9 +225,14 @@ async def existing_groups(conn, wanted: list[str]) -> tuple[list[str], list[str]
 async def _last_words(conn, lines: int = 8) -> str:
     """The RPC unit's last journal lines (a server that exits at start says why there: an unknown
     device, a GPU runtime's exception), for a failure message."""
-    res = await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", str(lines)], timeout=30)
-    text = "\n".join(line for line in res.stdout.splitlines() if line.strip())
-    return f"; its last lines:\n{text}" if text else ""
+    from tunnelspec.llama.server_death import last_words
+
+    res = await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", "200"], timeout=30)
+    # A server killed by a signal in a restart loop: its own last line (an abort's message) is far
+    # above systemd's restart lines, so it is named first.
+    said = last_words(res.stdout)
+    text = "\n".join([line for line in res.stdout.splitlines() if line.strip()][-lines:])
+    return (f"; it died: {said}" if said else "") + (f"; its last lines:\n{text}" if text else "")
 
 
 # The first lines of a unit's current run (its InvocationID): the RPC server's start banner, before
