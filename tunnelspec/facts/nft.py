@@ -42,6 +42,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tunnelspec.facts import sections
+
 TABLE = "tunnelspec"
 FAMILY = "inet"
 CHAIN = "output"
@@ -285,20 +287,8 @@ class HostIsolation:
     uids: dict[str, int | None]
 
 
-def _sections(text: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    cur = None
-    for line in text.splitlines():
-        if line.startswith("== "):
-            cur = line[3:].strip()
-            out[cur] = []
-        elif cur is not None:
-            out[cur].append(line)
-    return out
-
-
 def parse_observation(text: str, users: list[str]) -> HostIsolation:
-    s = _sections(text)
+    s = sections(text)
     if "end" not in s:
         raise ValueError("incomplete isolation probe output")
     cap = (s.get("capeff") or ["0"])[0].strip() or "0"

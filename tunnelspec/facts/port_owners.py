@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tunnelspec.facts import sections
 from tunnelspec.facts.sockets import _PROC, _split_endpoint
 
 _UID = re.compile(r"\buid:(\d+)\b")
@@ -51,20 +52,8 @@ class OwnedListener:
         return f"{self.address}:{self.port} held by {who}: {procs}"
 
 
-def _sections(text: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    cur = None
-    for line in text.splitlines():
-        if line.startswith("== "):
-            cur = line[3:].strip()
-            out[cur] = []
-        elif cur is not None:
-            out[cur].append(line)
-    return out
-
-
 def parse(text: str) -> list[OwnedListener]:
-    s = _sections(text)
+    s = sections(text)
     if "end" not in s:
         raise ValueError("incomplete port owner probe output")
     procs: dict[int, Holder] = {}
