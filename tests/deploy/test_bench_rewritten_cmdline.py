@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import shlex
-import time
+from functools import partial
 
 import pytest
 
+from support import polling
 from support.cli import tunnelspec
 from support.labdeploy import MODES, UNIT, converge, running_argv, sh
 
@@ -29,13 +30,7 @@ exec /opt/tunnelspec/current/bin/llama-server "$@"
 """
 
 
-def poll(fn, deadline_s: float = 90.0, step: float = 0.5):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(step)
+poll = partial(polling.poll, deadline_s=90.0, step=0.5)
 
 
 def test_bench_never_runs_a_rewritten_argv0(lab):

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
+from functools import partial
 from pathlib import Path
 
 import pytest
 
+from support import polling
 from support.cli import failed_report, tunnelspec
 from support.labdeploy import completion_on_main, verify_stats
 
@@ -66,13 +67,7 @@ def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
     return lab.exec(host, list(argv), timeout=timeout).stdout or ""
 
 
-def poll(fn, deadline_s: float = 120.0, step: float = 0.5):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(step)
+poll = partial(polling.poll, deadline_s=120.0, step=0.5)
 
 
 def connect_as(lab, host: str, user: str | None, port: int, *addrs: str) -> dict[str, str]:

@@ -11,10 +11,11 @@ serving (a deploy converges; nftables.service is stopped again as it was found).
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import pytest
 
+from support import polling
 from support.labdeploy import converge, deploy, failures, sh
 
 pytestmark = pytest.mark.lab
@@ -33,13 +34,7 @@ for port in sys.argv[1:]:
 """
 
 
-def poll(fn, deadline_s: float = 60.0, step: float = 0.3):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(step)
+poll = partial(polling.poll, deadline_s=60.0, step=0.3)
 
 
 def nobody_gets_in(lab) -> dict:

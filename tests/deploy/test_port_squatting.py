@@ -12,10 +12,11 @@ transient unit stopped by name, the stopped service is started again, a deploy c
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import pytest
 
+from support import polling
 from support.cli import failed_report, tunnelspec
 from support.labdeploy import completion_on_main, converge, deploy, failures, sh
 
@@ -63,13 +64,7 @@ except Exception as e:
 """
 
 
-def poll(fn, deadline_s: float = 60.0, step: float = 0.5):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(step)
+poll = partial(polling.poll, deadline_s=60.0, step=0.5)
 
 
 def serving_with_draft(lab) -> bool:

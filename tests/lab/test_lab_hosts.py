@@ -6,11 +6,13 @@ import asyncio
 import shlex
 import socket
 import subprocess
-import time
 import uuid
+from functools import partial
 
 import asyncssh
 import pytest
+
+from support import polling
 
 pytestmark = pytest.mark.lab
 
@@ -43,14 +45,7 @@ def ssh(lab, target: str, *argv: str, **kw) -> subprocess.CompletedProcess:
                           **kw)
 
 
-def poll(fn, deadline_s: float = 30.0, every: float = 0.2):
-    """Return fn()'s first truthy result, polling with a deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(every)
+poll = partial(polling.poll, deadline_s=30.0, step=0.2)
 
 
 def test_openssh_strict_host_keys_by_name_and_ip(lab):

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -14,18 +15,14 @@ import pytest
 from tunnelspec.errors import LabError
 from tunnelspec.lab import Lab, cgroups, host, prereq, state
 
+from support import polling
+
 # A second, one-host lab beside the session's lab: its own bridge and a sub-range of the lab net.
 SMALL_BRIDGE = "tslab9"
 SMALL_SUBNET = "10.77.0.128/25"
 
 
-def poll(fn, deadline_s: float = 60.0, every: float = 0.2):
-    end = time.monotonic() + deadline_s
-    while True:
-        value = fn()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(every)
+poll = partial(polling.poll, deadline_s=60.0, step=0.2)
 
 
 def test_missing_tools_error_gives_the_apt_line(monkeypatch, tmp_path):
