@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from functools import partial
 
 import pytest
 
@@ -30,7 +29,7 @@ exec /opt/tunnelspec/current/bin/llama-server "$@"
 """
 
 
-poll = partial(polling.poll, deadline_s=90.0, step=0.5)
+poll = polling.poller(90.0, 0.5)
 
 
 def test_bench_never_runs_a_rewritten_argv0(lab):

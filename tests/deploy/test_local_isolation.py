@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -67,7 +66,7 @@ def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
     return lab.exec(host, list(argv), timeout=timeout).stdout or ""
 
 
-poll = partial(polling.poll, deadline_s=120.0, step=0.5)
+poll = polling.poller(120.0, 0.5)
 
 
 def connect_as(lab, host: str, user: str | None, port: int, *addrs: str) -> dict[str, str]:

@@ -11,7 +11,6 @@ serving (a deploy converges; nftables.service is stopped again as it was found).
 
 from __future__ import annotations
 
-from functools import partial
 
 import pytest
 
@@ -34,7 +33,7 @@ for port in sys.argv[1:]:
 """
 
 
-poll = partial(polling.poll, deadline_s=60.0, step=0.3)
+poll = polling.poller(60.0, 0.3)
 
 
 def nobody_gets_in(lab) -> dict:

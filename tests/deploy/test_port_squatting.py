@@ -12,7 +12,6 @@ transient unit stopped by name, the stopped service is started again, a deploy c
 
 from __future__ import annotations
 
-from functools import partial
 
 import pytest
 
@@ -64,7 +63,7 @@ except Exception as e:
 """
 
 
-poll = partial(polling.poll, deadline_s=60.0, step=0.5)
+poll = polling.poller(60.0, 0.5)
 
 
 def serving_with_draft(lab) -> bool:

@@ -91,22 +91,28 @@ SS = """== ss
 LISTEN 0      128    0.0.0.0:22 0.0.0.0:* users:(("sshd",pid=34,fd=3)) ino:19684 sk:1003 cgroup:/system.slice/ssh.service <->
 LISTEN 0      0      127.0.0.1:50052 0.0.0.0:* users:(("python3",pid=2693,fd=3)) uid:65534 ino:96841 sk:3 cgroup: <->
 LISTEN 0      1      [::1]:15052 [::]:* users:(("ssh",pid=77,fd=4)) uid:998 ino:1 sk:4 v6only:1 <->
+LISTEN 0      512    127.0.0.1:18080 0.0.0.0:* users:(("llama-server",pid=90,fd=9)) uid:997 ino:2 sk:5 <->
 == ps
      34 root                             sshd: /usr/sbin/sshd -D [listener] 0 of 10-100 startups
    2693 nobody                           python3 -c import socket
      77 tunnelspec-tunnel                ssh -F none -L 127.0.0.1:15052:127.0.0.1:50052 rpc-a
+     90 tunnelspec-llama                 /opt/tunnelspec/current/bin/llama-server --port 18080
 == users
-998 tunnelspec-tunnel
-65534 nobody
+997 tunnelspec-llama:tunnelspec service user
+998 tunnelspec-tunnel:tunnelspec service user
+65534 nobody:nobody
 == end
 """
 
 
 def test_port_owner_fact_names_the_squatter_and_spares_root_and_the_service():
     seen = port_owners.parse(SS)
-    assert [(l.address, l.port, l.uid, l.owner) for l in seen] == [
-        ("0.0.0.0", 22, 0, "root"), ("127.0.0.1", 50052, 65534, "nobody"), ("::1", 15052, 998, "tunnelspec-tunnel")]
-    bad = port_owners.squatters(seen, {50052: {4243}, 15052: {998}, 22: set()})
+    assert [(l.address, l.port, l.uid, l.owner, l.ours) for l in seen] == [
+        ("0.0.0.0", 22, 0, "root", False), ("127.0.0.1", 50052, 65534, "nobody", False),
+        ("::1", 15052, 998, "tunnelspec-tunnel", True), ("127.0.0.1", 18080, 997, "tunnelspec-llama", True)]
+    # 18080 is now another user's (llama_user changed): llama-server still runs as tunnelspec's old
+    # service account, which the deploy moves — not a squatter. nobody on 50052 is.
+    bad = port_owners.squatters(seen, {50052: {4243}, 15052: {998}, 18080: {1001}, 22: set()})
     assert [b.port for b in bad] == [50052]
     assert bad[0].describe() == "127.0.0.1:50052 held by user nobody (uid 65534): pid 2693 'python3 -c import socket'"
     with pytest.raises(ValueError):

@@ -7,7 +7,6 @@ import shlex
 import socket
 import subprocess
 import uuid
-from functools import partial
 
 import asyncssh
 import pytest
@@ -45,7 +44,7 @@ def ssh(lab, target: str, *argv: str, **kw) -> subprocess.CompletedProcess:
                           **kw)
 
 
-poll = partial(polling.poll, deadline_s=30.0, step=0.2)
+poll = polling.poller(30.0, 0.2)
 
 
 def test_openssh_strict_host_keys_by_name_and_ip(lab):

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ SMALL_BRIDGE = "tslab9"
 SMALL_SUBNET = "10.77.0.128/25"
 
 
-poll = partial(polling.poll, deadline_s=60.0, step=0.2)
+poll = polling.poller(60.0, 0.2)
 
 
 def test_missing_tools_error_gives_the_apt_line(monkeypatch, tmp_path):

@@ -13,3 +13,12 @@ def poll(fn, deadline_s: float = 60.0, step: float = 0.5):
         if value or time.monotonic() > end:
             return value
         time.sleep(step)
+
+
+def poller(deadline_s: float, step: float):
+    """`poll` with a module's own defaults (a call may still give its deadline, by position too)."""
+
+    def poll_with(fn, deadline_s: float = deadline_s, step: float = step):
+        return poll(fn, deadline_s, step)
+
+    return poll_with

@@ -4,9 +4,11 @@ processes holding it (pid, user, command line), in one probe.
 `ss -Hltnpe` gives the listener, its processes and the socket's owner (`uid:N`, printed only when
 not 0), e.g.
 `LISTEN 0 0 127.0.0.1:50052 0.0.0.0:* users:(("python3",pid=812,fd=3)) uid:65534 ino:96841 sk:3 <->`;
-`ps` gives each process's user and full command line, `getent passwd` each owner's name. A guarded
-port held by another owner than its service's is a squatter (tasks/isolation.py refuses to deploy
-through it; status names it).
+`ps` gives each process's user and full command line, `getent passwd` each owner's name and comment.
+A guarded port held by another owner than its service's is a squatter (tasks/isolation.py refuses to
+deploy through it; status names it) — unless the owner is one of tunnelspec's own service accounts
+(marked by their comment): a deploy that gives a service another user (llama_user, front_user, …)
+finds the service still running as the old one, and moves it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from tunnelspec.constants import SERVICE_USER_MARK
 from tunnelspec.facts import sections
 from tunnelspec.facts.sockets import _PROC, _split_endpoint
 
@@ -25,7 +28,7 @@ pids=$(ss -Hltnp | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un | paste -sd, -)
 echo "== ps"; [ -z "$pids" ] || ps -ww -o pid=,user:32=,args= -p "$pids"
 echo "== users"
 for u in $(ss -Hltnpe | grep -o 'uid:[0-9]*' | cut -d: -f2 | sort -un); do
-  echo "$u $(getent passwd "$u" | cut -d: -f1)"
+  echo "$u $(getent passwd "$u" | cut -d: -f1,5)"
 done
 echo "== end"
 """
@@ -44,6 +47,7 @@ class OwnedListener:
     port: int
     uid: int
     owner: str                     # the uid's name on the host ('' when it has none)
+    ours: bool = False             # the owner is an account tunnelspec created (SERVICE_USER_MARK)
     holders: tuple[Holder, ...] = field(default=())
 
     def describe(self) -> str:
@@ -61,11 +65,14 @@ def parse(text: str) -> list[OwnedListener]:
         parts = line.split(None, 2)
         if len(parts) >= 2 and parts[0].isdigit():
             procs[int(parts[0])] = Holder(int(parts[0]), parts[1], parts[2] if len(parts) > 2 else "")
-    names = {}
+    names, marked = {}, set()
     for line in s.get("users", []):
-        parts = line.split()
-        if parts and parts[0].isdigit():
-            names[int(parts[0])] = parts[1] if len(parts) > 1 else ""
+        uid, _, entry = line.partition(" ")
+        if uid.isdigit():
+            name, _, comment = entry.partition(":")
+            names[int(uid)] = name.strip()
+            if comment.strip() == SERVICE_USER_MARK:
+                marked.add(int(uid))
     names[0] = "root"
     out = []
     for line in s.get("ss", []):
@@ -80,7 +87,7 @@ def parse(text: str) -> list[OwnedListener]:
         m = _UID.search(rest)
         uid = int(m.group(1)) if m else 0
         holders = tuple(procs.get(int(pid), Holder(int(pid), "?", name)) for name, pid in _PROC.findall(rest))
-        out.append(OwnedListener(address, port, uid, names.get(uid, ""), tuple(dict.fromkeys(holders))))
+        out.append(OwnedListener(address, port, uid, names.get(uid, ""), uid in marked, tuple(dict.fromkeys(holders))))
     return out
 
 
@@ -90,8 +97,8 @@ def argv() -> list[str]:
 
 def squatters(listeners: list[OwnedListener], allowed: dict[int, set[int]]) -> list[OwnedListener]:
     """The listeners on a guarded port (`allowed`: port → the uids that may listen there, root
-    always) owned by anyone else, on any address."""
-    return [l for l in listeners if l.port in allowed and l.uid != 0 and l.uid not in allowed[l.port]]
+    always) owned by anyone else, on any address — tunnelspec's own service accounts aside."""
+    return [l for l in listeners if l.port in allowed and l.uid != 0 and l.uid not in allowed[l.port] and not l.ours]
 
 
 async def observe(conn) -> list[OwnedListener]:

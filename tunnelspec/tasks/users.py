@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tunnelspec.connection.base import read_argv
+from tunnelspec.constants import SERVICE_USER_MARK
 from tunnelspec.errors import TaskFailed
 from tunnelspec.reporting import events
 from tunnelspec.tasks.base import Arg, Diff, Task, change, ok, register_task
@@ -12,7 +13,7 @@ NOLOGIN = "/usr/sbin/nologin"
 # tunnelspec's, and is never changed or removed (issue 37: llama_user=ubuntu got nologin, then
 # teardown killed its processes and deleted it with its home). The comment lives in /etc/passwd with
 # the account itself: no separate record to lose, and reading it is the getent the task runs anyway.
-MARK = "tunnelspec service user"
+MARK = SERVICE_USER_MARK
 SYSTEM_UID_MAX = 999
 
 
