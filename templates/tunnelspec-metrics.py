@@ -10,6 +10,8 @@
 # - the serving mode and its counters from the launcher's state file (tunnelspec-draftwatch), and the
 #   watcher's last HELLO of the draft node: no RPC connection of its own (b11434's rpc-server serves one
 #   client at a time, and llama-server is that client);
+# - the generation serving runs and the returns to one so far (/var/lib/tunnelspec/generation.json,
+#   written by the deploy and the rollback: docs/generations.md);
 # - each tunnel unit's ActiveState and NRestarts, and llama-server's unit, from systemd;
 # - the front's certificate (public) for its end date;
 # - llama-server's own /metrics (`llamacpp:*`) on its loopback port: the front's user is the one the
@@ -43,9 +45,13 @@ METRICS = {
     "tunnelspec_node_rpc_hello_timestamp_seconds": ("gauge", "Unix time of the node's last HELLO probe"),
     "tunnelspec_node_rpc_info": ("gauge", "The RPC protocol version the node last answered (always 1)"),
     "tunnelspec_tls_certificate_expiry_timestamp_seconds": ("gauge", "Unix time the front's certificate ends (public bind only)"),
-    "tunnelspec_exporter_source_up": ("gauge", "1 when the exporter could read this source at this scrape (state, systemd, llama_server, front, certificate)"),
+    "tunnelspec_generation": ("gauge", "The generation main serves (the last verified deploy, or the one a rollback returned to)"),
+    "tunnelspec_generation_since_timestamp_seconds": ("gauge", "Unix time that generation became the current one"),
+    "tunnelspec_rollbacks_total": ("counter", "Returns to a kept generation: a failed deploy's automatic rollback, or `tunnelspec rollback` to another generation"),
+    "tunnelspec_last_rollback_timestamp_seconds": ("gauge", "Unix time of the last return to a kept generation"),
+    "tunnelspec_exporter_source_up": ("gauge", "1 when the exporter could read this source at this scrape (state, generation, systemd, llama_server, front, certificate)"),
 }
-SOURCES = ("state", "systemd", "llama_server", "front", "certificate")
+SOURCES = ("state", "generation", "systemd", "llama_server", "front", "certificate")
 
 
 def load_config(path):
@@ -112,6 +118,16 @@ def mode_figures(out, state, now):
     if state.get("since") is not None:
         out.add("tunnelspec_serving_mode_since_timestamp_seconds", round(float(state["since"]), 3))
     out.add("tunnelspec_llama_server_starts_total", int(state.get("starts", 0)))
+
+
+def generation_figures(out, doc):
+    """The current generation and the returns to one, from the deploy's status file."""
+    out.add("tunnelspec_generation", doc["generation"])
+    if doc.get("since") is not None:
+        out.add("tunnelspec_generation_since_timestamp_seconds", round(float(doc["since"]), 3))
+    out.add("tunnelspec_rollbacks_total", int(doc.get("rollbacks") or 0))
+    if doc.get("last_rollback") is not None:
+        out.add("tunnelspec_last_rollback_timestamp_seconds", round(float(doc["last_rollback"]), 3))
 
 
 def unit_props(units):
@@ -242,6 +258,11 @@ def scrape(cfg, now=None):
     if state is not None:
         mode_figures(out, state, now)
     node_figures(out, cfg, state, _read_json(cfg.get("watch_state") or ""))
+    if cfg.get("generation"):
+        doc = _read_json(cfg["generation"])
+        up["generation"] = isinstance(doc, dict) and isinstance(doc.get("generation"), int)
+        if up["generation"]:
+            generation_figures(out, doc)
     units = dict(cfg.get("tunnels") or {})
     try:
         props = unit_props([cfg["llama_unit"]] + list(units.values()))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 
 from tunnelspec.constants import ETC_DIR, LOOPBACK
+from tunnelspec.generation import STATUS as GENERATION_STATUS
 
 FRONT_UNIT = "tunnelspec-front.service"
 FRONT_CONFIG = f"{ETC_DIR}/front.cfg"
@@ -82,6 +83,7 @@ def metrics_document(cluster) -> dict:
         "listen": [LOOPBACK, main.front.metrics.port],
         "state": STATE_PATH,
         "watch_state": WATCH_HELLO,
+        "generation": GENERATION_STATUS,
         "llama_unit": "tunnelspec-llama-server.service",
         "tunnels": {n.name: f"tunnelspec-tunnel-{n.name}.service" for n in cluster.rpc},
         "nodes": [n.name for n in cluster.rpc],

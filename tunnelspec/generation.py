@@ -19,6 +19,9 @@ from tunnelspec.constants import DEVICES_CACHE, STATE_DIR
 GEN_DIR = f"{STATE_DIR}/generations"
 CURRENT = f"{GEN_DIR}/current"
 FILES_DIR = f"{GEN_DIR}/files"           # on every host: copies of its serving files, by sha256
+# The figures the metrics exporter shows (docs/metrics.md): the current generation, since when, and the
+# rollbacks so far. World-readable (the exporter runs as the front's user); no secret in it.
+STATUS = f"{STATE_DIR}/generation.json"
 PINS = ".tunnelspec-pinned"              # in <root>/build: build keys kept generations use (never pruned)
 DEFAULT_KEEP = 3
 SCHEMA = 1
@@ -155,3 +158,32 @@ def summary(record: dict) -> str:
 
 def dumps(record: dict) -> str:
     return json.dumps(record, indent=1, sort_keys=True) + "\n"
+
+
+def parse_status(text: str) -> dict:
+    """STATUS's content, or {} when it is missing or damaged (its counters then start again)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def next_status(prev: dict, n: int, now: float, rollback: bool = False, event: str = "") -> dict:
+    """STATUS after generation `n` became current at `now` (`rollback`: by a return to it, `event`
+    naming that return so that it is counted once). A generation that stays current keeps its `since`."""
+    rollbacks = int(prev.get("rollbacks") or 0)
+    doc = {"schema": 1, "generation": n,
+           "since": prev.get("since", now) if prev.get("generation") == n and not rollback else now,
+           "rollbacks": rollbacks + (1 if rollback else 0)}
+    last = now if rollback else prev.get("last_rollback")
+    if last is not None:
+        doc["last_rollback"] = last
+    ev = event if rollback else prev.get("last_rollback_event", "")
+    if ev:
+        doc["last_rollback_event"] = ev
+    return doc
+
+
+def status_text(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True) + "\n"

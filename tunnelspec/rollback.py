@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.executor import Run
@@ -14,10 +15,11 @@ from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
 
 
-def _run(inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int) -> Summary:
+def _run(inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int,
+         event: str | None = None) -> Summary:
     from tunnelspec.inventory import load_inventory
 
-    extra = {**options.extra_vars, "rollback_to": to}
+    extra = {**options.extra_vars, "rollback_to": to, **({"rollback_event": event} if event else {})}
     opts = dataclasses.replace(options, extra_vars=extra, tags=[], skip_tags=[], limit=None)
     inv = load_inventory(inventory_path).with_extra_vars(extra)
     run = Run(inv, opts, emit, connect_options, cluster)
@@ -94,7 +96,8 @@ def after_failed_deploy(inventory_path: str, options: RunOptions, emit, connect_
         real.append(ev)
         emit(ev)
 
-    summary = _run(inventory_path, cluster, dataclasses.replace(options, lock="rollback"), tee, connect_options, 0)
+    summary = _run(inventory_path, cluster, dataclasses.replace(options, lock="rollback"), tee, connect_options, 0,
+                   event=f"deploy-failed-{time.time_ns()}")
     bad = [ev for ev in real if ev.get("status") == "failed" or ev.get("event") == "unreachable"]
     if summary.exit_code() != 0 or bad:
         why = _failure_text(bad[0]) if bad else f"exit {summary.exit_code()}"

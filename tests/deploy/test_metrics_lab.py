@@ -8,6 +8,7 @@ own inventory is deployed again at the end (metrics off: the exporter goes)."""
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import shutil
 import socket
@@ -130,9 +131,11 @@ def test_prometheus_sees_modes_reconnects_and_only_the_token_opens_it(lab_tools,
         assert status == 200 and 'tunnelspec_serving_mode{mode="speculative"} 1' in body, body[:3000]
         assert "llamacpp:" in body and "haproxy_" in body and 'tunnelspec_exporter_source_up{source="llama_server"} 1' in body
         assert api_key not in body and token not in body
-        # Each of the exporter's sources answered: the mode file, systemd, llama-server, the front, the certificate.
-        for source in ("state", "systemd", "llama_server", "front", "certificate"):
+        # Each of the exporter's sources answered: the mode file, the generation, systemd, llama-server, the
+        # front, the certificate.
+        for source in ("state", "generation", "systemd", "llama_server", "front", "certificate"):
             assert f'tunnelspec_exporter_source_up{{source="{source}"}} 1' in body, (source, body[:3000])
+        assert re.search(r"^tunnelspec_generation [1-9]\d*$", body, re.M), body[:3000]
         assert 'tunnelspec_node_rpc_info{node="rpc-a",version="' in body and 'tunnelspec_tunnel_up{node="rpc-b"} 1' in body
         end = [float(l.split()[1]) for l in body.splitlines()
                if l.startswith("tunnelspec_tls_certificate_expiry_timestamp_seconds ")]

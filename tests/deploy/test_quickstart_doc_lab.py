@@ -118,11 +118,29 @@ def host_fingerprints(lab, host: str) -> set[str]:
     return {line.split()[1] for line in out.splitlines() if line.strip()}
 
 
+def pin_host_keys(lab, ctl: Controller, scan: list[str], step: str, known_hosts: str, addresses: set[str]) -> None:
+    """`tunnelspec hostkeys scan`, each fingerprint compared with the host's own (what the doc tells a
+    user to do on each machine's console), then the printed lines copied into known_hosts."""
+    by_address = {ip: name for name, ip in lab.hosts.items()}
+    r = ctl.run(scan, step)
+    assert r.rc == 0, tail(r)
+    pinned = []
+    for m in re.finditer(r"^(\S+) \((\S+):22\)\n(.*?)(?=^\S|\Z)", r.stdout, re.M | re.S):
+        host, address, body = m.groups()
+        lines = re.findall(r"# after verifying (SHA256:\S+) out of band: (.+)$", body, re.M)
+        assert lines, f"no key printed for {host}:\n{r.stdout}"
+        own = host_fingerprints(lab, by_address[address])
+        for fp, line in lines:
+            assert fp in own, f"{host}: scanned {fp}, the host's own keys are {own}"
+            pinned.append(line)
+    assert {l.split()[0] for l in pinned} == addresses
+    (ctl.cwd / known_hosts).write_text("\n".join(pinned) + "\n")
+
+
 def test_the_quickstart_runs_as_written(lab, tmp_path):
     doc = blocks(REPO / "README.md")
     assert sorted(n for n in doc if n.startswith("quickstart")) == STEPS
     table = substitutions(lab)
-    by_address = {ip: name for name, ip in lab.hosts.items()}
     ctl = Controller(tmp_path, Path(lab.key_file).read_text())
     skipped: list[str] = []
     not_run: set[tuple[str, str]] = set()
@@ -151,19 +169,7 @@ def test_the_quickstart_runs_as_written(lab, tmp_path):
 
         # Step 3: scan, compare each fingerprint with the host's own, copy the printed lines.
         (scan,) = commands(doc["quickstart step 3"])
-        r = ctl.run(scan[0], "step 3")
-        assert r.rc == 0, tail(r)
-        pinned = []
-        for m in re.finditer(r"^(\S+) \((\S+):22\)\n(.*?)(?=^\S|\Z)", r.stdout, re.M | re.S):
-            host, address, body = m.groups()
-            lines = re.findall(r"# after verifying (SHA256:\S+) out of band: (.+)$", body, re.M)
-            assert lines, f"no key printed for {host}:\n{r.stdout}"
-            own = host_fingerprints(lab, by_address[address])
-            for fp, line in lines:
-                assert fp in own, f"{host}: scanned {fp}, the host's own keys are {own}"
-                pinned.append(line)
-        assert {l.split()[0] for l in pinned} == {table["192.168.1.20"], table["192.168.1.30"]}
-        (ctl.cwd / known_hosts).write_text("\n".join(pinned) + "\n")
+        pin_host_keys(lab, ctl, scan[0], "step 3", known_hosts, {table["192.168.1.20"], table["192.168.1.30"]})
 
         # Step 4: plan, deploy, deploy again — each command's comment says what it must give.
         for argv, comment in commands(doc["quickstart step 4"]):
@@ -201,4 +207,70 @@ def test_the_quickstart_runs_as_written(lab, tmp_path):
     finally:
         if inventory_written and not torn_down:
             ctl.run(["tunnelspec", "teardown", "inventory.ini"], "cleanup")
+        converge(lab.inventory)
+
+
+# ---- docs/first-cluster.md, topology 2: seed 003's split, logged in as a sudoer ------------------
+# Topology 1 is the quickstart's inventory (the test above runs it). Topology 2 logs in as `ops`, a
+# sudoer, as the doc says; its hosts are given that login the way a newcomer's are (a user with the
+# controller's key and passwordless sudo), and it is then deployed as written but for the addresses
+# and the file locations. The model: an 11-block tiny llama (12 layer slots: main's CPU 4, rpc-a 2,
+# rpc-b 6, exactly the asked 2:1:3), in place of the 70B file.
+OPS_SUDOERS = "/etc/sudoers.d/tunnelspec-doc-ops"
+SPLIT_BLOCKS = 11
+
+
+def add_sudoer(lab, host: str, pub: str) -> None:
+    script = ("id ops >/dev/null 2>&1 || useradd -m -s /bin/bash ops; "
+              "install -d -m 700 -o ops -g ops ~ops/.ssh; "
+              "printf '%s\\n' \"$1\" > ~ops/.ssh/authorized_keys; chown ops:ops ~ops/.ssh/authorized_keys; "
+              f"printf 'ops ALL=(ALL) NOPASSWD: ALL\\n' > {OPS_SUDOERS}; chmod 440 {OPS_SUDOERS}")
+    r = lab.exec(host, ["sh", "-c", script, "sh", pub.strip()], timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def remove_sudoer(lab, host: str) -> None:
+    lab.exec(host, ["sh", "-c", f"rm -f {OPS_SUDOERS}; pkill -u ops 2>/dev/null; userdel -r ops 2>/dev/null; :"],
+             timeout=60)
+
+
+def test_first_cluster_topology_2_runs_as_written(lab, tmp_path):
+    from tunnelspec.lab import gguf_tiny
+
+    doc = blocks(REPO / "docs" / "first-cluster.md")
+    block = doc["first-cluster topology 2"]
+    assert block.lang == "ini"
+    assert "ansible_user=ops" in block.text and "ansible_become=true" in block.text
+    model = tmp_path / "tiny-llama-11-blocks.gguf"
+    saved = gguf_tiny.BLOCKS
+    gguf_tiny.BLOCKS = SPLIT_BLOCKS
+    try:
+        gguf_tiny.write_tiny_llama(model)
+    finally:
+        gguf_tiny.BLOCKS = saved
+    ips, fx = lab.hosts, lab_values(lab)
+    table = {"10.0.0.10": ips["main"], "10.0.0.11": ips["rpc-a"], "10.0.0.12": ips["rpc-b"],
+             "https://github.com/ggml-org/llama.cpp": fx["llama_repo"],
+             "/srv/models/Llama-3.3-70B-Q4_K_M.gguf": str(model),
+             '"<full 40-hex SHA you reviewed>"': f'"{fx["llama_commit"]}"'}
+    ctl = Controller(tmp_path, Path(lab.key_file).read_text())
+    pub = Path(str(lab.key_file) + ".pub").read_text()
+    try:
+        for host in ("main", "rpc-a", "rpc-b"):
+            add_sudoer(lab, host, pub)
+        (ctl.cwd / "inventory.ini").write_text(substituted(block.text, table))
+        known_hosts = re.search(r"^tunnelspec_known_hosts=(\S+)$", block.text, re.M).group(1)
+        r = ctl.run(["tunnelspec", "check", "inventory.ini"], "topology 2")
+        assert r.rc == 0 and "-sm layer" in r.stdout and "-ts 1,3" in r.stdout, tail(r)
+        pin_host_keys(lab, ctl, ["tunnelspec", "hostkeys", "scan", "inventory.ini"], "topology 2", known_hosts,
+                      {ips["main"], ips["rpc-a"], ips["rpc-b"]})
+        r = ctl.run(["tunnelspec", "deploy", "inventory.ini", "--format", "json"], "topology 2")
+        assert r.rc == 0, tail(r)
+        ev = next(e for e in r.results() if e.get("module") == "llama_verify")
+        assert "split, no draft" in ev["msg"] and "layers CPU 4, RPC0 2, RPC1 6 of 12 as asked" in ev["msg"], ev
+        again = ctl.run(["tunnelspec", "deploy", "inventory.ini"], "topology 2")
+        assert again.rc == 0 and not any(recap_changed(again.stdout).values()), tail(again)
+    finally:
+        for host in ("main", "rpc-a", "rpc-b"):
+            remove_sudoer(lab, host)
         converge(lab.inventory)

@@ -132,6 +132,13 @@ def draft_n_max(lab) -> str | None:
     return argv[flag + 1] if flag is not None else None
 
 
+def published_status(lab) -> dict:
+    """What the metrics exporter reads: /var/lib/tunnelspec/generation.json on main (world-readable)."""
+    path = "/var/lib/tunnelspec/generation.json"
+    assert lab.exec("main", ["stat", "-c", "%a", path], timeout=30).stdout.strip() == "644"
+    return json.loads(lab.exec("main", ["cat", path], timeout=30).stdout)
+
+
 def current_generation(lab) -> int:
     return int(lab.exec("main", ["cat", "/var/lib/tunnelspec/generations/current"], timeout=30).stdout.strip())
 
@@ -142,6 +149,8 @@ def test_a_deploy_whose_llama_server_aborts_returns_to_the_last_generation(lab, 
     try:
         converge(lab.inventory)                        # the lab's state, verified: a generation
         good = current_generation(lab)
+        before = published_status(lab)
+        assert before["generation"] == good, before
         with Client(lab) as client:
             time.sleep(4)                              # a request or two before the deploy starts
             started = time.time()
@@ -161,6 +170,10 @@ def test_a_deploy_whose_llama_server_aborts_returns_to_the_last_generation(lab, 
                             and e.get("play") == "main back to the generation")
         assert back_t - fail_t <= 60, (back_t - fail_t, back)
         assert current_generation(lab) == good
+        # The return is counted for the metrics (tunnelspec_rollbacks_total), the generation unchanged.
+        after = published_status(lab)
+        assert (after["generation"], after["rollbacks"]) == (good, before.get("rollbacks", 0) + 1), (before, after)
+        assert after["last_rollback"] >= fail_t - 5, after
 
         answered = [r for r in records if r["ok"]]
         assert records and len(answered) >= 0.99 * len(records), [r for r in records if not r["ok"]]

@@ -56,6 +56,31 @@ def test_a_mode_file_from_before_the_counters(tmp_path):
     assert s['tunnelspec_exporter_source_up{source="state"}'] == 1
 
 
+def test_the_generation_and_its_rollbacks_from_the_deploys_status_file(tmp_path):
+    """What tasks/generation.py writes (through tunnelspec.generation.next_status) is what is shown:
+    generation 4 current since a deploy, then a failed deploy's return to it is counted."""
+    from tunnelspec import generation as gen
+
+    status = tmp_path / "generation.json"
+    cfg = cfg_for(tmp_path, generation=str(status))
+    assert samples(EXP.scrape(cfg, now=1.0))['tunnelspec_exporter_source_up{source="generation"}'] == 0
+    doc = gen.next_status({}, 4, 1000.0)
+    status.write_text(gen.status_text(doc))
+    s = samples(EXP.scrape(cfg, now=1001.0))
+    assert s["tunnelspec_generation"] == 4 and s["tunnelspec_generation_since_timestamp_seconds"] == 1000
+    assert s["tunnelspec_rollbacks_total"] == 0 and "tunnelspec_last_rollback_timestamp_seconds" not in s
+    assert s['tunnelspec_exporter_source_up{source="generation"}'] == 1
+    status.write_text(gen.status_text(gen.next_status(gen.parse_status(status.read_text()), 4, 2000.0, rollback=True)))
+    s = samples(EXP.scrape(cfg, now=2001.0))
+    assert s["tunnelspec_generation"] == 4 and s["tunnelspec_generation_since_timestamp_seconds"] == 2000
+    assert s["tunnelspec_rollbacks_total"] == 1 and s["tunnelspec_last_rollback_timestamp_seconds"] == 2000
+    # A later deploy forward keeps the count; the same generation again keeps its `since`.
+    doc = gen.next_status(gen.parse_status(status.read_text()), 5, 3000.0)
+    assert (doc["generation"], doc["since"], doc["rollbacks"], doc["last_rollback"]) == (5, 3000.0, 1, 2000.0)
+    assert gen.next_status(doc, 5, 4000.0)["since"] == 3000.0
+    assert gen.parse_status("not json") == {} and gen.parse_status("[1]") == {}
+
+
 def test_launcher_counters_switches_seconds_starts_and_hello(tmp_path):
     cfg = {"state": str(tmp_path / "mode.json")}
     DW.write_state(cfg, {"mode": "speculative", "since": 100.0, "at": 100.0}, {}, {"rpc-a": ("3.0.0", "")}, start=True)

@@ -21,12 +21,17 @@ def _restore(status: str) -> dict:
             "msg": "back to generation 3: build k2 → k1"}
 
 
+events_passed: list = []  # the rollback_event each fake run was given (None: not counted)
+
+
 def fake_runs(monkeypatch, *runs: list[dict]) -> list[RunOptions]:
     """Each call of the rollback playbook emits the next list of events; returns the options seen."""
     seen, queue = [], list(runs)
+    events_passed.clear()
 
-    def run(_inv, _cluster, options, emit, _conn, _to):
+    def run(_inv, _cluster, options, emit, _conn, _to, event=None):
         seen.append(options)
+        events_passed.append(event)
         summary = Summary(check=options.check)
         for ev in queue.pop(0):
             summary.record(ev)
@@ -47,6 +52,8 @@ def test_a_failure_after_serving_changed_rolls_back_and_says_which_generation(mo
     seen = fake_runs(monkeypatch, [PICKED, _restore("changed")], [PICKED, _restore("changed")])
     msgs = _call()
     assert seen[0].check and not seen[1].check and seen[1].lock == "rollback"
+    # Only the real return is counted for the metrics, never the read-only look first.
+    assert events_passed[0] is None and events_passed[1].startswith("deploy-failed-")
     assert msgs[0].startswith("ROLLBACK: the deploy failed (main: health, completion: llama-server died: "
                               "tunnelspec-test: deliberate abort")
     assert "deliberate abort" in msgs[-1] and msgs[-1].endswith("rolled back: serving generation 3 again (verified)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import time
 
 from tunnelspec import generation as gen
 from tunnelspec.errors import TaskFailed
@@ -79,8 +80,25 @@ def parse_records(text: str) -> tuple[dict[int, dict], int | None]:
     return records, (current if current in records else None)
 
 
+RECORDS_ARGV = ["sh", "-c", _RECORDS, "sh", gen.GEN_DIR]
+STATUS_ARGV = ["cat", "--", gen.STATUS]
+
+
+async def publish(conn, n: int, rollback: bool = False, event: str = "") -> None:
+    """Generation `n` is current: the metrics exporter's figures (gen.STATUS) say so, and count a
+    return to it when `rollback`."""
+    prev = gen.parse_status((await conn.run(["cat", "--", gen.STATUS])).stdout)
+    await conn.put(gen.status_text(gen.next_status(prev, n, time.time(), rollback, event)), gen.STATUS, 0o644)
+
+
+async def published(conn) -> int | None:
+    """The generation gen.STATUS names (None: no file, or a damaged one)."""
+    n = gen.parse_status((await conn.probe(STATUS_ARGV)).stdout).get("generation")
+    return n if isinstance(n, int) else None
+
+
 async def read_records(conn) -> tuple[dict[int, dict], int | None]:
-    res = await conn.probe(["sh", "-c", _RECORDS, "sh", gen.GEN_DIR])
+    res = await conn.probe(RECORDS_ARGV)
     return parse_records(res.stdout)
 
 
@@ -119,12 +137,19 @@ class GenerationRecord(Task):
         "plan": Arg(dict, default={}, help="The `llama_server` fact: what a rollback verifies against."),
     }
 
+    def probes(self) -> list[list[str]]:
+        return [RECORDS_ARGV, STATUS_ARGV]
+
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
         live = await live_state(ctx)
         self._records, self._live = records, live
         state = {"hosts": live}
         if current is not None and gen.same_state(records[current], state):
+            if await published(ctx.conn) != current:
+                # Recorded before the metrics' status file existed, or the file was lost.
+                return change(f"generation {current} published for the metrics ({gen.STATUS})",
+                              Diff("", str(current)), n=current, publish_only=True)
             return ok(gen.summary(records[current]) + " (current)")
         same = gen.find_same(list(records.values()), state)
         if same is not None:
@@ -138,6 +163,9 @@ class GenerationRecord(Task):
 
     async def apply(self, ctx, ch):
         n, records = ch.data["n"], dict(self._records)
+        if ch.data.get("publish_only"):
+            await publish(ctx.conn, n)
+            return
         if ch.data.get("new"):
             for name, st in self._live.items():
                 conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
@@ -149,6 +177,7 @@ class GenerationRecord(Task):
             await ctx.conn.run(["install", "-d", "-m", "700", "--", gen.GEN_DIR], check=True)
             await ctx.conn.put(gen.dumps(records[n]), f"{gen.GEN_DIR}/{n}.json", 0o600)
         await ctx.conn.put(f"{n}\n", gen.CURRENT, 0o600)
+        await publish(ctx.conn, n)
         keep = gen.kept(list(records), self.p["keep"], n)
         gone = sorted(set(records) - set(keep))
         if gone:
@@ -309,3 +338,29 @@ class GenerationCurrent(Task):
 
     async def apply(self, ctx, ch):
         await ctx.conn.put(f"{self.p['n']}\n", gen.CURRENT, 0o600)
+        await publish(ctx.conn, self.p["n"], rollback=True)
+
+
+@register_task
+class GenerationRollbackCounted(Task):
+    """Count a failed deploy's automatic return to generation `n` for the metrics (gen.STATUS), once
+    per `event` (rollback.py names each return): run again with the same event, it is counted already.
+    playbooks/rollback.yml runs it only in the real rollback after a failed deploy (`rollback_event`),
+    never in `--check` or in `tunnelspec rollback` (which counts through generation_current when the
+    generation changes)."""
+
+    module = "generation_rollback_counted"
+    args = {"n": Arg(int, required=True, help="The generation returned to."),
+            "event": Arg(str, required=True, help="This return's name (`rollback_event`): counted once.")}
+
+    def probes(self) -> list[list[str]]:
+        return [STATUS_ARGV]
+
+    async def check(self, ctx):
+        doc = gen.parse_status((await ctx.conn.probe(STATUS_ARGV)).stdout)
+        if doc.get("last_rollback_event") == self.p["event"]:
+            return ok(f"return to generation {self.p['n']} counted")
+        return change(f"return to generation {self.p['n']} counted ({gen.STATUS})")
+
+    async def apply(self, ctx, ch):
+        await publish(ctx.conn, self.p["n"], rollback=True, event=self.p["event"])
