@@ -242,12 +242,7 @@ def test_first_cluster_topology_2_runs_as_written(lab, tmp_path):
     assert block.lang == "ini"
     assert "ansible_user=ops" in block.text and "ansible_become=true" in block.text
     model = tmp_path / "tiny-llama-11-blocks.gguf"
-    saved = gguf_tiny.BLOCKS
-    gguf_tiny.BLOCKS = SPLIT_BLOCKS
-    try:
-        gguf_tiny.write_tiny_llama(model)
-    finally:
-        gguf_tiny.BLOCKS = saved
+    gguf_tiny.write_tiny_llama(model, blocks=SPLIT_BLOCKS)
     ips, fx = lab.hosts, lab_values(lab)
     table = {"10.0.0.10": ips["main"], "10.0.0.11": ips["rpc-a"], "10.0.0.12": ips["rpc-b"],
              "https://github.com/ggml-org/llama.cpp": fx["llama_repo"],

@@ -33,12 +33,7 @@ PORTS = {"rpc-a": 15052, "rpc-b": 15053}
 @pytest.fixture(scope="module")
 def inventory(lab, tmp_path_factory):
     model = tmp_path_factory.mktemp("models") / "tiny-llama-11-blocks.gguf"
-    saved = gguf_tiny.BLOCKS
-    gguf_tiny.BLOCKS = BLOCKS
-    try:
-        gguf_tiny.write_tiny_llama(model)
-    finally:
-        gguf_tiny.BLOCKS = saved
+    gguf_tiny.write_tiny_llama(model, blocks=BLOCKS)
     return example_in_lab(EXAMPLE, lab, model)
 
 

@@ -27,12 +27,7 @@ pytestmark = pytest.mark.llama
 
 def test_layers_follow_shares_by_node_name_and_tuning_flag_reaches_the_draft(llama_bin, llama_fixtures, tmp_path):
     model = tmp_path / "tiny-11.gguf"
-    saved = gguf_tiny.BLOCKS
-    gguf_tiny.BLOCKS = BLOCKS
-    try:
-        gguf_tiny.write_tiny_llama(model)
-    finally:
-        gguf_tiny.BLOCKS = saved
+    gguf_tiny.write_tiny_llama(model, blocks=BLOCKS)
     servers = [start_rpc_server(llama_bin.rpc_server, free_port(), tmp_path / f"rpc-{i}.log") for i in range(2)]
     proc = None
     try:

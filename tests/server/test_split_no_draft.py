@@ -210,12 +210,7 @@ def test_every_node_absent_serves_main_alone(tmp_path):
 @pytest.fixture(scope="module")
 def tiny11(tmp_path_factory):
     path = tmp_path_factory.mktemp("gguf") / "tiny-11.gguf"
-    saved = gguf_tiny.BLOCKS
-    gguf_tiny.BLOCKS = 11
-    try:
-        gguf_tiny.write_tiny_llama(path)
-    finally:
-        gguf_tiny.BLOCKS = saved
+    gguf_tiny.write_tiny_llama(path, blocks=11)
     return path
 
 

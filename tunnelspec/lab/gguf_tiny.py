@@ -83,9 +83,16 @@ def _tensors(n_vocab: int = N_VOCAB):
     return out
 
 
-def write_tiny_llama(path: str | os.PathLike) -> str:
-    """Write the model to `path` (atomically) and return its sha256."""
-    return _write_atomic(path)
+def write_tiny_llama(path: str | os.PathLike, blocks: int | None = None) -> str:
+    """Write the model to `path` (atomically) and return its sha256. `blocks`: another block count
+    than BLOCKS (a split needs more layer slots to place by proportion)."""
+    global BLOCKS
+    saved = BLOCKS
+    BLOCKS = saved if blocks is None else blocks
+    try:
+        return _write_atomic(path)
+    finally:
+        BLOCKS = saved
 
 
 def _write_atomic(path, vocab=None) -> str:
