@@ -32,6 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: the upstream-builds fixtures
 
 LAB_DIR = "/var/tmp/tunnelspec-builds-lab"
 DEPLOY_TIMEOUT_S = 3600
@@ -59,7 +60,7 @@ def deploy(inventory: Path) -> tuple[float, list[dict]]:
 def one_pass(name: str, ccache_dir: Path, trees: tuple[str, ...], log, release: str = "bookworm") -> list[dict]:
     from tunnelspec.lab import Lab
     from tunnelspec.lab import host as lab_host
-    from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures, pinned_inventory
+    from support.upstream_fixtures import ensure_upstream_fixtures, pinned_inventory
 
     # What TUNNELSPEC_LAB_CCACHE sets when the lab's host module loads, set for this process's labs.
     lab_host.CCACHE_DIR = ccache_dir

@@ -85,7 +85,7 @@ def count_child(out_path: str, argv: list[str]) -> None:
     asyncssh.SSHClientConnection.create_session = create_session
     asyncssh.SSHClientConnection.create_connection = create_connection
     asyncssh.connect = connect
-    from tunnelspec.cli import main as cli_main
+    from tunnelspec.cli.main import main as cli_main
 
     rc = 0
     try:

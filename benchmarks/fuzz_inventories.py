@@ -222,7 +222,7 @@ class Outcome:
 
 
 def judge(path: pathlib.Path, fmt: str, oracle: Ansible) -> Outcome:
-    from tunnelspec.errors import InventoryError
+    from tunnelspec.core.errors import InventoryError
 
     try:
         theirs, ansible_error = oracle.list(path, fmt), None

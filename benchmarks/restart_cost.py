@@ -33,7 +33,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from tunnelspec.lab import DEFAULT_BRIDGE, Lab  # noqa: E402
 from tunnelspec.lab import state as lab_state  # noqa: E402
 from tunnelspec.lab.fixtures import FIXTURES_DIR  # noqa: E402
-from tunnelspec.lab.gguf_wide import write_wide_llama  # noqa: E402
+from support.gguf_wide import write_wide_llama  # noqa: E402
 
 UNIT = "tunnelspec-llama-server.service"
 RPC_CACHE = "/var/cache/tunnelspec-rpc"

@@ -44,13 +44,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # tests/support: the RTT probe script
 
-from tunnelspec.bench import parse_exec_start  # noqa: E402
+from tunnelspec.commands.bench.command import parse_exec_start  # noqa: E402
 from tunnelspec.inventory import load_inventory  # noqa: E402
-from tunnelspec.inventory.cluster import Cluster  # noqa: E402
+from tunnelspec.cluster.model import Cluster  # noqa: E402
 from tunnelspec.lab import Lab  # noqa: E402
 from tunnelspec.lab import gguf_tiny  # noqa: E402
-from tunnelspec.lab.rtt_probe import SCRIPT as RTT_SCRIPT  # noqa: E402
+from support.rtt_probe import SCRIPT as RTT_SCRIPT  # noqa: E402
 
 NODE = "rpc-a"
 KEY = "/etc/tunnelspec/tunnel/id_ed25519"

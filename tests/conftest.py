@@ -77,7 +77,7 @@ def lab_tools(lab):
 # --- llama build fixture ----------------------------------------------------------------------
 # The fixture repo/model and a CPU build of ggml-rpc-server + llama-server from it, made once per
 # machine and reused (stamp). The first build takes ≈ 8 min on 2 cores: start it ahead of the test
-# run with `python3 -m tunnelspec.lab.devbuild`.
+# run with `cd tests && python3 -m support.devbuild`.
 @pytest.fixture(scope="session")
 def llama_fixtures():
     from tunnelspec.lab.fixtures import ensure_fixtures
@@ -88,7 +88,7 @@ def llama_fixtures():
 @pytest.fixture(scope="session")
 def llama_bin(llama_fixtures):
     """DevBuild: .rpc_server, .llama_server (absolute paths), .bin_dir, .commit, .source_dir."""
-    from tunnelspec.lab.devbuild import ensure_dev_build
+    from support.devbuild import ensure_dev_build
 
     return ensure_dev_build(llama_fixtures)
 
@@ -96,7 +96,7 @@ def llama_bin(llama_fixtures):
 @pytest.fixture
 def rpc_server(llama_bin, tmp_path):
     """A real ggml-rpc-server on 127.0.0.1:<free port>, ready (HELLO answered); stopped by PID."""
-    from tunnelspec.lab.localserver import free_port, start_rpc_server
+    from support.localserver import free_port, start_rpc_server
 
     proc = start_rpc_server(llama_bin.rpc_server, free_port(), tmp_path / "rpc-server.log")
     yield proc

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.inventory.fields import KNOWN_VARS
+from tunnelspec.cluster.model import Cluster
+from tunnelspec.cluster.fields import KNOWN_VARS
 from tunnelspec.llama import flags
 from tunnelspec.llama.server_args import build_server_argv
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec import prereqs
+from tunnelspec.components.host import prereqs
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -83,7 +83,7 @@ def test_readme_what_each_host_needs_is_the_code_table_row_for_row():
             break
         rows.append(line)
     assert "\n".join(rows) == prereqs.markdown_table(), \
-        "README.md 'What each host needs': paste the output of `python -m tunnelspec.prereqs`"
+        "README.md 'What each host needs': paste the output of `python -m tunnelspec.components.host.prereqs`"
 
 
 # ---- the inventories the pages show ------------------------------------------------------------------
@@ -167,7 +167,7 @@ def test_shipped_patch_file_is_a_git_apply_patch():
 
 
 def test_jump_host_example_dials_the_tunnel_address(tmp_path):
-    from tunnelspec.tunnel_ssh import node_ssh_target
+    from tunnelspec.components.tunnel.units import node_ssh_target
 
     (line,) = [b for b in ini_blocks(section(FIRST, "Main reaches a node by another address"))]
     rpc_line = next(x for x in line.splitlines() if x.startswith("laptop "))

@@ -12,12 +12,12 @@ import pytest
 
 from tunnelspec.connection.base import Result
 from tunnelspec.engine.context import HostContext, RunOptions
-from tunnelspec.errors import ClusterError, TaskFailed
+from tunnelspec.core.errors import ClusterError, TaskFailed
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import devices as dv
-from tunnelspec.tasks.llama_build import LlamaBuild
+from tunnelspec.components.build.build import LlamaBuild
 
 DATA = Path(__file__).parent / "data"
 SHA = "0123456789abcdef0123456789abcdef01234567"

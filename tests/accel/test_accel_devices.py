@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import devices as dv
 
 DATA = Path(__file__).parent / "data"

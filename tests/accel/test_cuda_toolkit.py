@@ -12,12 +12,12 @@ import pytest
 
 from tunnelspec.connection.base import Result
 from tunnelspec.engine.context import HostContext, RunOptions
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.host import parse_facts
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import cuda_toolkit as ct
 from tunnelspec.llama import devices as dv
-from tunnelspec.tasks.llama_build import LlamaBuild
+from tunnelspec.components.build.build import LlamaBuild
 
 DATA = Path(__file__).parent / "data"
 HOSTS = Path(__file__).parents[1] / "hosts" / "data"

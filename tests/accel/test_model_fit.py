@@ -12,7 +12,7 @@ import pytest
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama import devices as dv
-from tunnelspec.tasks.fit import gguf_facts
+from tunnelspec.components.server.fit import gguf_facts
 
 GiB = 2**30
 
@@ -56,7 +56,7 @@ def test_unreadable_or_cut_header(tmp_path):
 
 
 def _cluster(tmp_path, shares: str):
-    from tunnelspec.inventory.cluster import Cluster
+    from tunnelspec.cluster.model import Cluster
     from tunnelspec.inventory.loader import load_inventory
 
     path = tmp_path / "inv.ini"
@@ -75,7 +75,7 @@ def test_target_shares_on_rpc_nodes_are_checked_too(tmp_path):
     small = (100 * dv.MIB, None, "")
     target = (8 * GiB, None, "")
     c = _cluster(tmp_path, "rpc_target_share=1|rpc_target_share=3")
-    from tunnelspec.tasks.fit import fit_verdicts
+    from tunnelspec.components.server.fit import fit_verdicts
 
     v = {f.message.split(":")[0]: f for f in fit_verdicts(c, {"rpc-a": _served(24000), "rpc-b": _served(4000)},
                                                            small, target)}

@@ -22,13 +22,13 @@ def test_served_by_rule():
 
 @pytest.fixture(scope="module")
 def build():
-    from tunnelspec.lab.devbuild import ensure_dev_build
+    from support.devbuild import ensure_dev_build
 
     return ensure_dev_build()
 
 
 def test_real_listing_and_banner(build, tmp_path):
-    from tunnelspec.lab.localserver import free_port, start_rpc_server
+    from support.localserver import free_port, start_rpc_server
 
     # As the task runs it: stdout line-buffered, stderr merged (the lines come from both).
     out = subprocess.run(dv.merged_output_argv(dv.list_devices_argv(build.rpc_server)), capture_output=True,

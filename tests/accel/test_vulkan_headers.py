@@ -12,7 +12,7 @@ from tunnelspec.llama import vulkan
 
 
 def checkout(tmp_path: Path, tree: str) -> Path:
-    from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures
+    from support.upstream_fixtures import ensure_upstream_fixtures
 
     fx = ensure_upstream_fixtures()
     out = tmp_path / tree

@@ -43,7 +43,7 @@ def _walk(group, prefix=()):
 
 
 def inventory_commands() -> dict[str, click.Command]:
-    from tunnelspec.cli import main
+    from tunnelspec.cli.main import main
 
     return {name: cmd for name, cmd in _walk(main)
             if any(p.name in ("inventory_option", "inventory_file") for p in cmd.params)}
@@ -341,7 +341,7 @@ def test_internal_error_is_one_line_and_a_crash_file(files):
     code = ("import tunnelspec.inventory as i\n"
             "def boom(*a, **k):\n    raise RuntimeError('boom: a bug\\nsecond line')\n"
             "i.load_inventory = boom\n"
-            "from tunnelspec.cli import main\nmain()\n")
+            "from tunnelspec.cli.main import main\nmain()\n")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")},
            "XDG_CACHE_HOME": str(files.d / "cache")}
     for fmt in ("human", "json"):

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec import bench_sampler as sampler
-from tunnelspec.bench import SCHEMA, exit_code, render
-from tunnelspec.bench_argv import (baseline_argv, context_size, deployed_kind, describe_placement, local_devices,
-                                   rpc_ports)
-from tunnelspec.bench_figures import (device_figures, fit_on_main, journal_n_ctx, load_time, meminfo_figure,
-                                      parse_unit_run, side_figures)
-from tunnelspec.bench_netwait import summarize
+from tunnelspec.commands.bench import sampler
+from tunnelspec.commands.bench.command import SCHEMA, exit_code, render
+from tunnelspec.commands.bench.argv import baseline_argv, context_size, deployed_kind, describe_placement, local_devices, rpc_ports
+from tunnelspec.commands.bench.figures import device_figures, fit_on_main, journal_n_ctx, load_time, meminfo_figure, parse_unit_run, side_figures
+from tunnelspec.commands.bench.netwait import summarize
 from tunnelspec.llama import devices
 
 DATA = Path(__file__).parent / "data"

@@ -15,8 +15,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tunnelspec import bench_netwait as netwait
-from tunnelspec.cli import main as cli_main
+from tunnelspec.commands.bench import netwait
+from tunnelspec.cli.main import main as cli_main
 from tunnelspec.connection.local import LocalConnection
 
 # Two threads, each blocked in recv() on its own connection: the first to the "tunnel", the second
@@ -154,7 +154,7 @@ def test_sampling_through_a_local_connection(blocked_client):
 def test_sampling_over_a_real_sshd(blocked_client, sshd_cluster):
     from tunnelspec.connection import connect
     from tunnelspec.inventory import load_inventory
-    from tunnelspec.runner import connect_options_from_env
+    from tunnelspec.commands.runner import connect_options_from_env
 
     proc, tunnel, _ = blocked_client
     pid = proc.pid

@@ -11,7 +11,7 @@ import click
 import yaml
 
 from support.ci_cli import ci_env, cli
-from tunnelspec.cli import main
+from tunnelspec.cli.main import main
 from tunnelspec.llama import advisories
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import stat
 import tarfile
 
 from support.cli import tunnelspec
-from tunnelspec.secrets import MASK, masked, secret_values
+from tunnelspec.core.secrets import MASK, masked, secret_values
 
 INV = """all:
   vars:
@@ -42,7 +42,7 @@ def test_inventory_list_masks_by_default(tmp_path):
 
 
 def test_bundle_files_are_0600_from_creation(tmp_path):
-    from tunnelspec.logs import write_bundle
+    from tunnelspec.commands.logs import write_bundle
     from tunnelspec.inventory import load_inventory
 
     path = tmp_path / "inv.yml"

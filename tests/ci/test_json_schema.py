@@ -65,7 +65,7 @@ def test_every_event_is_built_by_the_events_module_and_validates():
     # reporting/events.py builds every kind the schema knows (and only those); each constructor's
     # output, with the schema version it stamps, validates against that kind's schema.
     from tunnelspec.reporting import events
-    from tunnelspec.tasks.base import Diff
+    from tunnelspec.modules.base import Diff
 
     assert set(events.CONSTRUCTORS) == set(EVENTS)
     samples = {

@@ -25,8 +25,9 @@ from support.guarded import GuardedServer
 from tunnelspec.connection import relay
 from tunnelspec.connection.base import ConnectOptions, quote
 from tunnelspec.connection.factory import connect
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.llama import http, rpc
+from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.core import http
+from tunnelspec.llama import rpc
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
                                 reason="needs root on Linux (real users, sudo)")
@@ -221,8 +222,8 @@ def test_relay_ends_when_either_side_closes_and_passes_bytes_unchanged(nopasswd)
 LOCAL_PROBE = r"""
 import asyncio, json, sys
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.llama import http
-from tunnelspec.secrets import Secret
+from tunnelspec.core import http
+from tunnelspec.core.secrets import Secret
 
 async def main():
     pw = sys.stdin.readline().rstrip("\n")

@@ -24,9 +24,9 @@ from support.guarded import GuardedServer
 from tunnelspec.connection.base import ConnectOptions
 from tunnelspec.connection.become import BecomeError
 from tunnelspec.connection.factory import connect
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.llama import http
-from tunnelspec.secrets import Secret
+from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.core import http
+from tunnelspec.core.secrets import Secret
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0,
                                 reason="needs root on Linux (real users, sudo)")

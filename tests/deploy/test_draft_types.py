@@ -1,7 +1,7 @@
 """Issue 16 in the lab: every draft type a tiny model can exercise, deployed for real with its draft
 on the remote device (rpc-a, RPC0 through its tunnel), one completion with draft tokens accepted.
 
-The models come from tunnelspec/lab/gguf_drafts.py: a target that always predicts one token and
+The models come from tests/support/gguf_drafts.py: a target that always predicts one token and
 EAGLE-3 / DFlash / DSpark drafts built to predict the same one, so acceptance is the proof that the
 type's own path (feature extraction from the target, the head on RPC0) ran. draft-mtp has its own
 module, tests/deploy/test_mtp_lab.py: an MTP head reads the target's `h_nextn` hidden state, which
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.lab import gguf_drafts
+from support import gguf_drafts
 
 from support.cli import failed_report, tunnelspec
 from support.labdeploy import running_argv

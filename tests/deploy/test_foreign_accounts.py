@@ -10,7 +10,7 @@ import pytest
 
 from support.cli import tunnelspec
 from support.labdeploy import converge, deploy, inventory_copy, sh
-from tunnelspec.tasks.users import MARK
+from tunnelspec.modules.users import MARK
 
 pytestmark = pytest.mark.lab
 

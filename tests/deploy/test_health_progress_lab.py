@@ -2,7 +2,7 @@
 that takes seconds to load says, while it waits, how long it has waited, the budget, and llama-server's
 newest journal line — a `progress` event with `waiting_for: "/health"`.
 
-The slow load is a real one: a 1 GiB draft (tunnelspec/lab/gguf_wide.py) whose weights llama-server
+The slow load is a real one: a 1 GiB draft (tests/support/gguf_wide.py) whose weights llama-server
 sends through the tunnel to rpc-a at every start, rpc-a's tensor cache off (`rpc_cache=false`), so
 nothing is served from a warm cache. The lab's own inventory is deployed again at the end: the other
 modules expect it."""
@@ -24,7 +24,7 @@ DRAFT = "wide-draft-1024m.gguf"
 @pytest.fixture(scope="module")
 def slow_draft():
     from tunnelspec.lab.fixtures import FIXTURES_DIR
-    from tunnelspec.lab.gguf_wide import write_wide_llama
+    from support.gguf_wide import write_wide_llama
 
     size = write_wide_llama(Path(FIXTURES_DIR) / "models" / DRAFT, 1024)
     assert size > 1 << 30

@@ -3,7 +3,7 @@ MTP draft file on the draft node's device (rpc-a, RPC0 through its tunnel), the 
 
 The inventory is examples/seed000-mtp-laptop-gpu.ini itself with only the hosts, the models and
 [all:vars] swapped for the lab's (tests/support/seed000.py; the first test prints which lines differ).
-The models come from tunnelspec/lab/gguf_mtp.py: a tiny cohere2moe target and its MTP head, built
+The models come from tests/support/gguf_mtp.py: a tiny cohere2moe target and its MTP head, built
 to agree on one token, so accepted draft tokens prove that the MTP head on RPC0 read the target's
 hidden state and proposed what the target then produced. One deploy serves every test here; the
 second deploy must change nothing.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.lab import gguf_mtp
+from support import gguf_mtp
 
 from support.cli import failed_report, tunnelspec
 from support.labdeploy import UNIT, deploy, main_pid, running_argv, sh

@@ -1,6 +1,6 @@
 """Issue 15 in the lab: what happens between runs and across reboots.
 
-- A deploy SIGKILLed at a chosen point (TUNNELSPEC_TEST_KILL_AT, tunnelspec/engine/testhooks.py):
+- A deploy SIGKILLed at a chosen point (TUNNELSPEC_TEST_KILL_AT, tunnelspec/core/testhooks.py):
   during the source step, during the build, after the rpc unit changed, after the tunnel key line
   changed, after the llama-server unit changed. The next deploy exits 0 and leaves the services
   running with the new settings; the one after reports changed=0; serving resumes.

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import source_stack as ss
-from tunnelspec.llama.source_gate import compare_trees
+from tunnelspec.components.source.gate import compare_trees
 
 BASE = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 
@@ -176,7 +176,7 @@ def test_gate_without_source_play_or_in_check_mode():
 
 
 def test_status_parser_and_rows():
-    from tunnelspec.llama.source_status import format_rows, parse_status
+    from tunnelspec.commands.status_source import format_rows, parse_status
 
     text = ("head h1\ntree t1\ndirty 0\ncurrent /opt/t/build/k1\n--- stack\n"
             '{"base": "%s", "head": "h1", "patches": [{"id": "file x.patch sha256:1"}]}\n--- stamp\n'
@@ -199,7 +199,7 @@ def test_status_parser_and_rows():
 def test_build_refuses_known_vulnerable_pins(number, allowed, expect):
     from types import SimpleNamespace
 
-    from tunnelspec.tasks.llama_build import LlamaBuild
+    from tunnelspec.components.build.build import LlamaBuild
 
     task = LlamaBuild(LlamaBuild.validate({"root": "/opt/t", "role": "main", "commit": BASE, "build_number": number}))
     ctx = SimpleNamespace(options=SimpleNamespace(allow_vulnerable_llama=allowed))
@@ -242,7 +242,7 @@ def test_ccache_env_hits_across_callers_with_other_locales(tmp_path):
 
 
 def test_status_names_each_rpc_device_by_what_its_node_serves():
-    from tunnelspec.status import render
+    from tunnelspec.commands.status import render
 
     served = [{"name": "Vulkan0", "description": "llvmpipe (LLVM 19.1.7, 256 bits)", "kind": "gpu",
                "total_mib": 17920, "free_mib": 17900}]

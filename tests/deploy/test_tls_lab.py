@@ -29,7 +29,7 @@ import pytest
 
 from support.cli import tunnelspec
 from support.labdeploy import DEPLOY_TIMEOUT, converge, deploy, failures, main_pid, running_argv, sh
-from tunnelspec.tls import ca as C
+from tunnelspec.components.tls import ca as C
 
 pytestmark = pytest.mark.lab
 
@@ -71,8 +71,8 @@ def served_cert(host: str, port: int, ca_file: str, name: str) -> dict:
     """This controller (on the lab bridge) with tunnelspec's own pinned client, directly over TCP."""
     from cryptography import x509
 
-    from tunnelspec.llama import http
-    from tunnelspec.tls.client import pinned_context, tcp_tls_opener
+    from tunnelspec.core import http
+    from tunnelspec.components.tls.client import pinned_context, tcp_tls_opener
 
     async def go():
         opener = tcp_tls_opener(host, port, pinned_context(ca_file=ca_file), name)

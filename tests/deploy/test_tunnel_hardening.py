@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tunnelspec.keys import TUNNEL_FORCED_COMMAND
+from tunnelspec.components.tunnel.keypair import TUNNEL_FORCED_COMMAND
 
 from support.cli import failed_report, tunnelspec
 from support.labtunnel import KEY, KNOWN, NODES, RPC_PORT, TUNNEL_USER, ssh_as_tunnel_key
@@ -258,7 +258,7 @@ def test_match_block_appended_to_sshd_config_without_an_include_line(lab, tmp_pa
     between marker lines, sshd (`-f` the copy) applies the whole policy to the tunnel user —
     stream-local forwarding off included, which no authorized_keys option can turn off — a second
     run is ok, and state=absent takes exactly the block out again."""
-    from tunnelspec.tasks.tunnel_sshd import BLOCK_BEGIN, BLOCK_END
+    from tunnelspec.components.tunnel.sshd import BLOCK_BEGIN, BLOCK_END
 
     config = "/tmp/tunnelspec-policytest-sshd_config"
     late = "/etc/ssh/sshd_config.d/zz-tunnelspec-policytest.conf"

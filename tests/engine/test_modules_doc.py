@@ -6,12 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tunnelspec.tasks import load_all
-from tunnelspec.tasks.docs import DOC, render
+from tunnelspec.engine.registry import load_all
+from tunnelspec.commands.modules_doc import DOC, render
 
 
 def test_modules_md_is_current():
-    assert DOC.read_text() == render(), "docs/modules.md is stale: run `python -m tunnelspec.tasks.docs`"
+    assert DOC.read_text() == render(), "docs/modules.md is stale: run `python -m tunnelspec.commands.modules_doc`"
 
 
 def test_every_module_and_argument_describes_itself():
@@ -26,7 +26,7 @@ def test_every_module_and_argument_describes_itself():
 
 
 def test_check_mode_of_the_generator_reports_staleness(tmp_path, monkeypatch):
-    import tunnelspec.tasks.docs as docs
+    import tunnelspec.commands.modules_doc as docs
 
     stale = tmp_path / "modules.md"
     stale.write_text(render().replace("## `copy`", "## `copy-renamed`"))
@@ -34,5 +34,5 @@ def test_check_mode_of_the_generator_reports_staleness(tmp_path, monkeypatch):
     assert docs.main(["--check"]) == 1
     assert docs.main([]) == 0 and docs.main(["--check"]) == 0
     # and the real entry point agrees on the real file
-    res = subprocess.run([sys.executable, "-m", "tunnelspec.tasks.docs", "--check"], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "tunnelspec.commands.modules_doc", "--check"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

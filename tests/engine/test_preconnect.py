@@ -61,7 +61,7 @@ def test_only_finished_successful_connects_are_used():
 
 def _run(c, tmp_path, monkeypatch):
     from tunnelspec.engine.context import RunOptions
-    from tunnelspec.runner import run_playbook_file
+    from tunnelspec.commands.runner import run_playbook_file
 
     inv = generic8_inventory(c, tmp_path, monkeypatch)
     out = io.StringIO()

@@ -118,7 +118,7 @@ def test_batch_overlapping_a_change_is_discarded(tmp_path):
 
 def test_noop_run_uses_one_session_per_host(tmp_path, sshd_cluster, monkeypatch):
     from tunnelspec.engine.context import RunOptions
-    from tunnelspec.runner import run_playbook_file
+    from tunnelspec.commands.runner import run_playbook_file
 
     c = sshd_cluster(2)
     inv = generic8_inventory(c, tmp_path, monkeypatch)
@@ -144,7 +144,7 @@ def test_noop_run_uses_one_session_per_host(tmp_path, sshd_cluster, monkeypatch)
 
 def test_checks_that_use_a_registered_fact_get_a_second_batch(tmp_path, sshd_cluster, monkeypatch):
     from tunnelspec.engine.context import RunOptions
-    from tunnelspec.runner import run_playbook_file
+    from tunnelspec.commands.runner import run_playbook_file
 
     c = sshd_cluster(2)
     inv = generic8_inventory(c, tmp_path, monkeypatch)
@@ -235,7 +235,7 @@ def test_relative_paths_are_not_merged():
 
 
 def test_git_state_from_one_status(tmp_path):
-    from tunnelspec.tasks.git import GitCheckout, _parse_state
+    from tunnelspec.modules.git import GitCheckout, _parse_state
 
     def state(dest: Path):
         task = GitCheckout(GitCheckout.validate({"repo": "x", "dest": str(dest), "version": "0" * 40}))

@@ -12,8 +12,8 @@ import json
 import jsonschema
 
 from tunnelspec.engine.heartbeat import Heartbeat
-from tunnelspec.llama import http
-from tunnelspec.llama.verify import health_progress_line
+from tunnelspec.core import http
+from tunnelspec.components.server.verify import health_progress_line
 from tunnelspec.reporting import events
 from tunnelspec.reporting.human import HumanReporter
 from tunnelspec.reporting.schema import EVENTS

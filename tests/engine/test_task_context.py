@@ -9,8 +9,8 @@ import pytest
 
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.engine.context import HostContext, RunOptions
-from tunnelspec.errors import TaskFailed
-from tunnelspec.tasks import TASKS, load_all
+from tunnelspec.core.errors import TaskFailed
+from tunnelspec.engine.registry import TASKS, load_all
 
 load_all()
 

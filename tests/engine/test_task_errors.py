@@ -10,9 +10,10 @@ from pathlib import Path
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import load_playbook
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.inventory import load_inventory
-from tunnelspec.tasks import TASKS, Arg, Task, load_all, ok, register_task
+from tunnelspec.engine.registry import load_all
+from tunnelspec.modules import TASKS, Arg, Task, ok, register_task
 
 load_all()
 

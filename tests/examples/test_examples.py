@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
 from tunnelspec.llama.server_args import build_server_argv
 
@@ -70,7 +70,7 @@ def test_seed000_in_the_lab_differs_only_in_hosts_models_and_all_vars(tmp_path):
     from support.seed000 import changed_lines
     from support.seed000 import lab_variant as seed000_variant
 
-    from tunnelspec.lab import gguf_mtp
+    from support import gguf_mtp
     from tunnelspec.lab.outputs import inventory_text
 
     fx = SimpleNamespace(repo="/srv/tunnelspec-fixtures/llama.cpp.git", build_number=11434,

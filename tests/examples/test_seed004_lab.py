@@ -59,7 +59,7 @@ def lab_variant(lab, models: Path) -> tuple[Path, list[str]]:
 
 
 def test_seed004_example_deploy_check_in_the_lab(lab, tmp_path):
-    from tunnelspec.lab import gguf_drafts
+    from support import gguf_drafts
 
     gguf_drafts.write_constant_target(tmp_path / "constant-target.gguf")
     gguf_drafts.write_dflash_draft(tmp_path / "dflash.gguf")

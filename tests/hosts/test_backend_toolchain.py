@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tunnelspec import prereqs
+from tunnelspec.components.host import prereqs
 from tunnelspec.facts.host import FILES, parse_facts
-from tunnelspec.tasks.host import toolchain_refusals
+from tunnelspec.components.host.host import toolchain_refusals
 
 DATA = Path(__file__).parent / "data"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec import prereqs
+from tunnelspec.components.host import prereqs
 from tunnelspec.facts.host import SCRIPT, facts_from_dict, parse_facts
-from tunnelspec.tasks.host import refusals
+from tunnelspec.components.host.host import refusals
 
 DATA = Path(__file__).parent / "data"
 
@@ -110,7 +110,7 @@ def test_bare_host_needs_the_toolchain_by_role():
 def test_readme_lists_what_each_host_needs_from_the_table():
     """The README's "What each host needs" is the table, rendered: it cannot drift from the code."""
     readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert prereqs.markdown_table() in readme, "README.md: paste the output of `python -m tunnelspec.prereqs`"
+    assert prereqs.markdown_table() in readme, "README.md: paste the output of `python -m tunnelspec.components.host.prereqs`"
 
 
 @pytest.mark.parametrize("capture, version, codename, systemd, openssh, session", [

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec import prereqs
+from tunnelspec.components.host import prereqs
 from tunnelspec.engine.context import HostContext, RunOptions
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.host import FIXED, VULKAN_ICD_DIRS, facts_from_dict, parse_facts
-from tunnelspec.tasks.host import Prerequisites
+from tunnelspec.components.host.host import Prerequisites
 
 DATA = Path(__file__).parent / "data"
 # The build tools of each backend, present: what is judged here is the runtime alone.

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 PR_SHA = "1a6fee5" + "0" * 33  # patch SHAs are full, like llama_commit

@@ -15,10 +15,10 @@ import pytest
 
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.executor import Run
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.inventory.fields import KNOWN_VARS
+from tunnelspec.cluster.model import Cluster
+from tunnelspec.cluster.fields import KNOWN_VARS
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 OTHER_SHA = "fedcba9876543210fedcba9876543210fedcba98"

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from support.cli import tunnelspec
-from tunnelspec.errors import ClusterError
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.core.errors import ClusterError
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.inventory.loader import load_inventory
-from tunnelspec.tasks.users import MARK, ours
+from tunnelspec.modules.users import MARK, ours
 
 SHA = "a" * 40
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.core.errors import ClusterError
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.inventory.loader import load_inventory
 
 SHA = "a" * 40

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tunnelspec.errors import ClusterError, InventoryError
+from tunnelspec.core.errors import ClusterError, InventoryError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 SHA = "0123456789abcdef0123456789abcdef01234567"

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from tunnelspec.engine.templating import render_file
-from tunnelspec.errors import ArgumentError
+from tunnelspec.core.errors import ArgumentError
 import tunnelspec
-from tunnelspec.tunnel_ssh import ssh_argv
+from tunnelspec.components.tunnel.units import ssh_argv
 
 NODE = SimpleNamespace(name="rpc-a", tunnel_port=15052, rpc_port=50052)
 
@@ -36,7 +36,7 @@ def test_percent_reaches_ssh_as_written():
 
 
 def _key_task(**extra):
-    from tunnelspec.tasks import TASKS, load_all
+    from tunnelspec.engine.registry import TASKS, load_all
 
     load_all()
     cls = TASKS["tunnel_authorized_key"]
@@ -61,7 +61,7 @@ def test_the_key_line_always_has_from_or_the_run_stops(tmp_path):
     would have no from= (the key usable from anywhere): refused, asking for tunnel_from."""
     import asyncio
 
-    from tunnelspec.errors import TaskFailed
+    from tunnelspec.core.errors import TaskFailed
 
     with pytest.raises(TaskFailed) as e:
         asyncio.run(_key_task()._line(_ctx(tmp_path, "r1 ansible_host=rpc-a.lan")))

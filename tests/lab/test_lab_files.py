@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 from tunnelspec.lab import outputs
 from tunnelspec.lab.image import content_key
 from tunnelspec.lab.network import LabNet, parse_subnet

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 from tunnelspec.lab import Lab, cgroups, host, prereq, state
 
 from support import polling

@@ -1,6 +1,6 @@
 from click.testing import CliRunner
 
-from tunnelspec.cli import main
+from tunnelspec.cli.main import main
 
 
 def test_table():

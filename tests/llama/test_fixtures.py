@@ -127,7 +127,7 @@ def test_ensure_is_cached(llama_fixtures, monkeypatch):
 
 def test_sdist_download_verifies_checksum(tmp_path, monkeypatch):
     """Real `pip download` from PyPI into an empty dir; a checksum mismatch is refused, not kept."""
-    from tunnelspec.errors import LabError
+    from tunnelspec.core.errors import LabError
 
     import dataclasses
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import flags
 
 DATA = Path(__file__).parent / "data"

@@ -1,4 +1,4 @@
-"""The tiny MTP target and its separate MTP draft (tunnelspec/lab/gguf_mtp.py): what the files hold,
+"""The tiny MTP target and its separate MTP draft (tests/support/gguf_mtp.py): what the files hold,
 and what the fixture build (b11434) does with them — the MTP head on RPC0 drafts tokens the target
 accepts, also when the target's layers share that RPC endpoint, and a draft file without an MTP
 block makes llama-server exit at start (what tunnelspec refuses at plan time)."""
@@ -11,9 +11,10 @@ import urllib.request
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.lab import gguf_mtp, gguf_tiny
-from tunnelspec.lab.localserver import free_port, spawn, wait_health
+from tunnelspec.core.constants import LOOPBACK
+from support import gguf_mtp
+from tunnelspec.lab import gguf_tiny
+from support.localserver import free_port, spawn, wait_health
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.llama import flags
-from tunnelspec.lab.localserver import free_port, spawn, wait_health
+from support.localserver import free_port, spawn, wait_health
 
 pytestmark = pytest.mark.llama
 DATA = Path(__file__).parent / "data"

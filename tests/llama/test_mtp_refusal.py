@@ -1,6 +1,6 @@
 """spec_type=draft-mtp with a draft file that is no MTP head of the target: refused at plan time (the
 llama_server_plan task, before the unit is written) when llama-server would exit or abort at every
-start, a warning when it would serve badly. Real GGUF files (tunnelspec/lab/gguf_mtp.py, the lab's
+start, a warning when it would serve badly. Real GGUF files (tests/support/gguf_mtp.py, the lab's
 tiny llama), their headers read through a real local connection; what llama-server b11434 does with
 each file is tests/llama/test_gguf_mtp.py's."""
 
@@ -11,11 +11,12 @@ import asyncio
 import pytest
 
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.errors import TaskFailed
-from tunnelspec.lab import gguf_mtp, gguf_tiny
+from tunnelspec.core.errors import TaskFailed
+from support import gguf_mtp
+from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama import gguf_header
 from tunnelspec.llama.speculative import mtp_draft_refusal, mtp_draft_warnings
-from tunnelspec.tasks.mtp_draft import check_mtp_draft, read_header
+from tunnelspec.components.server.mtp_draft import check_mtp_draft, read_header
 
 BUILD = "0.6.0-dev (build 11434, commit d4f3039b1)"
 

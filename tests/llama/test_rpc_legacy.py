@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import struct
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.llama import rpc
 
 

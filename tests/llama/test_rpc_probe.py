@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.llama import rpc, versions
-from tunnelspec.lab.localserver import free_port
+from support.localserver import free_port
 
 pytestmark = pytest.mark.llama
 

@@ -10,9 +10,9 @@ import struct
 import asyncssh
 import pytest
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.llama import rpc
-from tunnelspec.lab.localserver import free_port
+from support.localserver import free_port
 
 pytestmark = pytest.mark.llama
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.lab import upstream_fixtures as uf
+from support import upstream_fixtures as uf
 from tunnelspec.lab.sdist_trees import sha256_file
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import versions
@@ -67,7 +67,7 @@ def test_each_tree_is_what_tunnelspec_reads(upstream, name, proto, target, ui):
 
 
 def test_sdist_checksum_mismatch_is_refused(tmp_path):
-    from tunnelspec.errors import LabError
+    from tunnelspec.core.errors import LabError
 
     src = uf.TREE_SOURCES[0]  # the small one (4 MB), really downloaded with pip
     with pytest.raises(LabError, match="sha256"):
@@ -104,9 +104,9 @@ def test_b11434_remote_draft_on_a_real_rpc_server(tmp_path):
     import subprocess
     import urllib.request
 
-    from tunnelspec.lab.devbuild import ensure_dev_build
+    from support.devbuild import ensure_dev_build
     from tunnelspec.lab.fixtures import ensure_fixtures
-    from tunnelspec.lab.localserver import free_port, spawn, start_rpc_server, wait_health
+    from support.localserver import free_port, spawn, start_rpc_server, wait_health
     from tunnelspec.llama import flags
 
     b = ensure_dev_build(tree="b11434")  # the default fixture's commit: the session's own build

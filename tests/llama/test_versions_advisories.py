@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import advisories, versions
 
 HEADER = """#pragma once

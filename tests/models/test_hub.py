@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.models import hub
+from tunnelspec.components.models import hub
 
 from support.hub_standin import HubStandIn
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec import front
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.components.front import model as front
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.engine.templating import render_file
-from tunnelspec.errors import ClusterError
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.core.errors import ClusterError
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.inventory.loader import load_inventory
-from tunnelspec.lab.localserver import free_port, spawn
+from support.localserver import free_port, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = """[main]
@@ -108,7 +108,7 @@ class _Exporter(http.server.BaseHTTPRequestHandler):
 
 @pytest.mark.skipif(shutil.which(front.HAPROXY) is None, reason="haproxy not installed (scripts/setup.sh)")
 def test_the_front_serves_metrics_only_with_the_token(tmp_path):
-    from tunnelspec.tls import ca as C
+    from tunnelspec.components.tls import ca as C
 
     ca = C.ensure_ca(tmp_path / "ca")[0]
     cert = C.issue_server_cert(ca, ["127.0.0.1"])

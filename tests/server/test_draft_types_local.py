@@ -12,10 +12,11 @@ import subprocess
 import pytest
 
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.lab import gguf_drafts
-from tunnelspec.llama import flags, http, props
-from tunnelspec.lab.localserver import free_port, spawn
+from tunnelspec.cluster.model import Cluster
+from support import gguf_drafts
+from tunnelspec.llama import flags, props
+from tunnelspec.core import http
+from support.localserver import free_port, spawn
 from tunnelspec.llama.server_args import build_server_argv, draft_placement, list_devices_argv
 
 pytestmark = pytest.mark.llama

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from support import front as front_proc
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.lab.localserver import free_port, spawn, start_rpc_server, wait_health
+from tunnelspec.core.constants import LOOPBACK
+from support.localserver import free_port, spawn, start_rpc_server, wait_health
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 
 ROOT = Path(__file__).resolve().parents[2]

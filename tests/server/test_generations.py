@@ -7,9 +7,9 @@ import hashlib
 import os
 import subprocess
 
-from tunnelspec import generation as gen
-from tunnelspec.tasks import generation as tg
-from tunnelspec.tasks import llama_build
+from tunnelspec.components.generation import record as gen
+from tunnelspec.components.generation import tasks as tg
+from tunnelspec.components.build import build as llama_build
 
 MAIN = "/etc/systemd/system/tunnelspec-llama-server.service"
 

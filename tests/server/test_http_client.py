@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.llama import http
+from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.core import http
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -135,7 +135,7 @@ def test_chunked_body(server):
 
 
 def test_refused_and_deadline():
-    from tunnelspec.lab.localserver import free_port
+    from support.localserver import free_port
 
     port = free_port()  # nothing listens there
     with pytest.raises(http.HttpError, match="cannot connect"):

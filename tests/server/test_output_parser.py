@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.errors import TaskFailed
-from tunnelspec.llama import http
-from tunnelspec.llama.verify import verify_server
+from tunnelspec.core.errors import TaskFailed
+from tunnelspec.core import http
+from tunnelspec.components.server.verify import verify_server
 
 B9093 = {"error": {"code": 500, "message": "Failed to parse input at pos 0: QgAuz\ufffd\ufffdsAuz",
                    "type": "server_error"}}

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import preflight
 from tunnelspec.llama.props import spec_types
 

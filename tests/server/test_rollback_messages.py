@@ -1,4 +1,4 @@
-"""What a failed deploy says about returning to the last generation (tunnelspec/rollback.py): the
+"""What a failed deploy says about returning to the last generation (tunnelspec/commands/rollback.py): the
 decision (nothing serving changed / --no-rollback / roll back) and the last line, with the rollback
 playbook's runs replaced by their events (the lab test runs the real ones)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunnelspec import rollback as rb
+from tunnelspec.commands import rollback as rb
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.reporting.summary import Summary
 

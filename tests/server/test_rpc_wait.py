@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.lab.localserver import free_port
+from tunnelspec.core.constants import LOOPBACK
+from support.localserver import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "templates" / "tunnelspec-rpc-wait.py"
 
@@ -39,7 +39,7 @@ def test_wrong_version_fails_fast(rpc_server):
 
 @pytest.mark.llama
 def test_waits_for_a_late_endpoint(llama_bin, tmp_path):
-    from tunnelspec.lab.localserver import start_rpc_server
+    from support.localserver import start_rpc_server
 
     port = free_port()
     # rpc-wait starts first and finds nothing listening; the server comes up while it polls.

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.bench import baseline_argv, parse_exec_start
-from tunnelspec.errors import TaskFailed
+from tunnelspec.commands.bench.command import baseline_argv, parse_exec_start
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
-from tunnelspec.llama.server_args import (build_server_argv, draft_placement, last_acceptance, systemd_exec,
-                                          systemd_quote, target_device_list)
-from tunnelspec.tasks.teardown import listening_ports
+from tunnelspec.llama.server_args import build_server_argv, draft_placement, last_acceptance, systemd_exec, systemd_quote, target_device_list
+from tunnelspec.components.teardown import listening_ports
 
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 # The new layout (llama.cpp after spring 2026): long spellings first, --spec-type mandatory.
@@ -220,7 +219,7 @@ def _render_unit(**over):
     from tunnelspec.engine.templating import render_file
 
     text = (Path(__file__).resolve().parents[2] / "templates" / "tunnelspec-llama-server.service.j2").read_text()
-    from tunnelspec import front
+    from tunnelspec.components.front import model as front
 
     v = {"exec_start": front.draftwatch_exec(), "rpc_wait_timeout": 90, "grace": front.START_GRACE,
          "state_dir": front.STATE_DIR_NAME, "llama_user": "tunnelspec-llama", "draft_node": "rpc-a",

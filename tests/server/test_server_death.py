@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tunnelspec.llama import server_death as sd
-from tunnelspec.tasks import llama_upgrade
+from tunnelspec.components.build import upgrade as llama_upgrade
 
 # The shape of a real abort on a dead RPC socket: ggml's assert, then systemd's report.
 JOURNAL = """\

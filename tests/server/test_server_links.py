@@ -2,7 +2,7 @@
 the restart itself is exercised in the lab, tests/deploy/test_resilience.py)."""
 
 from tunnelspec.facts.sockets import parse_close_wait
-from tunnelspec.tasks.server_links import dead_links
+from tunnelspec.components.server.links import dead_links
 
 SS = """\
 1      0      127.0.0.1:41234 127.0.0.1:15052 users:(("llama-server",pid=2211,fd=17))

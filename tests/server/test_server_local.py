@@ -9,11 +9,12 @@ import subprocess
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.llama import flags, http
-from tunnelspec.lab.localserver import free_port, spawn
+from tunnelspec.cluster.model import Cluster
+from tunnelspec.llama import flags
+from tunnelspec.core import http
+from support.localserver import free_port, spawn
 from tunnelspec.llama.server_args import build_server_argv, draft_placement, list_devices_argv
 
 pytestmark = pytest.mark.llama

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError, TaskFailed
+from tunnelspec.core.errors import ClusterError, TaskFailed
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
 from tunnelspec.llama.server_args import build_server_argv
 from tunnelspec.llama.speculative import DRAFT_TYPES, spec_support, split_modes

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tunnelspec.errors import ClusterError, TaskFailed
+from tunnelspec.core.errors import ClusterError, TaskFailed
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama import flags, split_proof
 from tunnelspec.llama.server_args import build_server_argv, cpu_layers, layer_counts

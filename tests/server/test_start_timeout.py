@@ -9,10 +9,10 @@ import os
 import pytest
 
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
-from tunnelspec.llama.verify import BASE_START_TIMEOUT, model_paths, model_sizes, start_timeout
+from tunnelspec.cluster.model import Cluster
+from tunnelspec.components.server.verify import BASE_START_TIMEOUT, model_paths, model_sizes, start_timeout
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 GIB = 1 << 30

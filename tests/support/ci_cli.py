@@ -29,7 +29,7 @@ def ci_env(home: Path, **extra: str) -> dict:
 
 
 def cli(*args: str, env: dict, timeout: float = 300) -> Run:
-    p = subprocess.run([sys.executable, "-c", "from tunnelspec.cli import main; main(prog_name='tunnelspec')",
+    p = subprocess.run([sys.executable, "-c", "from tunnelspec.cli.main import main; main(prog_name='tunnelspec')",
                         *args], capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL,
                        start_new_session=True, timeout=timeout)
     return Run(p.returncode, p.stdout, p.stderr)

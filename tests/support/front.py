@@ -8,10 +8,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from tunnelspec import front
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.components.front import model as front
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.engine.templating import render_file
-from tunnelspec.lab.localserver import LocalProcess, free_port, spawn
+from support.localserver import LocalProcess, free_port, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tunnelspec.lab.rtt_probe import SCRIPT as RTT_SCRIPT
+from support.rtt_probe import SCRIPT as RTT_SCRIPT
 
 RPC_PORT = 50052
 KEY = "/etc/tunnelspec/tunnel/id_ed25519"
@@ -14,7 +14,7 @@ KNOWN = "/etc/tunnelspec/tunnel/known_hosts"
 TUNNEL_USER = "tunnelspec-tunnel"
 NODES = {"rpc-a": 15052, "rpc-b": 15053}  # lab inventory: tunnel_port defaults 15052 + index
 
-# Measured from inside a host, on its own loopback (see tunnelspec/lab/rtt_probe.py).
+# Measured from inside a host, on its own loopback (see tests/support/rtt_probe.py).
 PROBE = RTT_SCRIPT
 
 

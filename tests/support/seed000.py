@@ -1,7 +1,7 @@
 """Seed 000 (examples/seed000-mtp-laptop-gpu.ini) made runnable in the lab with only what the lab
 cannot have swapped: the hosts (names, addresses, their hardware: a Mac's Metal GPU and a laptop's
 CUDA GPU become the lab's CPU hosts), the models (the 27B files become the tiny MTP target and its
-MTP draft, tunnelspec/lab/gguf_mtp.py) and [all:vars] (the lab's login, known_hosts and its
+MTP draft, tests/support/gguf_mtp.py) and [all:vars] (the lab's login, known_hosts and its
 offline source: the fixture repository at b11434 instead of GitHub). Every other line — the
 speculative type, the draft's n-max, the draft's role, the section layout, the comments — is kept
 as written, and `changed_lines` says which lines differ and why."""

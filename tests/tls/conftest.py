@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.tls import ca as C
+from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.components.tls import ca as C
 
 
 class _Handler(BaseHTTPRequestHandler):

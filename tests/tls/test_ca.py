@@ -12,7 +12,7 @@ import subprocess
 import pytest
 from cryptography import x509
 
-from tunnelspec.tls import ca as C
+from tunnelspec.components.tls import ca as C
 
 NOW = dt.datetime(2027, 3, 1, 12, 0, tzinfo=dt.timezone.utc)
 

@@ -7,9 +7,9 @@ import asyncio
 
 import pytest
 
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.llama import http
-from tunnelspec.tls import client as T
+from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.core import http
+from tunnelspec.components.tls import client as T
 
 
 def get(opener, path="/health", **kw):

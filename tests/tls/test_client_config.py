@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tunnelspec.client_config import client_config, render
+from tunnelspec.commands.client_config import client_config, render
 
 
 def test_public_bind_gives_https_ca_and_key_location(tmp_path):

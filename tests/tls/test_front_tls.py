@@ -19,13 +19,13 @@ import pytest
 from cryptography import x509
 
 from support import front as front_proc
-from tunnelspec import front
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.lab.localserver import free_port, spawn
-from tunnelspec.llama import http
-from tunnelspec.tls import ca as C
-from tunnelspec.tls import client as T
-from tunnelspec.tls.reach import Seen
+from tunnelspec.components.front import model as front
+from tunnelspec.core.constants import LOOPBACK
+from support.localserver import free_port, spawn
+from tunnelspec.core import http
+from tunnelspec.components.tls import ca as C
+from tunnelspec.components.tls import client as T
+from tunnelspec.components.tls.reach import Seen
 
 pytestmark = pytest.mark.llama
 

@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tunnelspec.tls import ca as C
-from tunnelspec.tls.own import load_own
+from tunnelspec.components.tls import ca as C
+from tunnelspec.components.tls.own import load_own
 
 NOW = dt.datetime.now(dt.timezone.utc)
 

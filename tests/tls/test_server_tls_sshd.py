@@ -16,7 +16,7 @@ import stat
 import pytest
 
 from support.cli import tunnelspec
-from tunnelspec.tls import ca as C
+from tunnelspec.components.tls import ca as C
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 NAMES = "main.test,127.0.0.1"
@@ -199,13 +199,13 @@ def test_front_serves_the_installed_pair_pinned_through_ssh(setup, tmp_path, lla
     import signal
 
     from support import front as front_proc
-    from tunnelspec import front
+    from tunnelspec.components.front import model as front
     from tunnelspec.connection import ConnectOptions, connect
-    from tunnelspec.constants import LOOPBACK
+    from tunnelspec.core.constants import LOOPBACK
     from tunnelspec.inventory import load_inventory
-    from tunnelspec.lab.localserver import free_port, spawn
-    from tunnelspec.llama import http
-    from tunnelspec.tls.reach import ApiTls, Seen, api_opener
+    from support.localserver import free_port, spawn
+    from tunnelspec.core import http
+    from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
 
     if not os.path.exists(front.HAPROXY):
         pytest.skip("no haproxy (scripts/setup.sh installs it)")

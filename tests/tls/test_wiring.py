@@ -8,9 +8,9 @@ import shlex
 
 import pytest
 
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.cluster import Cluster
+from tunnelspec.cluster.model import Cluster
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -76,7 +76,7 @@ def test_front_terminates_tls_and_llama_server_stays_plain(tmp_path):
     from pathlib import Path
 
     from tunnelspec.engine.templating import render_file
-    from tunnelspec.front import front_vars
+    from tunnelspec.components.front.model import front_vars
     from tunnelspec.llama import flags
     from tunnelspec.llama.server_args import build_server_argv
 

@@ -8,10 +8,10 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tunnelspec.engine import testhooks
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core import testhooks
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
-from tunnelspec.secrets import Secret, display_argv
+from tunnelspec.core.secrets import Secret, display_argv
 
 # Writes go to a temp file in the target's directory, then a rename: readers never see half a file
 # and a failure leaves the old file in place.

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import asyncio
 
-from tunnelspec.errors import TaskFailed
-from tunnelspec.secrets import Secret, mask_text
+from tunnelspec.core.errors import TaskFailed
+from tunnelspec.core.secrets import Secret, mask_text
 
 # Ansible's names for the sudo password (the sudo become plugin's `become_pass` variables).
 PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")

@@ -8,8 +8,8 @@ import os
 
 import asyncssh
 
-from tunnelspec.errors import HostUnreachable
-from tunnelspec.secrets import Secret
+from tunnelspec.core.errors import HostUnreachable
+from tunnelspec.core.secrets import Secret
 
 
 def _needs_passphrase(err: Exception) -> bool:

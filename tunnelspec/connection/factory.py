@@ -9,9 +9,9 @@ import os
 from tunnelspec.connection.become import password_from
 from tunnelspec.connection.base import ConnectOptions, ConnectSession, Connection, expand_user_path
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.errors import UsageError
+from tunnelspec.core.errors import UsageError
 from tunnelspec.inventory.addresses import ssh_address
-from tunnelspec.truth import truthy
+from tunnelspec.core.booleans import truthy
 
 
 def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import asyncssh
 
-from tunnelspec.errors import HostKeyError, UsageError
+from tunnelspec.core.errors import HostKeyError, UsageError
 
 
 _KEY_TYPE = re.compile(r"(^|\s)(ssh-|ecdsa-|sk-|rsa-sha2-|x509v3-)\S*\s+\S")

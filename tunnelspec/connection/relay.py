@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import errno
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 
 RELAY_LIMIT_S = 30          # the relay's own connect timeout (callers usually give up sooner)
 _MARK = "tunnelspec-relay: "

@@ -12,7 +12,7 @@ _TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, e
 
 
 def _is_transient_connect_error(exc: BaseException) -> bool:
-    from tunnelspec.errors import HostKeyError
+    from tunnelspec.core.errors import HostKeyError
 
     if isinstance(exc, HostKeyError):
         return False  # a key problem never fixes itself
@@ -39,7 +39,7 @@ def poll_retrying(deadline: float, interval: float = 0.5) -> AsyncRetrying:
     """Policy for read-only readiness probes (a service coming up, a tunnel answering)."""
     from tenacity import retry_if_exception_type, wait_fixed
 
-    from tunnelspec.errors import TaskFailed
+    from tunnelspec.core.errors import TaskFailed
 
     return AsyncRetrying(stop=stop_after_delay(deadline), wait=wait_fixed(interval),
                          retry=retry_if_exception_type(TaskFailed), reraise=True)

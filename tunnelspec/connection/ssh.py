@@ -9,7 +9,7 @@ from tunnelspec.connection.become import Become
 from tunnelspec.connection.base import Connection, ConnectOptions, ConnectSession, Spawned, quote, reveal_argv
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
-from tunnelspec.errors import HostKeyError, HostUnreachable
+from tunnelspec.core.errors import HostKeyError, HostUnreachable
 
 
 # asyncssh's own default ciphers, AES-GCM moved ahead of chacha20-poly1305: both are AEAD with the

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.reporting import events
 
 
@@ -45,7 +45,7 @@ class HostContext:
     emit: Callable[[dict], None]
     task_name: str = ""
     secrets: list = field(default_factory=list)
-    cluster: Any = None            # tunnelspec.inventory.cluster.Cluster, when the inventory is a cluster
+    cluster: Any = None            # tunnelspec.cluster.model.Cluster, when the inventory is a cluster
     inventory_dir: Path = field(default_factory=Path.cwd)
     connect: Callable[[str], Awaitable[Any]] = _no_other_hosts  # the run's (opened once, reused)
     # One dict per run, the same for every host and task: what tasks must agree on across hosts

@@ -12,17 +12,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tunnelspec.connection import ConnectOptions, ConnectSession, connect
-from tunnelspec.engine import pending, testhooks
+from tunnelspec.engine import pending
+from tunnelspec.core import testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
 from tunnelspec.engine.checkplan import CheckPlan
 from tunnelspec.engine.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
 from tunnelspec.engine.templating import TemplateError, evaluate, render_value
-from tunnelspec.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.core.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError
 from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
-from tunnelspec.secrets import mask_value, secret_values
-from tunnelspec.tasks import TASKS, Change, Task
+from tunnelspec.core.secrets import mask_value, secret_values
+from tunnelspec.modules import TASKS, Change, Task
 
 
 @dataclass
@@ -143,7 +144,7 @@ class Run:
         with the target alone while it is away, docs/degraded.md). Gates leave it out."""
         if self.cluster is None or not self.hosts[host].unreachable or self.hosts[host].failed:
             return False
-        from tunnelspec.front import skippable_draft
+        from tunnelspec.components.front.model import skippable_draft
 
         d = skippable_draft(self.cluster)
         return d is not None and d.name == host

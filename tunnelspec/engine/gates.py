@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 
 # kind -> function(gate_args, {host: hostvars}) raising TaskFailed
 GATES: dict[str, Callable] = {}

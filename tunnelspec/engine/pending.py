@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tunnelspec.constants import STATE_DIR
+from tunnelspec.core.constants import STATE_DIR
 
 PENDING_DIR = f"{STATE_DIR}/pending"
 PENDING_DIR_VAR = "tunnelspec_pending_dir"   # inventory override (tests running hosts on one machine)

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunnelspec.engine.yamlload import LineDict, load_yaml
-from tunnelspec.errors import PlaybookError
-from tunnelspec.tasks import TASKS, load_all
+from tunnelspec.core.errors import PlaybookError
+from tunnelspec.engine.registry import TASKS, load_all
 
 _TASK_KEYS = {"name", "when", "tags", "notify", "register", "listen", "no_log"}
 _PLAY_KEYS = {"name", "hosts", "tasks", "handlers", "vars", "tags", "gate", "serial_gate", "preflight"}

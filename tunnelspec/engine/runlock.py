@@ -26,7 +26,7 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from tunnelspec.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.core.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
 from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.reporting import events
 

@@ -9,8 +9,8 @@ from typing import Any
 import jinja2
 from jinja2 import meta
 
-from tunnelspec.secrets import Secret
-from tunnelspec.truth import truthy
+from tunnelspec.core.secrets import Secret
+from tunnelspec.core.booleans import truthy
 
 _ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                           autoescape=False)

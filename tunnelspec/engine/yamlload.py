@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tunnelspec.errors import PlaybookError
+from tunnelspec.core.errors import PlaybookError
 
 
 class LineDict(dict):

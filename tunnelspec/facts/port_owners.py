@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tunnelspec.constants import SERVICE_USER_MARK
+from tunnelspec.core.constants import SERVICE_USER_MARK
 from tunnelspec.facts import sections
 from tunnelspec.facts.sockets import _PROC, _split_endpoint
 

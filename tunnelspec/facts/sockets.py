@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 
 COMMAND = ["ss", "-Hltnp"]
 _PROC = re.compile(r'\("([^"]*)",pid=(\d+),fd=\d+\)')

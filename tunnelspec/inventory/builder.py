@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pathlib
 
-from tunnelspec.errors import InventoryError
+from tunnelspec.core.errors import InventoryError
 from tunnelspec.inventory.model import Group, Host, Inventory
 
 

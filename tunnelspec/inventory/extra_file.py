@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunnelspec.errors import UsageError
+from tunnelspec.core.errors import UsageError
 
 
 def read_extra_vars_file(path: str) -> dict:

@@ -13,7 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from tunnelspec.errors import InventoryError
+from tunnelspec.core.errors import InventoryError
 from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
 from tunnelspec.inventory.builder import InventoryBuilder
 from tunnelspec.inventory.model import Inventory

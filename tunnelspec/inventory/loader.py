@@ -10,7 +10,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-from tunnelspec.errors import InventoryError
+from tunnelspec.core.errors import InventoryError
 from tunnelspec.inventory.ini import load_ini, read_bytes, read_lines, split_lines
 from tunnelspec.inventory.model import Inventory
 from tunnelspec.inventory.yaml_inv import load_yaml

@@ -10,7 +10,7 @@ import fnmatch
 import re
 from typing import TYPE_CHECKING
 
-from tunnelspec.errors import UsageError
+from tunnelspec.core.errors import UsageError
 from tunnelspec.inventory.hostnames import parse_address
 
 if TYPE_CHECKING:

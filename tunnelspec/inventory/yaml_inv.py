@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from tunnelspec.errors import InventoryError
+from tunnelspec.core.errors import InventoryError
 from tunnelspec.inventory.builder import InventoryBuilder
 from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
 from tunnelspec.inventory.model import Inventory

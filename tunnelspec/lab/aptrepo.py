@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 
 CACHE_DIR = Path("/var/cache/tunnelspec")
 REPO_ROOT = CACHE_DIR / "apt"

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.lab import sdist_trees
 from tunnelspec.lab.sdist_trees import DOWNLOADS_DIR, commit_tree, git, publish_bare, tree_source

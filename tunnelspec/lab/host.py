@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 from tunnelspec.lab import cgroups
 from tunnelspec.lab.keys import ensure_keypair, write_private
 

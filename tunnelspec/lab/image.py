@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 
 CACHE_DIR = Path("/var/cache/tunnelspec")
 IMAGES_DIR = Path("/var/lib/tunnelspec-lab/images")
@@ -50,7 +50,7 @@ LAB_DRIVER_PACKAGES = ("mesa-vulkan-drivers",)
 
 def repo_packages() -> tuple[str, ...]:
     """What the lab's repository offers: every apt package a prerequisite names, and the lab's driver."""
-    from tunnelspec import prereqs
+    from tunnelspec.components.host import prereqs
 
     return tuple(prereqs.apt_packages_all()) + LAB_DRIVER_PACKAGES
 

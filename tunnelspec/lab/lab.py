@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 from tunnelspec.lab import aptrepo, cgroups, host, network, outputs, prereq, state
 from tunnelspec.lab.host import HostSpec, LoginUser
 from tunnelspec.lab.keys import ensure_keypair

@@ -12,7 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 
 NETNS_DIR = "/run/netns"
 FIRST_HOST_OFFSET = 10

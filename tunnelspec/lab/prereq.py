@@ -6,7 +6,7 @@ import os
 import platform
 import shutil
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 
 APT_LINE = "apt-get install -y systemd-container debootstrap iproute2 zstd"
 TOOLS = ("systemd-nspawn", "debootstrap", "ip", "zstd", "nsenter", "mount", "tar", "chroot", "ssh")

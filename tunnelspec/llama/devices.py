@@ -18,7 +18,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 
 MIB = 2**20
 

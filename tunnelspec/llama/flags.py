@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 
 # ---- --help ----------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunnelspec.errors import ClusterError
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.llama import flags
 from tunnelspec.llama.speculative import SpecError, check_extra_args, spec_support, spec_type_argv, split_modes
 
@@ -108,7 +108,7 @@ class PreflightResult:
 
 
 def _fail(cluster, e: SpecError) -> ClusterError:
-    from tunnelspec.inventory.fields import cluster_error
+    from tunnelspec.cluster.fields import cluster_error
 
     text = str(e)
     var = next((v for v in ("llama_server_extra_args", "llama_split_mode", "spec_draft_p_min", "spec_type")

@@ -8,7 +8,7 @@ real settings: after one completion that is the type in use. Both are read; a sl
 
 from __future__ import annotations
 
-from tunnelspec.llama import http
+from tunnelspec.core import http
 
 KEY = "speculative.types"
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-from tunnelspec.constants import LOOPBACK
+from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.llama.versions import format_version
 
 CMD_GET_DEVICE_MEMORY = 11

@@ -11,8 +11,8 @@ import bisect
 import re
 from dataclasses import dataclass, field
 
-from tunnelspec.constants import LOOPBACK
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama.flags import ServerHelp, DRAFT_SIMPLE
 from tunnelspec.llama.preflight import check_settings
 from tunnelspec.llama.speculative import SpecError, spec_type_argv
@@ -230,7 +230,7 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
                      str(main.spec_draft_n_max)]
         if main.spec_draft_p_min is not None:
             argv += [help_.require("--spec-draft-p-min", "--draft-p-min"), f"{main.spec_draft_p_min:g}"]
-    # Behind the front (tunnelspec/front.py): loopback only, on its own port. The front listens where
+    # Behind the front (tunnelspec/components/front/model.py): loopback only, on its own port. The front listens where
     # users talk (llama_server_host:llama_server_port) and, with public bind, terminates TLS there.
     argv += [help_.require("--host"), LOOPBACK, help_.require("--port"), str(main.front.internal_port)]
     if main.api_key_file:

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 
 STACK_FILE = ".git/tunnelspec-stack"
 # Present from the first change of an apply until its stack record is written: a run killed in

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from tunnelspec.errors import TaskFailed
+from tunnelspec.core.errors import TaskFailed
 
 RPC_HEADER = "ggml/include/ggml-rpc.h"
 RPC_TOOL_CMAKELISTS = "tools/rpc/CMakeLists.txt"

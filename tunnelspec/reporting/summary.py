@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tunnelspec.errors import EXIT_DRIFT, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from tunnelspec.core.errors import EXIT_DRIFT, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 
 STATUSES = ("ok", "changed", "failed", "skipped", "unreachable")
 

@@ -1,0 +1,242 @@
+"""The inventory as a tunnelspec cluster: one `main` host, one or more `rpc` nodes, one pinned
+llama.cpp source. Everything is checked here, before any connection is made, and every error
+names the host, the variable and (when the parser saw it) the `file:line` to fix. One host's
+sections are read in host_sections.py; this module puts them together and checks across hosts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunnelspec.inventory.addresses import ssh_host
+from tunnelspec.cluster.fields import HostVars, cluster_error
+from tunnelspec.cluster.host_sections import BuildSettings, MainHost, Patch, RpcNode, SourcePin, Users, main_host_of, rpc_node_of, source_of
+from tunnelspec.inventory.model import Inventory
+from tunnelspec.cluster.placement import TargetPlacement, parse_placement
+from tunnelspec.components.source import controller_repo
+
+__all__ = ["BuildSettings", "Cluster", "MainHost", "Patch", "RpcNode", "SourcePin", "Users"]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    inventory: Inventory
+    main: MainHost
+    rpc: tuple[RpcNode, ...]
+    source: SourcePin
+    placement: TargetPlacement = TargetPlacement(None, None, None)
+
+    @property
+    def hosts(self) -> list[str]:
+        return [self.main.name, *(n.name for n in self.rpc)]
+
+    @property
+    def skippable_draft(self):
+        """The draft-only node serving can go on without (docs/degraded.md), or None."""
+        from tunnelspec.components.front.model import skippable_draft
+
+        return skippable_draft(self)
+
+    @property
+    def draft_node(self) -> RpcNode | None:
+        return next((n for n in self.rpc if n.role == "draft"), None)
+
+    @property
+    def rpc_endpoints(self) -> list[str]:
+        """`--rpc` value items for llama-server, in node order."""
+        return [n.endpoint for n in self.rpc]
+
+    @property
+    def target_nodes(self) -> list[RpcNode]:
+        """Nodes carrying target layers, in --rpc order: rpc_role=target, and a draft node given a
+        positive proportion."""
+        p = self.placement
+        return [n for n in self.rpc
+                if n.role == "target" or (p.weights is not None and (p.weight_of(n.name) or 0) > 0)]
+
+    def node(self, name: str) -> RpcNode:
+        return next(n for n in self.rpc if n.name == name)
+
+    @property
+    def speculative(self) -> bool:
+        """A draft model on the draft node (the default kind); False: the target alone, its layers
+        spread over main and the nodes (a split with no draft: every node rpc_role=target and no
+        llama_draft_model)."""
+        return self.draft_node is not None and bool(self.main.draft_model)
+
+    def require_models(self) -> None:
+        """What the llama-server part needs on the main host: the target model, and the draft model
+        exactly when a node is the draft node (rpc_role=draft, the default role)."""
+        main, draft = self.main, self.draft_node
+        if main.spec_type == "draft-mtp" and not main.draft_model:
+            raise cluster_error(
+                self.inventory, main.name, "spec_type",
+                "draft-mtp needs llama_draft_model, a separate MTP GGUF: without one llama.cpp builds the MTP "
+                "draft on the target model itself (its heads, its KV cache) and ignores the draft device, so "
+                "the draft could not run on the remote node",
+            )
+        if not main.model:
+            raise cluster_error(
+                self.inventory, main.name, "llama_model",
+                "is required to run llama-server; set it on the main host (a path on that host)",
+            )
+        if main.draft_model and draft is None:
+            raise cluster_error(
+                self.inventory, main.name, "llama_draft_model",
+                "is set but no rpc node has rpc_role=draft: the draft model runs on a remote device; set "
+                "rpc_role=draft on one rpc node, or remove llama_draft_model for a target split with no draft",
+            )
+        if draft is not None and not main.draft_model:
+            raise cluster_error(
+                self.inventory, draft.name, "rpc_role",
+                "this node is the draft node (rpc_role=draft, the default role) but llama_draft_model is not "
+                "set: give the draft model on the main host, or set rpc_role=target on every rpc node for a "
+                "target split with no draft",
+            )
+        if draft is None:
+            for var, value in (("spec_type", main.spec_type), ("spec_draft_n_max", main.spec_draft_n_max),
+                               ("spec_draft_p_min", main.spec_draft_p_min)):
+                if value is not None:
+                    raise cluster_error(
+                        self.inventory, main.name, var,
+                        "tunes the draft, and this cluster has none (no llama_draft_model, every rpc node "
+                        "rpc_role=target): remove it, or add a draft model and a draft node",
+                    )
+
+    @classmethod
+    def from_inventory(cls, inv: Inventory, controller_source: bool = False) -> Cluster:
+        """`controller_source`: also check llama_repo=controller:PATH against the controller's git
+        (the commands that send the source; teardown does not)."""
+        main_name, rpc_names = _topology(inv)
+        for name in [main_name, *rpc_names]:
+            HostVars(inv, name).check_typos()
+        sources = {name: source_of(HostVars(inv, name)) for name in [main_name, *rpc_names]}
+        source = sources[main_name]
+        for name, other in sources.items():
+            if other != source:
+                var = next(f for f in ("repo", "commit", "patches", "build_number")
+                           if getattr(other, f) != getattr(source, f))
+                raise cluster_error(
+                    inv, name, f"llama_{var}",
+                    f"differs from the main host {main_name}; every host must build the same "
+                    "source, so set it once in [all:vars]",
+                )
+        if controller_source:
+            check_controller_source(inv, main_name, source)
+        main = main_host_of(HostVars(inv, main_name))
+        if main.build.backend == "metal":
+            raise cluster_error(inv, main_name, "llama_backend", METAL_MAIN)
+        nodes = tuple(rpc_node_of(HostVars(inv, name), i) for i, name in enumerate(rpc_names))
+        _check_roles(inv, nodes)
+        _check_ports(inv, main, nodes)
+        local = () if main.target_devices == "none" else tuple(main.target_devices.split(","))
+        placement = parse_placement(HostVars(inv, main_name),
+                                    [(HostVars(inv, n.name), n.role, n.target_share) for n in nodes], local)
+        return cls(inventory=inv, main=main, rpc=nodes, source=source, placement=placement)
+
+
+# The inventory alone says it (a Metal main is a Mac): refused before any connection, where the
+# host facts would refuse it only after the first login (tasks/host.py, prereqs.py).
+METAL_MAIN = (
+    "metal refused on the main host: Metal exists on macOS only, and tunnelspec deploys to Linux hosts "
+    "with systemd (llama-server, the tunnels and the RPC servers are systemd units). Make a Linux host "
+    "the main host (e.g. llama_backend=cuda llama_target_devices=CUDA0; the Mac's GPU is then not used), "
+    "or run llama-server yourself on the Mac (a Metal build) behind an SSH tunnel you open and supervise "
+    "(ssh -N -L 127.0.0.1:<tunnel_port>:127.0.0.1:<rpc_port> <node>): that part is outside what "
+    "tunnelspec deploys and checks"
+)
+
+
+def check_controller_source(inv: Inventory, main_name: str, source: SourcePin) -> None:
+    """llama_repo=controller:PATH: the controller's repository holds the pinned commit and every
+    patch commit (the hosts get them from it). Local git only; no network."""
+    if not controller_repo.is_controller_repo(source.repo):
+        return
+    try:
+        controller_repo.check(controller_repo.path_of(source.repo, inv.path.parent), source.commit,
+                              [p.pinned for p in source.patches if p.kind != "file"])
+    except controller_repo.ControllerRepoError as err:
+        raise cluster_error(inv, main_name, "llama_repo", str(err)) from None
+
+
+# ---- topology ------------------------------------------------------------------------------------
+def _topology(inv: Inventory) -> tuple[str, list[str]]:
+    if "main" not in inv.groups:
+        raise cluster_error(inv, None, None, "no [main] group; add one with exactly one host (it runs llama-server)")
+    mains = inv.group_hosts("main")
+    if len(mains) != 1:
+        found = ", ".join(mains) or "none"
+        raise cluster_error(
+            inv, None, None, f"group [main] must have exactly one host, found {len(mains)} ({found})",
+            line=inv.hosts[mains[1]].line if len(mains) > 1 else inv.groups["main"].line,
+        )
+    if "rpc" not in inv.groups or not inv.group_hosts("rpc"):
+        raise cluster_error(inv, None, None, "no host in group [rpc]; add at least one node that runs ggml-rpc-server",
+                            line=inv.groups["rpc"].line if "rpc" in inv.groups else None)
+    rpcs = inv.group_hosts("rpc")
+    if mains[0] in rpcs:
+        raise cluster_error(
+            inv, mains[0], None,
+            "is in both [main] and [rpc]; the main host reaches rpc nodes through SSH tunnels, "
+            "so list it in one group only",
+        )
+    _check_rpc_vars_outside_rpc(inv, rpcs)
+    return mains[0], rpcs
+
+
+# Variables that only mean something on an rpc node. Set on another host's own line they are a
+# misplaced node (e.g. "draft node not in [rpc]"): ignoring them would deploy without that node.
+RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_env", "rpc_threads", "rpc_bind", "rpc_cache",
+                 "rpc_target_share")
+
+
+def _check_rpc_vars_outside_rpc(inv: Inventory, rpcs: list[str]) -> None:
+    for name, host in inv.hosts.items():
+        if name in rpcs:
+            continue
+        for var in RPC_ONLY_VARS:
+            if var in host.vars:
+                raise cluster_error(
+                    inv, name, var,
+                    "is an rpc node setting but this host is not in [rpc]; move the host into [rpc] "
+                    "or remove the variable",
+                )
+
+
+# ---- cross-host checks ----------------------------------------------------------------------------
+def _check_roles(inv: Inventory, nodes: tuple[RpcNode, ...]) -> None:
+    drafts = [n.name for n in nodes if n.role == "draft"]
+    if len(drafts) > 1:
+        raise cluster_error(
+            inv, drafts[1], "rpc_role",
+            f"more than one draft node ({', '.join(drafts)}); the draft model runs on one node: "
+            "set rpc_role=target on the others (rpc_role defaults to draft)",
+        )
+
+
+def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> None:
+    # Every tunnel's local end and llama-server listen on the main host: one port each.
+    taken: dict[int, str] = {main.server_port: f"llama_server_port of {main.name}"}
+    if main.front is not None:
+        taken[main.front.internal_port] = f"llama_server_internal_port of {main.name}"
+        if main.front.metrics is not None:
+            taken[main.front.metrics.port] = f"metrics_port of {main.name}"
+    for node in nodes:
+        if node.tunnel_port in taken:
+            raise cluster_error(
+                inv, node.name, "tunnel_port",
+                f"port {node.tunnel_port} on the main host is already used by {taken[node.tunnel_port]}; "
+                "give each rpc node its own tunnel_port",
+            )
+        taken[node.tunnel_port] = f"tunnel_port of {node.name}"
+    # Two nodes that are the same machine (same address) cannot share an rpc_port.
+    seen: dict[tuple[str, int], str] = {}
+    for node in nodes:
+        address = ssh_host(node.name, inv.host_vars(node.name))
+        key = (address, node.rpc_port)
+        if key in seen:
+            raise cluster_error(
+                inv, node.name, "rpc_port",
+                f"{seen[key]} on the same address {address} already uses rpc_port {node.rpc_port}",
+            )
+        seen[key] = node.name

@@ -1,0 +1,275 @@
+"""`tunnelspec check INVENTORY`: the inventory validated offline, every mistake at once, and the
+plan of what systemd will run on each host — in seconds, before anything is contacted (Terraform's
+`validate` and `plan`). `deploy` runs the same checks first.
+
+Errors come from the one set of rules the commands use (the parsers, then the cluster model read
+again past each error: inventory/collect.py); this module adds only what a run would not stop on —
+warnings (unknown variables, arguments that look mis-quoted) — and what needs the controller's own
+files (a patch file against the pinned tree). Errors and warnings are data; no click here.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import shlex
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tunnelspec.core.errors import ClusterError, EXIT_OK, EXIT_USAGE, InventoryError, SourceError
+from tunnelspec.cluster.fields import KNOWN_VARS, USER_VAR_PREFIX, cluster_error, is_unknown_var, nearest_var
+
+TUNNELSPEC_GROUPS = ("main", "rpc")
+SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str  # "error" or "warning"
+    message: str  # the whole text, `file:line:` first when the line is known
+    file: str | None = None
+    line: int | None = None
+    host: str | None = None
+    var: str | None = None
+
+    def as_dict(self) -> dict:
+        return {"message": self.message, "file": self.file, "line": self.line, "host": self.host, "var": self.var}
+
+
+def _from_error(severity: str, err: SourceError | ClusterError) -> Finding:
+    return Finding(severity, str(err), getattr(err, "file", None), getattr(err, "line", None),
+                   getattr(err, "host", None), getattr(err, "var", None))
+
+
+@dataclass
+class Report:
+    inventory: str
+    findings: list[Finding] = field(default_factory=list)
+    plan: object | None = None  # plan.Plan, when the cluster could be read
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity == "warning"]
+
+    def add(self, finding: Finding) -> None:
+        if all(f.message != finding.message for f in self.findings):
+            self.findings.append(finding)
+
+    def exit_code(self) -> int:
+        return EXIT_USAGE if self.errors else EXIT_OK
+
+    def error_text(self) -> str:
+        """Every error, one per line (what deploy stops with)."""
+        lines = [f.message for f in self.errors]
+        return "\n".join(lines) + f"\n{len(lines)} error(s) in {self.inventory}; no host was contacted " \
+                                  f"(tunnelspec check {self.inventory} shows them with the plan)"
+
+    def as_json(self) -> dict:
+        plan = self.plan
+        return {
+            "schema": SCHEMA, "inventory": self.inventory, "ok": not self.errors,
+            "errors": [f.as_dict() for f in self.errors], "warnings": [f.as_dict() for f in self.warnings],
+            "plan": None if plan is None else {
+                "spelling": plan.spelling, "notes": list(plan.notes),
+                "hosts": _by_host([c.as_dict() for c in plan.commands]),
+            },
+        }
+
+    def render(self) -> str:
+        out = [f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings]
+        if self.plan is not None:
+            if out:
+                out.append("")
+            out.append(f"Plan ({self.plan.spelling}):")
+            host = None
+            for c in self.plan.commands:
+                if c.host != host:
+                    host = c.host
+                    out.append(f"  {host}:")
+                out.append(f"    {c.unit} ({c.what}):")
+                out.append(f"      {shlex.join(c.argv)}")
+            out += [f"  note: {n}" for n in self.plan.notes]
+            if self.errors:
+                out.append("  (the plan as it stands with the erroneous lines left out)")
+        out.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s) in {self.inventory}"
+                   + ("" if self.errors else ": ok"))
+        return "\n".join(out)
+
+
+def _by_host(commands: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for c in commands:
+        out.setdefault(c.pop("host"), []).append(c)
+    return out
+
+
+# ---- the checks --------------------------------------------------------------------------------
+def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git: bool = True) -> Report:
+    """Everything that can be told about the inventory without a connection. `controller_git`:
+    read the controller's llama.cpp repository when llama_repo names one (deploy and check)."""
+    from tunnelspec.inventory import load_inventory
+    from tunnelspec.cluster.collect import collect_cluster_errors
+
+    report = Report(str(path))
+    parse_errors: list[InventoryError] = []
+    try:
+        inv = load_inventory(path, parse_errors)
+    except InventoryError as err:  # YAML, an unreadable file: one error, nothing more to read
+        report.add(_from_error("error", err))
+        return report
+    for err in parse_errors:
+        report.add(_from_error("error", err))
+    inv = inv.with_extra_vars(extra_vars or {})
+    _check_groups(inv, report)
+    collected = collect_cluster_errors(inv, models=True, controller_source=controller_git)
+    for err in collected.errors:
+        if parse_errors and not err.var:
+            continue  # "no host in [rpc]" after a header that could not be read says nothing new
+        report.add(_from_error("error", err))
+    _check_unknown_vars(inv, report)
+    cluster = collected.cluster
+    if cluster is None:
+        return report
+    _check_extra_args(cluster, report)
+    if controller_git and ("llama_patches" not in {v for _, v in collected.set_aside}):
+        _check_patches_apply(cluster, report)
+    from tunnelspec.commands.plan import build_plan
+
+    report.plan = build_plan(cluster, _rpc_server_name(cluster) if controller_git else None)
+    return report
+
+
+def _rpc_server_name(cluster) -> str | None:
+    """The RPC server's binary name in the pinned tree, when the controller holds it (renamed
+    ≈b98xx); None: not known offline."""
+    from tunnelspec.components.source import controller_repo
+    from tunnelspec.llama import versions
+
+    source = cluster.source
+    if not controller_repo.is_controller_repo(source.repo):
+        return None
+    repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
+    for name in (versions.RPC_TOOL_CMAKELISTS, versions.RPC_TOOL_CMAKELISTS_OLD):
+        res = subprocess.run(["git", "-C", str(repo), "show", f"{source.commit}:{name}"], capture_output=True,
+                             text=True, timeout=60)
+        if res.returncode == 0:
+            try:
+                return versions.rpc_server_target(res.stdout)
+            except Exception:  # noqa: BLE001 - a tree we cannot read says nothing; the host will
+                return None
+    return None
+
+
+def _check_groups(inv, report: Report) -> None:
+    for name, group in inv.groups.items():
+        if name in ("all", "ungrouped", *TUNNELSPEC_GROUPS) or name in inv.hosts:
+            continue
+        close = difflib.get_close_matches(name, TUNNELSPEC_GROUPS, n=1, cutoff=0.6)
+        if not close:
+            continue  # a group of the user's own (e.g. to share variables): fine
+        # With [rpc] missing or empty it is surely the typo; next to a real [rpc] it may be meant.
+        severity = "warning" if close[0] in inv.groups and inv.group_hosts(close[0]) else "error"
+        report.add(Finding(severity, f"{inv.path}:{group.line or 1}: group [{name}] is not a tunnelspec group: "
+                           f"did you mean [{close[0]}]? (tunnelspec reads [main], one host, and [rpc], the nodes)",
+                           str(inv.path), group.line or 1))
+
+
+def _check_unknown_vars(inv, report: Report) -> None:
+    layers = [(None, g.vars, g.origins) for g in inv.groups.values()]
+    layers += [(h.name, h.vars, h.origins) for h in inv.hosts.values()]
+    for host, values, origins in layers:
+        for name in values:
+            if not is_unknown_var(name) or nearest_var(name):
+                continue  # known, yours, or so close to a known name that the model calls it an error
+            file, line = origins.get(name, (str(inv.path), None))
+            hint = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
+            near = f" (the nearest tunnelspec variable is {hint[0]})" if hint else ""
+            report.add(Finding(
+                "warning", f"{file}:{line}: variable {name}: unknown, tunnelspec does not read it{near}; "
+                f"remove it, or keep it as your own by naming it {USER_VAR_PREFIX}{name}", file, line, host, name))
+
+
+def _check_extra_args(cluster, report: Report) -> None:
+    """Arguments that look mis-quoted: a JSON value that is not JSON, a quote left inside an
+    argument after the shell-like split (`"a b"` written where the INI value was already split)."""
+    main = cluster.main
+    for arg in main.extra_args:
+        text = arg.strip()
+        problem = None
+        if text[:1] in "{[":
+            try:
+                json.loads(text)
+            except ValueError as err:
+                problem = (f"the argument {arg!r} looks like JSON but is not valid JSON ({err.msg}); "
+                           "quote it as one argument, e.g. a list: "
+                           "llama_server_extra_args=[\"--chat-template-kwargs\", '{\"key\": true}']")
+        elif ('"' in arg or "'" in arg) and not _is_json(text):
+            problem = (f"the argument {arg!r} still holds a quote character after splitting; "
+                       "check the quoting (a list literal, one element per argument, needs none)")
+        if problem:
+            err = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
+            report.add(Finding("warning", str(err), err.file, err.line, main.name, "llama_server_extra_args"))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except ValueError:
+        return False
+
+
+# ---- patch files against the pinned tree (the controller's repository, when it has one) ----------
+def _check_patches_apply(cluster, report: Report) -> None:
+    """`git apply --check` of the file patches, in order, on the pinned tree: only when the
+    controller holds the tree (llama_repo=controller:PATH) and no commit patch comes first (its
+    changes would be needed under the files'). Skipped quietly otherwise."""
+    from tunnelspec.components.source import controller_repo
+
+    source = cluster.source
+    files = [p for p in source.patches if p.kind == "file"]
+    if not files or not controller_repo.is_controller_repo(source.repo):
+        return
+    kinds = [p.kind for p in source.patches]
+    last_file = max(i for i, k in enumerate(kinds) if k == "file")
+    if any(k != "file" for k in kinds[:last_file]):
+        return
+    repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
+    problem = _apply_in_scratch(repo, source.commit, [p.file for p in files])
+    if problem:
+        err = cluster_error(cluster.inventory, cluster.main.name, "llama_patches", problem)
+        report.add(Finding("error", str(err), err.file, err.line, cluster.main.name, "llama_patches"))
+
+
+def _apply_in_scratch(repo: Path, commit: str, patches: list[Path]) -> str | None:
+    """The patches applied, in order, to the commit's tree in a scratch index: the user's
+    repository gets no write (the scratch repository borrows its objects, as the bundle does)."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+
+    def git(*args, cwd):
+        return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+    objects = git("rev-parse", "--path-format=absolute", "--git-path", "objects", cwd=repo)
+    if objects.returncode != 0:
+        return None
+    with tempfile.TemporaryDirectory(prefix="tunnelspec-check-") as tmp:
+        scratch = Path(tmp) / "scratch.git"
+        if git("init", "-q", "--bare", str(scratch), cwd=tmp).returncode != 0:
+            return None
+        (scratch / "objects" / "info" / "alternates").write_text(objects.stdout.strip() + "\n")
+        if git("read-tree", commit, cwd=scratch).returncode != 0:
+            return None
+        for path in patches:
+            res = git("apply", "--cached", str(path), cwd=scratch)
+            if res.returncode != 0:
+                why = res.stderr.strip().splitlines()
+                return (f"the patch file {path} does not apply to the pinned tree {commit[:12]} "
+                        f"(git apply: {why[0] if why else 'failed'}); regenerate it for this commit")
+    return None

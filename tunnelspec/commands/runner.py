@@ -1,0 +1,155 @@
+"""Glue between the CLI and the engine: load, validate, run, report. No click here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from tunnelspec.connection import ConnectOptions
+from tunnelspec.engine.context import RunOptions
+from tunnelspec.engine.executor import Run
+from tunnelspec.engine.playbook import load_playbook
+from tunnelspec.core.errors import EXIT_FAILED, ClusterError, UsageError
+from tunnelspec.reporting.human import HumanReporter
+from tunnelspec.reporting.jsonl import JsonReporter
+from tunnelspec.core.secrets import Secret
+
+
+def reporter(fmt: str, verbose: int = 0, stream=None):
+    if fmt == "json":
+        return JsonReporter(stream)
+    if fmt == "human":
+        return HumanReporter(stream, verbose)
+    raise UsageError(f"unknown output format {fmt!r} (human or json)")
+
+
+def connect_options_from_env(accept_new_host_keys: bool = False) -> ConnectOptions:
+    """Credentials from the environment: CI never prompts and never writes a secret to disk."""
+    key = os.environ.get("TUNNELSPEC_SSH_KEY")
+    known = os.environ.get("TUNNELSPEC_KNOWN_HOSTS")
+    return ConnectOptions(known_hosts=known or None, accept_new_host_keys=accept_new_host_keys,
+                          private_key=Secret(key) if key else None)
+
+
+def load_cluster(inv):
+    """The typed cluster view when the inventory describes one (main + rpc), else None."""
+    if "main" not in inv.groups and "rpc" not in inv.groups:
+        return None
+    from tunnelspec.cluster.model import Cluster
+
+    return Cluster.from_inventory(inv)
+
+
+def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
+                      connect_options: ConnectOptions | None = None, require_cluster: bool = False,
+                      stream=None, require_models: bool = False, preflight: bool = False,
+                      rollback: bool | None = None) -> int:
+    """`rollback`: a deploy — True returns every host to the last verified generation when the run
+    fails (docs/generations.md); False (--no-rollback) leaves them as the failure left them, and says
+    so; None: not a deploy."""
+    from tunnelspec.inventory import load_inventory
+
+    if preflight:
+        # deploy: every mistake of the inventory at once (`tunnelspec check`), before any connection.
+        from tunnelspec.commands.check import check_inventory
+
+        report = check_inventory(inventory_path, options.extra_vars)
+        if report.errors:
+            raise ClusterError(report.error_text())
+        if fmt == "human":
+            for warning in report.warnings:
+                print(f"WARNING: {warning.message}", file=sys.stderr)
+    # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
+    inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
+    cluster = load_cluster(inv) if not require_cluster else None
+    if require_cluster:
+        from tunnelspec.cluster.model import Cluster
+
+        # The controller's llama.cpp repository matters to the deploy, which sends the source from it.
+        cluster = Cluster.from_inventory(inv, controller_source=require_models)
+        if require_models:
+            # deploy ends with llama-server: a missing model must stop the run before any host is touched.
+            cluster.require_models()
+    playbook = load_playbook(playbook_path)
+    if options.limit and not inv.match(options.limit):
+        raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")
+    connect_options = connect_options or connect_options_from_env()
+    from tunnelspec.connection.factory import check_known_hosts
+
+    check_known_hosts(inv, inv.match(options.limit or "all"), connect_options)
+    emit = reporter(fmt, options.verbose, stream or sys.stdout)
+    failures: list[dict] = []
+
+    def tee(event: dict) -> None:
+        if event.get("status") == "failed" or (event.get("event") == "gate" and event.get("status") == "failed"):
+            failures.append(event)
+        emit(event)
+
+    run = Run(inv, options, tee if rollback is not None else emit, connect_options, cluster)
+
+    async def go():
+        if preflight and cluster is not None:
+            try:
+                # spec_type, split mode and extra args against the pinned build's --help: a setting the
+                # build lacks stops here (exit 2), before any play changes a host. Main's connection is
+                # the run's own (with its pre-opened socket): the run goes on over it.
+                from tunnelspec.llama.preflight import preflight as check_build
+
+                run.preconnect(playbook)
+                note = await check_build(cluster, lambda: run.connection(cluster.main.name))
+                # Public bind = TLS: your own certificate files, or the inventory's CA key, usable (tls/).
+                from tunnelspec.commands.certs import preflight as check_tls
+
+                check_tls(cluster)
+            except BaseException:
+                await run.close()
+                raise
+            if fmt == "human":
+                print(note.line(), file=sys.stderr)
+        return await run.run_playbook(playbook)
+
+    summary = asyncio.run(go())
+    code = summary.exit_code()
+    if rollback is not None and code == EXIT_FAILED and not options.check:
+        from tunnelspec.commands.rollback import after_failed_deploy
+
+        after_failed_deploy(inventory_path, options, emit, connect_options, cluster, failures, enabled=rollback)
+    return code
+
+
+def list_playbook(inventory_path: str, playbook_path: str | Path, extra_vars: dict, limit: str | None,
+                  hosts: bool = True, tags: bool = False, fmt: str = "human") -> str:
+    """`--list-hosts` / `--list-tags` (ansible-playbook's): each play's hosts after --limit and its tasks'
+    tags, from the inventory and the playbook alone; nothing is contacted."""
+    import json
+
+    from tunnelspec.inventory import load_inventory
+
+    inv = load_inventory(inventory_path).with_extra_vars(extra_vars)
+    playbook = load_playbook(playbook_path)
+    allowed = set(inv.match(limit)) if limit else None
+    if allowed is not None and not allowed:
+        raise UsageError(f"--limit {limit!r} matches no host in {inventory_path}")
+    plays = []
+    for p in playbook.plays:
+        matched = [h for h in inv.match(p.hosts) if allowed is None or h in allowed]
+        task_tags = sorted({str(t) for t in (*p.tags, *(t for task in p.tasks + p.handlers for t in task.tags))})
+        plays.append({"name": p.name, "pattern": p.hosts, "hosts": matched, "play_tags": [str(t) for t in p.tags],
+                      "task_tags": task_tags})
+    if fmt == "json":
+        return json.dumps({"playbook": str(playbook.path), "plays": [
+            {k: v for k, v in pl.items() if (hosts or k != "hosts") and (tags or k != "task_tags")}
+            for pl in plays]}, sort_keys=True)
+    out = [f"playbook: {playbook.path}", ""]
+    for i, pl in enumerate(plays, 1):
+        out.append(f"  play #{i} ({pl['pattern']}): {pl['name']}\tTAGS: [{', '.join(pl['play_tags'])}]")
+        if hosts:
+            out.append(f"    pattern: {pl['pattern']}")
+            out.append(f"    hosts ({len(pl['hosts'])}):")
+            out.extend(f"      {h}" for h in pl["hosts"])
+        if tags:
+            out.append(f"      TASK TAGS: [{', '.join(pl['task_tags'])}]")
+        out.append("")
+    return "\n".join(out).rstrip("\n")

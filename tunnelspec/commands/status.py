@@ -1,0 +1,366 @@
+"""`tunnelspec status`: one read-only look at every host — source, build, services, tunnels, RPC
+version and devices, llama-server health and the latest draft acceptance. Per-host failures are
+values in the report, never exceptions that hide the other hosts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from tunnelspec.connection import ConnectOptions, connect
+from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
+from tunnelspec.core.errors import EXIT_UNREACHABLE, HostUnreachable
+from tunnelspec.facts import nft, port_owners, sockets
+from tunnelspec.core import http
+from tunnelspec.llama import props, rpc, split_proof
+from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
+from tunnelspec.components.rpc import RPC_UNIT, START_OF_RUN_SCRIPT
+from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
+
+_BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
+
+
+async def _sh(conn, argv, timeout=20) -> str:
+    try:
+        res = await conn.probe(argv, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - reported in the row, other fields still gathered
+        return f"error: {e}"
+    return res.stdout.strip() if res.rc == 0 else ""
+
+
+async def _source_build(conn, root: str) -> dict:
+    src = await _sh(conn, ["git", "-C", f"{root}/src/llama.cpp", "rev-parse", "HEAD", "HEAD^{tree}"])
+    parts = src.split()
+    build = await _sh(conn, ["readlink", "-e", "--", f"{root}/current"])
+    return {"commit": parts[0] if len(parts) == 2 else None, "tree": parts[1] if len(parts) == 2 else None,
+            "build": build.rsplit("/", 1)[-1] if build else None}
+
+
+async def _unit_state(conn, unit: str) -> str:
+    res = await conn.probe(["systemctl", "is-active", unit])
+    return res.stdout.strip() or "unknown"
+
+
+async def _main_status(conn, cluster) -> dict:
+    main = cluster.main
+    out = {"role": "main", **await _source_build(conn, main.root)}
+    ports = {s.port for s in sockets.parse(await _sh(conn, sockets.COMMAND)) if s.loopback_only}
+    raw = await _sh(conn, ["cat", DEVICES_CACHE])
+    try:
+        devices = {int(k): v for k, v in json.loads(raw)["devices"].items()} if raw else {}
+    except (ValueError, KeyError):
+        devices = {}
+    out["tunnels"] = [{"node": n.name, "unit": await _unit_state(conn, tunnel_unit(n.name)),
+                       "endpoint": n.endpoint, "listening": n.tunnel_port in ports, "role": n.role,
+                       "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
+    server = {"unit": await _unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
+    tls = ApiTls.of(main)
+    seen = Seen()
+    try:
+        opener = api_opener(conn, main.server_port, main.server_host, tls, seen)
+        r = await http.request(opener, "GET", "/health", timeout=5)
+        server["health"] = "ok" if r.status == 200 else f"HTTP {r.status}"
+    except http.HttpError as e:
+        server["health"] = f"down ({e})"
+    # Public bind: TLS with the CA pinned, and the certificate llama-server served (what clients see).
+    server["tls"] = ({"ca_file": tls.ca_file, "server_name": tls.server_name, "certificate": seen.describe()}
+                     if tls is not None else None)
+    server["spec_type"] = None
+    if server["health"] == "ok" and not main.api_key_file:
+        # With an API key /props needs it; status does not read secrets, so the type stays unknown.
+        server["spec_type"] = (await props.read_spec_types(opener, timeout=5))["active"]
+    journal = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
+    server["draft_acceptance"] = last_acceptance(journal)
+    server.update(await _split_status(conn, cluster, devices))
+    server["serving"] = await serving_state(conn, cluster, devices)
+    out["llama_server"] = server
+    out["generations"] = await _generations(conn)
+    return out
+
+
+async def _generations(conn, shown: int = 4) -> dict:
+    """The current generation and the previous few kept on main (docs/generations.md)."""
+    from tunnelspec.components.generation import record as gen
+    from tunnelspec.components.generation.tasks import read_records
+
+    records, current = await read_records(conn)
+    rows = [{"n": n, "current": n == current, "summary": gen.summary(r)}
+            for n, r in sorted(records.items(), reverse=True)[:shown]]
+    return {"current": current, "kept": sorted(records), "recent": rows}
+
+
+def _iso(t) -> str | None:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(t))) if t else None
+
+
+async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
+    """The mode llama-server was last started in (the launcher's file, docs/degraded.md): speculative
+    (the draft on its node's device), degraded (the target alone while a draft-only node is away, since
+    when and why), waiting (a node with target layers holds serving down), or plain (no draft)."""
+    from tunnelspec.components.front import model as front
+
+    raw = await _sh(conn, ["cat", front.STATE_PATH])
+    try:
+        state = json.loads(raw) if raw and not raw.startswith("error") else {}
+    except ValueError:
+        state = {}
+    mode = state.get("mode") or "unknown"
+    draft = cluster.draft_node
+    out = {"mode": mode, "since": _iso(state.get("since")), "node": state.get("node"),
+           "reason": state.get("reason") or None,
+           "watch": await _unit_state(conn, front.WATCH_UNIT) if front.skippable_draft(cluster) else None,
+           "draft_node": draft.name if draft else None,
+           "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else []}
+    if mode in (front.DEGRADED, front.WAITING) and state.get("node"):
+        # Why the tunnel is down, in ssh's own words (e.g. "connect to host … Connection timed out").
+        j = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u",
+                             tunnel_unit(state["node"])], timeout=20)
+        said = [l.strip() for l in j.splitlines() if l.strip().startswith("ssh:") or "Connection" in l
+                or "Permission denied" in l or "Host key" in l]
+        out["detail"] = said[-1] if said else None
+    return out
+
+
+def serving_line(sv: dict) -> str:
+    mode = sv.get("mode")
+    if mode == "speculative":
+        return (f"serving: speculative, draft on {','.join(sv.get('draft_devices') or []) or '?'} "
+                f"({sv.get('draft_node')}) since {sv.get('since') or '?'}")
+    if mode == "degraded":
+        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+        return (f"serving: DEGRADED since {sv.get('since') or '?'}: the target alone, without the draft on "
+                f"{sv.get('node')}: {sv.get('reason') or '?'}{detail}")
+    if mode == "waiting":
+        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+        return (f"serving: WAITING since {sv.get('since') or '?'} for {sv.get('node')} (it holds target layers): "
+                f"{sv.get('reason') or '?'}{detail}")
+    if mode == "plain":
+        return "serving: no draft"
+    return "serving: mode unknown (llama-server not started by this deploy's launcher yet)"
+
+
+async def _split_status(conn, cluster, devices: dict) -> dict:
+    """`kind`: speculative (a draft) or split (no draft: the target's layers over main and the nodes);
+    for a split, where the current run's load lines put them (llama/split_proof.py)."""
+    if cluster.speculative:
+        return {"kind": "speculative"}
+    text = await _sh(conn, ["sh", "-c", split_proof.LOAD_LINES_SCRIPT, "sh", UNIT], timeout=30)
+    nodes = {n.name: devices.get(n.tunnel_port, []) for n in cluster.rpc}
+    load = split_proof.target_load(text, nodes, {n.name: n.tunnel_port for n in cluster.rpc})
+    return {"kind": "split", "layers": split_proof.load_summary(load)}
+
+
+async def _rpc_status(conn, node) -> dict:
+    from tunnelspec.llama import devices as dv
+
+    out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await _unit_state(conn, RPC_UNIT)}
+    result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
+    # What the server serves, as its start banner says (device, description, memory): main's RPC<n>.
+    text = await _sh(conn, ["sh", "-c", START_OF_RUN_SCRIPT, "sh", RPC_UNIT])
+    log = dv.parse_node_log(text)
+    served = [d.as_fact() for d in log.banner.devices] if log.banner else None
+    if result.ok:
+        out["rpc"] = {"version": result.version_str, "devices": len(result.devices), "state": "idle", "served": served}
+    else:
+        # Busy is the normal state while llama-server holds the connection (one client at a time):
+        # read the version from the server's banner instead.
+        banner = _BANNER.findall(text)
+        state = "serving llama-server" if result.status is rpc.ProbeStatus.BUSY else str(result)
+        out["rpc"] = {"version": banner[-1] if banner else None, "devices": None, "state": state, "served": served}
+    return out
+
+
+def _served_text(names: list[str], served: list[dict] | None) -> str:
+    """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
+    (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
+    if not names:
+        return "?"
+    if not served:
+        return ",".join(names)
+    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
+                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))
+
+
+def _opted_out(hv: dict) -> bool:
+    return str(hv.get("rpc_local_isolation", "true")).strip().lower() in ("false", "no", "0", "off")
+
+
+async def _squatters(conn, seen, listeners: list[tuple[list[int], str | None]]) -> list[str]:
+    """Guarded ports held by another user than their service's (or root): each with its owner and
+    command line."""
+    allowed: dict[int, set[int]] = {}
+    for ports, user in listeners:
+        for p in ports:
+            allowed.setdefault(p, set()).update({seen.uids[user]} if user and seen.uids.get(user) is not None else set())
+    try:
+        return [f"port {b.port}: {b.describe()}"
+                for b in port_owners.squatters(await port_owners.observe(conn), allowed)]
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return [f"listeners unreadable: {e}"]
+
+
+async def _isolation(conn, hv: dict, groups: list[tuple[list[int], str]], label: str,
+                     listeners: list[tuple[list[int], str | None]] = ()) -> dict:
+    """The loopback isolation as loaded now: `state` ok | missing | changed | off | error. `groups`:
+    (ports, the one user allowed besides root) of each guard; `listeners`: (ports, the one user that
+    may listen there besides root, or None). `squatters`: guarded ports another user holds."""
+    users = list(dict.fromkeys([u for _, u in groups] + [u for _, u in listeners if u]))
+    try:
+        seen = await nft.observe(conn, users)
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return {"state": "error", "label": label, "msg": f"error: {e}"}
+    out = _isolation_rules(seen, hv, groups, label, listeners)
+    out["squatters"] = await _squatters(conn, seen, list(listeners))
+    return out
+
+
+def _isolation_rules(seen, hv: dict, groups, label: str, listeners) -> dict:
+    if _opted_out(hv):
+        return {"state": "off", "label": label, "msg": "OFF (rpc_local_isolation=false): WARNING, every local "
+                "user can connect"}
+    if seen.table_error:
+        return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
+    known = all(seen.uids.get(u) is not None for _, u in groups) and all(
+        seen.uids.get(u) is not None for _, u in listeners if u)
+    want: tuple = ()
+    for ports, user in groups:
+        uid = seen.uids.get(user)
+        want += nft.rules_for(ports, [uid] if uid is not None else [], label)
+    for ports, user in listeners:
+        uid = seen.uids.get(user) if user else None
+        want += nft.listen_rules_for(ports, [uid] if uid is not None else [], label)
+    want = nft.ordered(want)
+    if known and nft.matches(seen.table, want):
+        return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
+    if not seen.table.present:
+        return {"state": "missing", "label": label, "msg": "NOT loaded: every local user can connect (run deploy)"}
+    return {"state": "changed", "label": label,
+            "msg": f"rules differ from the inventory ({nft.describe(seen.table.rules)}): run deploy"}
+
+
+async def _facts(conn, root: str) -> dict:
+    """The host's facts (facts/host.py) with their one-line summary; an error is a value."""
+    from tunnelspec.components.host.host import gather as gather_facts
+
+    try:
+        f = await gather_facts(conn, root)
+    except Exception as e:  # noqa: BLE001 - a row, not a crash
+        return {"error": str(e)}
+    return {**f.to_dict(), "summary": f.summary()}
+
+
+async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> dict:
+    try:
+        conn = await connect(name, hv, opts, inv_dir)
+    except HostUnreachable as e:  # a row, not a crash; exit 4 (status_exit_code)
+        return {"role": "?", "error": str(e), "unreachable": True}
+    except Exception as e:  # noqa: BLE001 - a host that cannot be connected to is a row, not a crash
+        return {"role": "?", "error": str(e)}
+    try:
+        facts = await _facts(conn, cluster.main.root if name == cluster.main.name else cluster.node(name).root)
+        if name == cluster.main.name:
+            out = await _main_status(conn, cluster)
+            out["isolation"] = await _isolation(
+                conn, hv, [([n.tunnel_port for n in cluster.rpc], cluster.main.users.llama),
+                           ([cluster.main.front.internal_port], cluster.main.front.user)],
+                "tunnel ports: llama-server only; llama-server's port: the front only",
+                [([n.tunnel_port for n in cluster.rpc], cluster.main.users.tunnel),
+                 ([cluster.main.front.internal_port], cluster.main.users.llama), ([1], None)])
+            return {**out, "facts": facts}
+        node = cluster.node(name)
+        out = await _rpc_status(conn, node)
+        out["isolation"] = await _isolation(conn, hv, [([node.rpc_port], node.users.tunnel)], "rpc port: tunnel user only",
+                                            [([node.rpc_port], node.users.rpc)])
+        return {**out, "facts": facts}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        await conn.close()
+
+
+async def gather(inventory, cluster, opts: ConnectOptions) -> dict:
+    names = cluster.hosts
+    rows = await asyncio.gather(*(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names))
+    hosts = dict(zip(names, rows))
+    main = hosts.get(cluster.main.name) or {}
+    # The cluster's serving mode (also under main's llama_server): what a monitor reads first.
+    return {"schema": 1, "serving": (main.get("llama_server") or {}).get("serving"), "hosts": hosts}
+
+
+def _short(sha):
+    return sha[:12] if sha else "-"
+
+
+def render(report: dict) -> str:
+    lines = []
+    for name, h in report["hosts"].items():
+        if "error" in h:
+            lines.append(f"{name:<10} {h.get('role', '?'):<14} ERROR {h['error']}")
+            continue
+        lines.append(f"{name:<10} {h['role']:<14} commit {_short(h['commit'])} tree {_short(h['tree'])} "
+                     f"build {h['build'] or '-'}")
+        if "facts" in h:
+            f = h["facts"]
+            lines.append(f"{'':<10} host: {f.get('summary') or 'facts unreadable: ' + f.get('error', '?')}")
+        if "rpc" in h:
+            r = h["rpc"]
+            lines.append(f"{'':<10} rpc-server: {h['unit']}, RPC v{r['version'] or '?'}, {r['state']}"
+                         + (f", {r['devices']} device(s)" if r["devices"] is not None else ""))
+        for t in h.get("tunnels", []):
+            served = ((report["hosts"].get(t["node"]) or {}).get("rpc") or {}).get("served")
+            lines.append(f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
+                         f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
+                         f"devices {_served_text(t['devices'], served)}")
+        if "isolation" in h:
+            iso = h["isolation"]
+            extra = f" ({iso['refused']} refused so far)" if iso.get("refused") else ""
+            lines.append(f"{'':<10} isolation: {iso['msg']}{extra}")
+            for sq in iso.get("squatters") or []:
+                lines.append(f"{'':<10} WARNING guarded {sq} (not its service: run nothing there, deploy refuses)")
+        if "llama_server" in h:
+            s = h["llama_server"]
+            acc = s["draft_acceptance"]
+            acc_txt = (f"{acc['accepted']}/{acc['generated']} draft tokens accepted ({acc['rate']:.2f})"
+                       if acc else "no draft statistics yet")
+            if s.get("kind") == "split":
+                lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, split, "
+                             f"no draft: {split_proof.describe_summary(s.get('layers'))}")
+            else:
+                lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
+                             f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
+            if s.get("serving"):
+                lines.append(f"{'':<10} {serving_line(s['serving'])}")
+            if s.get("tls"):
+                lines.append(f"{'':<10} {_tls_line(s['tls'])}")
+        if "generations" in h:
+            g = h["generations"]
+            if not g["recent"]:
+                lines.append(f"{'':<10} generations: none yet (a deploy that passes verify records one)")
+            for row in g["recent"]:
+                mark = "current" if row["current"] else "kept"
+                lines.append(f"{'':<10} {mark:<8} {row['summary']}")
+    return "\n".join(lines)
+
+
+def _tls_line(t: dict) -> str:
+    c = t.get("certificate")
+    if not c:
+        return f"TLS: CA {t['ca_file']} pinned, name {t['server_name']}: no certificate seen (see health)"
+    return (f"TLS: certificate for {', '.join(c['names'])}, ends {c['not_after'][:10]} ({c['days_left']} days), "
+            f"{c['sha256']}; CA {t['ca_file']} pinned" + (f"; WARNING {c['warning']}" if c.get("warning") else ""))
+
+
+def status_exit_code(report: dict) -> int:
+    """0 when every host answered and llama-server is healthy; 4 when a host could not be reached (the
+    table in docs/ci.md: unreachable before failed); else 1."""
+    if any(h.get("unreachable") for h in report["hosts"].values()):
+        return EXIT_UNREACHABLE
+    for h in report["hosts"].values():
+        if "error" in h:
+            return 1
+        if "llama_server" in h and h["llama_server"]["health"] != "ok":
+            return 1
+    return 0

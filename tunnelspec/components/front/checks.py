@@ -1,0 +1,69 @@
+"""The front of llama-server on main (tunnelspec/components/front/model.py; docs/degraded.md): the checks that are
+not plain files and units."""
+
+from __future__ import annotations
+
+from tunnelspec.core.errors import TaskFailed
+from tunnelspec.facts import sockets
+from tunnelspec.components.front.model import HOLD_PORT
+from tunnelspec.modules.base import Arg, Task, change, ok, register_task
+
+
+@register_task
+class FrontHoldFree(Task):
+    """Read-only: nothing listens on the front's `hold` port (a privileged loopback port). The front
+    sends requests there while llama-server is not up, counting on the connection to fail; a
+    listener there would receive them."""
+
+    module = "front_hold_free"
+    read_only = True
+    args: dict = {}
+
+    def probes(self) -> list[list[str]]:
+        return [list(sockets.COMMAND)]
+
+    async def check(self, ctx):
+        found = [s for s in await sockets.listening_sockets(ctx.conn)
+                 if s.port == HOLD_PORT and (s.loopback_only or s.wildcard)]
+        if found:
+            who = ", ".join(f"{n} (pid {p})" for s in found for n, p in s.processes) or "a process"
+            raise TaskFailed(f"{ctx.host}: {who} listens on TCP port {HOLD_PORT}, which the front keeps free to "
+                             "hold requests while llama-server restarts (docs/degraded.md); stop it")
+        return ok(f"nothing listens on port {HOLD_PORT} (the front's hold)")
+
+
+@register_task
+class MetricsTokenFile(Task):
+    """The scrape token's file on main (metrics_token_file, written by the user; docs/metrics.md):
+    HAProxy compares the bearer token of a /metrics request with its line (`-f`), as the front's user,
+    so it is owned by that user and 0600. A token equal to the API key is refused: the scrape
+    credential must not open the API. The content never leaves main (compared there with cmp)."""
+
+    module = "metrics_token_file"
+    args = {
+        "path": Arg(str, required=True, help="The token file on main (one line, written by you)."),
+        "owner": Arg(str, required=True, help="The front's user, which alone reads it."),
+        "api_key_file": Arg(str, default="", help="The API key's file on main: the token must differ from it."),
+    }
+
+    async def check(self, ctx):
+        path = self.p["path"]
+        res = await ctx.conn.probe(["stat", "-c", "%a %U %s", "--", path])
+        if res.rc != 0:
+            raise TaskFailed(f"{ctx.host}: metrics_token_file {path} does not exist; write the scrape token there "
+                             "(one line, e.g. from `openssl rand -hex 32`) first")
+        mode, owner, size = res.stdout.split()
+        if int(size) == 0:
+            raise TaskFailed(f"{ctx.host}: metrics_token_file {path} is empty")
+        if self.p["api_key_file"]:
+            same = await ctx.conn.probe(["cmp", "-s", "--", path, self.p["api_key_file"]])
+            if same.rc == 0:
+                raise TaskFailed(f"{ctx.host}: metrics_token_file {path} holds the API key: the scrape token is a "
+                                 "credential of its own; write another token there")
+        if (mode, owner) != ("600", self.p["owner"]):
+            return change(f"{path}: mode {mode} owner {owner} → 600 {self.p['owner']}")
+        return ok(f"scrape token file 0600, owned by {owner}")
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
+        await ctx.conn.run(["chown", f"{self.p['owner']}:", "--", self.p["path"]], check=True)

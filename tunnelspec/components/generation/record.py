@@ -1,0 +1,189 @@
+"""Generations (NixOS's idea, docs/generations.md): every deploy that passed verify is recorded on
+main as a numbered generation — per host the build directory `current` pointed at, the source's
+stack record and the serving files (units, launcher and front configuration) by sha256, with a
+copy of each file kept on its host — so that returning to it is one switch: no compile, no download.
+
+Pure: the record's shape, what differs between two states, numbering and pruning. The commands
+that read a host's state and restore it are in tasks/generation.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+from dataclasses import dataclass
+
+from tunnelspec.core.constants import DEVICES_CACHE, STATE_DIR
+
+GEN_DIR = f"{STATE_DIR}/generations"
+CURRENT = f"{GEN_DIR}/current"
+FILES_DIR = f"{GEN_DIR}/files"           # on every host: copies of its serving files, by sha256
+# The figures the metrics exporter shows (docs/metrics.md): the current generation, since when, and the
+# rollbacks so far. World-readable (the exporter runs as the front's user); no secret in it.
+STATUS = f"{STATE_DIR}/generation.json"
+PINS = ".tunnelspec-pinned"              # in <root>/build: build keys kept generations use (never pruned)
+DEFAULT_KEEP = 3
+SCHEMA = 1
+
+UNIT_DIR = "/etc/systemd/system"
+LLAMA_UNIT = "tunnelspec-llama-server.service"
+FRONT_UNIT = "tunnelspec-front.service"
+WATCH_UNIT = "tunnelspec-draftwatch.service"
+RPC_UNIT = "tunnelspec-rpc.service"
+FRONT_CONFIG = "/etc/tunnelspec/front.cfg"
+
+# What serving reads on each role, and which unit a change of it restarts (or reloads).
+MAIN_FILES = {
+    f"{UNIT_DIR}/{LLAMA_UNIT}": ("restart", LLAMA_UNIT),
+    "/etc/tunnelspec/llama-server.json": ("restart", LLAMA_UNIT),
+    DEVICES_CACHE: ("none", ""),
+    f"{UNIT_DIR}/{FRONT_UNIT}": ("restart", FRONT_UNIT),
+    FRONT_CONFIG: ("reload", FRONT_UNIT),
+    f"{UNIT_DIR}/{WATCH_UNIT}": ("restart", WATCH_UNIT),
+    "/usr/local/lib/tunnelspec/tunnelspec-draftwatch": ("restart", WATCH_UNIT),
+}
+RPC_FILES = {f"{UNIT_DIR}/{RPC_UNIT}": ("restart", RPC_UNIT)}
+STACK_FILE = "src/llama.cpp/.git/tunnelspec-stack"   # under the host's root: the source's stack record
+
+
+def managed_files(role: str, root: str) -> dict[str, tuple[str, str]]:
+    files = dict(MAIN_FILES if role == "main" else RPC_FILES)
+    files[posixpath.join(root, STACK_FILE)] = ("source", "")
+    return files
+
+
+# One round trip: where `current` points, and each file's sha256 and mode ("-" when absent).
+STATE_SCRIPT = r"""
+root=$1; shift
+printf 'build %s\n' "$(readlink -- "$root/current" 2>/dev/null)"
+for f in "$@"; do
+  if [ -f "$f" ]; then printf 'file %s %s %s\n' "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %a -- "$f")" "$f"
+  else printf 'file - - %s\n' "$f"; fi
+done
+"""
+
+
+@dataclass(frozen=True)
+class FileState:
+    sha: str | None      # None: absent
+    mode: str = ""
+
+    def as_json(self):
+        return None if self.sha is None else {"sha256": self.sha, "mode": self.mode}
+
+
+def parse_state(text: str) -> dict:
+    """STATE_SCRIPT's output → {"build": dir or "", "files": {path: {sha256, mode} | None}}."""
+    build, files = "", {}
+    for line in text.splitlines():
+        if line.startswith("build "):
+            build = line[6:].strip()
+        elif line.startswith("file "):
+            _, sha, mode, path = line.split(" ", 3)
+            files[path] = None if sha == "-" else {"sha256": sha, "mode": mode}
+    return {"build": build, "files": files}
+
+
+def build_key(build_dir: str) -> str:
+    return posixpath.basename(build_dir.rstrip("/"))
+
+
+def host_diff(recorded: dict, live: dict) -> list[str]:
+    """What differs on one host between a recorded state and the live one, as short phrases."""
+    out = []
+    if recorded.get("build") != live.get("build"):
+        out.append(f"build {build_key(live.get('build') or '-')[:16]} → {build_key(recorded.get('build') or '-')[:16]}")
+    rf, lf = recorded.get("files", {}), live.get("files", {})
+    for path in sorted(set(rf) | set(lf)):
+        if (rf.get(path) or None) != (lf.get(path) or None):
+            out.append(posixpath.basename(path))
+    return out
+
+
+def state_of(record: dict) -> dict:
+    """The part of a record that says what runs: compared to tell whether a deploy made a new one."""
+    return {"hosts": record.get("hosts", {})}
+
+
+def same_state(a: dict, b: dict) -> bool:
+    return json.dumps(state_of(a), sort_keys=True) == json.dumps(state_of(b), sort_keys=True)
+
+
+def next_number(numbers: list[int]) -> int:
+    return max(numbers, default=0) + 1
+
+
+def kept(numbers: list[int], keep: int, current: int | None) -> list[int]:
+    """The generations kept: the newest `keep` (at least one), and always the current one."""
+    newest = sorted(set(numbers), reverse=True)[:max(1, keep)]
+    if current is not None and current in numbers and current not in newest:
+        newest.append(current)
+    return sorted(newest)
+
+
+def pinned_builds(records: list[dict], host: str) -> list[str]:
+    """The build keys of `host` that kept generations use: its build pruning leaves them alone."""
+    keys = {build_key(r["hosts"][host]["build"]) for r in records
+            if host in r.get("hosts", {}) and r["hosts"][host].get("build")}
+    return sorted(keys)
+
+
+def used_files(records: list[dict], host: str) -> set[str]:
+    """The sha256 of every file copy `host` must keep for the kept generations."""
+    out = set()
+    for r in records:
+        for f in (r.get("hosts", {}).get(host, {}).get("files") or {}).values():
+            if f:
+                out.add(f["sha256"])
+    return out
+
+
+def find_same(records: list[dict], state: dict) -> int | None:
+    """The number of a kept generation whose state equals `state` (the newest), else None."""
+    for r in sorted(records, key=lambda r: r["n"], reverse=True):
+        if same_state(r, state):
+            return r["n"]
+    return None
+
+
+def summary(record: dict) -> str:
+    """`generation 4: tree 1a2b3c4d5e6f + 1 patch(es), main build/ab12…, rpc-a build/cd34…`."""
+    hosts = ", ".join(f"{h} build/{build_key(s.get('build') or '-')[:12]}" for h, s in sorted(record["hosts"].items()))
+    tree = (record.get("tree") or "?")[:12]
+    patches = len(record.get("patches") or [])
+    digest = hashlib.sha256(json.dumps(state_of(record), sort_keys=True).encode()).hexdigest()[:8]
+    return f"generation {record['n']}: tree {tree} + {patches} patch(es); {hosts}; state {digest}"
+
+
+def dumps(record: dict) -> str:
+    return json.dumps(record, indent=1, sort_keys=True) + "\n"
+
+
+def parse_status(text: str) -> dict:
+    """STATUS's content, or {} when it is missing or damaged (its counters then start again)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def next_status(prev: dict, n: int, now: float, rollback: bool = False, event: str = "") -> dict:
+    """STATUS after generation `n` became current at `now` (`rollback`: by a return to it, `event`
+    naming that return so that it is counted once). A generation that stays current keeps its `since`."""
+    rollbacks = int(prev.get("rollbacks") or 0)
+    doc = {"schema": 1, "generation": n,
+           "since": prev.get("since", now) if prev.get("generation") == n and not rollback else now,
+           "rollbacks": rollbacks + (1 if rollback else 0)}
+    last = now if rollback else prev.get("last_rollback")
+    if last is not None:
+        doc["last_rollback"] = last
+    ev = event if rollback else prev.get("last_rollback_event", "")
+    if ev:
+        doc["last_rollback_event"] = ev
+    return doc
+
+
+def status_text(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True) + "\n"

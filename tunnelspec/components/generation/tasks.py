@@ -1,0 +1,366 @@
+"""Generations on the hosts (tunnelspec/components/generation/record.py is the pure part; docs/generations.md).
+
+generation_record (main, the deploy's last step, after verify): the live state of every host — where
+`current` points, the serving files by sha256, the source's stack record — compared with the current
+generation; a new state is recorded as generation N+1 (copies of the files kept on each host, the
+build keys pinned against pruning), a state equal to a kept generation makes that one current again.
+generation_pick (main): the generation a rollback returns to; registers `generation`.
+generation_restore (every host): the host back to the picked generation — files, `current`, source
+checkout — with a daemon-reload and a restart of what changed.
+generation_current (main): the picked generation becomes the current one.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+
+from tunnelspec.components.generation import record as gen
+from tunnelspec.core.errors import TaskFailed
+from tunnelspec.llama import source_stack as ss
+from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
+
+# Every record on main, one per block: `--- <N>` then its JSON; then `--- current <N>`.
+_RECORDS = r"""
+d=$1
+for f in "$d"/*.json; do [ -f "$f" ] || continue; n=${f##*/}; printf -- '--- %s\n' "${n%.json}"; cat -- "$f"; echo; done
+printf -- '--- current %s\n' "$(cat -- "$d/current" 2>/dev/null)"
+"""
+
+_STORE = r"""
+store=$1; shift
+install -d -m 700 -- "$store"
+while [ $# -gt 1 ]; do
+  sha=$1; f=$2; shift 2
+  [ -e "$store/$sha" ] && continue
+  got=$(sha256sum < "$f" | cut -d' ' -f1)
+  [ "$got" = "$sha" ] || { echo "$f changed while it was recorded" >&2; exit 4; }
+  install -m 600 -- "$f" "$store/$sha.tmp" && mv -f -- "$store/$sha.tmp" "$store/$sha"
+done
+"""
+
+# Pins for the build pruning, then the file copies no kept generation uses removed.
+_PRUNE = r"""
+pins=$1; store=$2; shift 2
+keys=; for a in "$@"; do case $a in sha:*) ;; *) keys="$keys$a
+";; esac; done
+[ -d "${pins%/*}" ] && printf '%s' "$keys" > "$pins.tmp" && mv -f -- "$pins.tmp" "$pins"
+cd -- "$store" 2>/dev/null || exit 0
+for f in *; do
+  [ -f "$f" ] || continue
+  case " $* " in *" sha:$f "*) ;; *) rm -f -- "$f";; esac
+done
+"""
+
+
+def parse_records(text: str) -> tuple[dict[int, dict], int | None]:
+    records, current, n, buf = {}, None, None, []
+
+    def flush():
+        if n is not None and "".join(buf).strip():
+            try:
+                records[n] = json.loads("".join(buf))
+            except ValueError:
+                pass            # a damaged record is no record
+
+    for line in text.splitlines(keepends=True):
+        if line.startswith("--- current"):
+            flush()
+            n, buf = None, []
+            value = line.split()[-1] if len(line.split()) > 2 else ""
+            current = int(value) if value.isdigit() else None
+        elif line.startswith("--- "):
+            flush()
+            key = line[4:].strip()
+            n, buf = (int(key) if key.isdigit() else None), []
+        else:
+            buf.append(line)
+    flush()
+    return records, (current if current in records else None)
+
+
+RECORDS_ARGV = ["sh", "-c", _RECORDS, "sh", gen.GEN_DIR]
+STATUS_ARGV = ["cat", "--", gen.STATUS]
+
+
+async def publish(conn, n: int, rollback: bool = False, event: str = "") -> None:
+    """Generation `n` is current: the metrics exporter's figures (gen.STATUS) say so, and count a
+    return to it when `rollback`."""
+    prev = gen.parse_status((await conn.run(["cat", "--", gen.STATUS])).stdout)
+    await conn.put(gen.status_text(gen.next_status(prev, n, time.time(), rollback, event)), gen.STATUS, 0o644)
+
+
+async def published(conn) -> int | None:
+    """The generation gen.STATUS names (None: no file, or a damaged one)."""
+    n = gen.parse_status((await conn.probe(STATUS_ARGV)).stdout).get("generation")
+    return n if isinstance(n, int) else None
+
+
+async def read_records(conn) -> tuple[dict[int, dict], int | None]:
+    res = await conn.probe(RECORDS_ARGV)
+    return parse_records(res.stdout)
+
+
+def _hosts(cluster) -> list[tuple[str, str, str]]:
+    """(name, role, root) of every host serving touches: main first."""
+    return [(cluster.main.name, "main", cluster.main.root), *((n.name, "rpc", n.root) for n in cluster.rpc)]
+
+
+async def host_state(conn, role: str, root: str) -> dict:
+    files = gen.managed_files(role, root)
+    res = await conn.probe(["sh", "-c", gen.STATE_SCRIPT, "sh", root, *files], check=True)
+    return {"role": role, "root": root, **gen.parse_state(res.stdout)}
+
+
+async def live_state(ctx) -> dict:
+    cluster = ctx.require_cluster()
+    out = {}
+    for name, role, root in _hosts(cluster):
+        conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
+        out[name] = await host_state(conn, role, root)
+    return out
+
+
+@register_task
+class GenerationRecord(Task):
+    """After verify: record the cluster's state as a generation on main when it differs from the current one."""
+
+    module = "generation_record"
+    args = {
+        "keep": Arg(int, default=gen.DEFAULT_KEEP,
+                    help="Generations kept (`tunnelspec_keep_generations`); their builds are never pruned."),
+        "tree": Arg(str, default="", help="The source tree hash (`llama_src.tree`)."),
+        "commit": Arg(str, default="", help="The pinned llama.cpp commit."),
+        "patches": Arg(list, default=[], help="The patch stack as applied (`llama_src.patches`)."),
+        "models": Arg(list, default=[], help="The model paths llama-server loads."),
+        "plan": Arg(dict, default={}, help="The `llama_server` fact: what a rollback verifies against."),
+    }
+
+    def probes(self) -> list[list[str]]:
+        return [RECORDS_ARGV, STATUS_ARGV]
+
+    async def check(self, ctx):
+        records, current = await read_records(ctx.conn)
+        live = await live_state(ctx)
+        self._records, self._live = records, live
+        state = {"hosts": live}
+        if current is not None and gen.same_state(records[current], state):
+            if await published(ctx.conn) != current:
+                # Recorded before the metrics' status file existed, or the file was lost.
+                return change(f"generation {current} published for the metrics ({gen.STATUS})",
+                              Diff("", str(current)), n=current, publish_only=True)
+            return ok(gen.summary(records[current]) + " (current)")
+        same = gen.find_same(list(records.values()), state)
+        if same is not None:
+            return change(f"generation {same} current again (was {current})", Diff(str(current), str(same)), n=same)
+        n = gen.next_number(list(records))
+        what = ("" if current is None else
+                "; ".join(f"{h}: {', '.join(d)}" for h, s in live.items()
+                          if (d := gen.host_diff(records[current]["hosts"].get(h, {}), s))))
+        return change(f"record generation {n}" + (f" ({what})" if what else " (the first)"),
+                      Diff(str(current), str(n)), n=n, new=True)
+
+    async def apply(self, ctx, ch):
+        n, records = ch.data["n"], dict(self._records)
+        if ch.data.get("publish_only"):
+            await publish(ctx.conn, n)
+            return
+        if ch.data.get("new"):
+            for name, st in self._live.items():
+                conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
+                pairs = [x for path, f in st["files"].items() if f for x in (f["sha256"], path)]
+                await conn.run(["sh", "-c", _STORE, "sh", gen.FILES_DIR, *pairs], check=True)
+            records[n] = {"schema": gen.SCHEMA, "n": n, "tree": self.p["tree"], "commit": self.p["commit"],
+                          "patches": self.p["patches"], "models": self.p["models"], "plan": self.p["plan"],
+                          "hosts": self._live}
+            await ctx.conn.run(["install", "-d", "-m", "700", "--", gen.GEN_DIR], check=True)
+            await ctx.conn.put(gen.dumps(records[n]), f"{gen.GEN_DIR}/{n}.json", 0o600)
+        await ctx.conn.put(f"{n}\n", gen.CURRENT, 0o600)
+        await publish(ctx.conn, n)
+        keep = gen.kept(list(records), self.p["keep"], n)
+        gone = sorted(set(records) - set(keep))
+        if gone:
+            await ctx.conn.run(["rm", "-f", "--", *(f"{gen.GEN_DIR}/{g}.json" for g in gone)], check=True)
+            ctx.progress(f"generation(s) {', '.join(map(str, gone))} removed (keep {self.p['keep']})")
+        await prune_hosts(ctx, [records[k] for k in keep])
+
+
+async def prune_hosts(ctx, kept_records: list[dict]) -> None:
+    """Per host: the build keys kept generations use, pinned; file copies none uses, removed."""
+    cluster = ctx.require_cluster()
+    for name, _role, root in _hosts(cluster):
+        conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
+        args = [*gen.pinned_builds(kept_records, name), *(f"sha:{s}" for s in sorted(gen.used_files(kept_records, name)))]
+        await conn.run(["sh", "-c", _PRUNE, "sh", posixpath.join(root, "build", gen.PINS), gen.FILES_DIR, *args],
+                       check=True)
+
+
+@register_task
+class GenerationPick(Task):
+    """The generation a rollback returns to (the current one, or `to`); registers `generation`."""
+
+    module = "generation_pick"
+    read_only = True
+    args = {"to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one.")}
+
+    async def check(self, ctx):
+        records, current = await read_records(ctx.conn)
+        if not records:
+            raise TaskFailed(f"no generation recorded on {ctx.host} yet: a deploy records one when it passes "
+                             "verify; there is nothing to return to")
+        n = self.p["to"] or current or max(records)
+        if n not in records:
+            raise TaskFailed(f"generation {n} is not kept on {ctx.host}; kept: {', '.join(map(str, sorted(records)))}")
+        ctx.register("generation", records[n])
+        ctx.register("generation_current", current)
+        return ok(gen.summary(records[n]) + (" (current)" if n == current else f" (current: {current})"))
+
+
+@register_task
+class GenerationRestore(Task):
+    """This host back to the picked generation: serving files, `current`, the source checkout; then a
+    daemon-reload and a restart of what changed."""
+
+    module = "generation_restore"
+    args = {"record": Arg(dict, required=True, help="The generation (`generation` from generation_pick).")}
+
+    def _want(self, ctx) -> dict:
+        want = self.p["record"].get("hosts", {}).get(ctx.host)
+        if not want:
+            raise TaskFailed(f"generation {self.p['record'].get('n')} has no record of {ctx.host}")
+        return want
+
+    async def check(self, ctx):
+        want = self._want(ctx)
+        live = await host_state(ctx.conn, want["role"], want["root"])
+        self._live = live
+        diff = gen.host_diff(want, live)
+        n = self.p["record"].get("n")
+        if not diff:
+            return ok(f"at generation {n}")
+        return change(f"back to generation {n}: {', '.join(diff)}", Diff(live["build"], want["build"]))
+
+    async def apply(self, ctx, ch):
+        want, live, run = self._want(ctx), self._live, ctx.conn.run
+        files = gen.managed_files(want["role"], want["root"])
+        restart, reload_, units_changed = set(), set(), False
+        await self._preconditions(ctx, want, live, files)
+        if want["build"] != live["build"]:
+            await run(["sh", "-c", 'touch -- "$1/.tunnelspec-used" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
+                       "sh", want["build"], posixpath.join(want["root"], "current")], check=True)
+            restart.add(gen.LLAMA_UNIT if want["role"] == "main" else gen.RPC_UNIT)
+        for path, (action, unit) in files.items():
+            w, have = want["files"].get(path), live["files"].get(path)
+            if (w or None) == (have or None):
+                continue
+            if w is None:
+                if path.endswith(".service"):
+                    await run(["systemctl", "disable", "--now", posixpath.basename(path)])
+                await run(["rm", "-f", "--", path], check=True)
+            else:
+                src = posixpath.join(gen.FILES_DIR, w["sha256"])
+                await run(["sh", "-c", 'install -D -m "$3" -- "$1" "$2.tunnelspec-tmp" && mv -f -- "$2.tunnelspec-tmp" "$2"',
+                           "sh", src, path, w["mode"] or "644"], check=True)
+            units_changed |= path.endswith(".service")
+            if action == "source" and w is not None:
+                await self._source(ctx, path, want["root"])
+            elif action == "restart":
+                restart.add(unit)
+            elif action == "reload":
+                reload_.add(unit)
+        if units_changed:
+            await run(["systemctl", "daemon-reload"], check=True)
+        for unit in sorted(reload_ - restart):
+            await run(["systemctl", "reload-or-restart", unit])
+        for unit in sorted(restart):
+            if unit == gen.WATCH_UNIT and want["files"].get(f"{gen.UNIT_DIR}/{unit}") is None:
+                continue
+            res = await run(["systemctl", "restart", unit])
+            if res.rc != 0:
+                raise TaskFailed(f"{ctx.host}: restart of {unit} failed: {res.stderr.strip()}")
+        ctx.progress(f"{ctx.host} back to generation {self.p['record'].get('n')}"
+                     + (f"; restarted {', '.join(sorted(restart))}" if restart else ""))
+
+    async def _preconditions(self, ctx, want: dict, live: dict, files: dict) -> None:
+        """Everything the switch needs, checked before anything changes: a rollback that cannot be
+        whole leaves the host as it is and says why."""
+        n, run = self.p["record"].get("n"), ctx.conn.run
+        if want["build"] != live["build"]:
+            if (await run(["test", "-f", posixpath.join(want["build"], ".tunnelspec-stamp")])).rc != 0:
+                raise TaskFailed(f"{ctx.host}: the build of generation {n} ({want['build']}) is gone; cannot return "
+                                 "to it without a build (nothing was changed)")
+        for path in files:
+            w = want["files"].get(path)
+            if not w or w == live["files"].get(path):
+                continue
+            src = posixpath.join(gen.FILES_DIR, w["sha256"])
+            if (await run(["test", "-f", src])).rc != 0:
+                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing "
+                                 "(nothing was changed)")
+            if path == gen.FRONT_CONFIG:
+                # It may name files that are no longer there (a TLS certificate, a metrics token).
+                res = await run(["/usr/sbin/haproxy", "-c", "-q", "-f", src])
+                if res.rc != 0:
+                    raise TaskFailed(f"{ctx.host}: the front configuration of generation {n} does not validate here "
+                                     f"any more (nothing was changed): {(res.stderr or res.stdout).strip()[-600:]}")
+
+    async def _source(self, ctx, stack_path: str, root: str) -> None:
+        """The checkout back at the generation's HEAD (its commits are still in the repository: the
+        HEAD's reflog keeps them), so the next deploy's source check sees the stack it recorded."""
+        raw = await ctx.conn.get(stack_path)
+        try:
+            head = json.loads(raw or b"{}").get("head")
+        except ValueError:
+            head = None
+        if not head:
+            return
+        src = posixpath.join(root, "src", "llama.cpp")
+        res = await ctx.conn.run(["git", *ss.GIT_CONFIG_ARGS, "-C", src, "checkout", "--quiet", "--detach", "--force",
+                                  head])
+        if res.rc != 0:
+            raise TaskFailed(f"{ctx.host}: cannot check out {head[:12]} in {src} again: {res.stderr.strip()}")
+        await ctx.conn.run(["git", *ss.GIT_CONFIG_ARGS, "-C", src, "update-ref", "refs/tunnelspec/stack", head])
+
+
+@register_task
+class GenerationCurrent(Task):
+    """The picked generation becomes the current one on main (after it verified)."""
+
+    module = "generation_current"
+    args = {"n": Arg(int, required=True, help="The generation's number.")}
+
+    async def check(self, ctx):
+        _records, current = await read_records(ctx.conn)
+        if current == self.p["n"]:
+            return ok(f"generation {current} is current")
+        return change(f"generation {self.p['n']} current (was {current})", Diff(str(current), str(self.p["n"])))
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.put(f"{self.p['n']}\n", gen.CURRENT, 0o600)
+        await publish(ctx.conn, self.p["n"], rollback=True)
+
+
+@register_task
+class GenerationRollbackCounted(Task):
+    """Count a failed deploy's automatic return to generation `n` for the metrics (gen.STATUS), once
+    per `event` (rollback.py names each return): run again with the same event, it is counted already.
+    playbooks/rollback.yml runs it only in the real rollback after a failed deploy (`rollback_event`),
+    never in `--check` or in `tunnelspec rollback` (which counts through generation_current when the
+    generation changes)."""
+
+    module = "generation_rollback_counted"
+    args = {"n": Arg(int, required=True, help="The generation returned to."),
+            "event": Arg(str, required=True, help="This return's name (`rollback_event`): counted once.")}
+
+    def probes(self) -> list[list[str]]:
+        return [STATUS_ARGV]
+
+    async def check(self, ctx):
+        doc = gen.parse_status((await ctx.conn.probe(STATUS_ARGV)).stdout)
+        if doc.get("last_rollback_event") == self.p["event"]:
+            return ok(f"return to generation {self.p['n']} counted")
+        return change(f"return to generation {self.p['n']} counted ({gen.STATUS})")
+
+    async def apply(self, ctx, ch):
+        await publish(ctx.conn, self.p["n"], rollback=True, event=self.p["event"])

@@ -1,0 +1,488 @@
+"""llama-server on the main host: the API key file, RPC device discovery, the command line from
+the build's own --help, starting it again after `tunnel open`, and the read-only verify step.
+(Model files: models.py; the argv rules and the journal evidence: llama/server_args.py; the proof
+itself: llama/verify.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+
+from tunnelspec.connection.base import read_argv
+from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
+from tunnelspec.core.errors import TaskFailed
+from tunnelspec.facts import units
+from tunnelspec.llama import flags, preflight
+from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
+from tunnelspec.components.server.verify import model_paths, model_sizes, start_timeout, verify_server
+from tunnelspec.modules.base import Arg, Task, change, ok, register_task
+from tunnelspec.components.server.mtp_draft import check_mtp_draft
+
+
+@register_task
+class ApiKeyFile(Task):
+    """The API key file (written by the user) readable by llama-server's user only: owner and mode
+    0600 enforced, content never read into a diff."""
+
+    module = "api_key_file"
+    args = {
+        "path": Arg(str, required=True, help="The key file on the host (written by you, one line)."),
+        "owner": Arg(str, required=True, help="The user that must own it and alone read it (llama-server's user)."),
+    }
+
+    async def _stat(self, ctx) -> tuple[str, str, str]:
+        # Never through a symlink or onto a file with other names: the fix below is a root chown,
+        # and a link planted there would hand the key's owner whatever it points to.
+        res = await ctx.conn.probe(["stat", "-c", "%h %a %U %s %F", "--", self.p["path"]])
+        if res.rc != 0:
+            raise TaskFailed(f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; "
+                             "write the key there (one line) first")
+        links, mode, owner, size, kind = res.stdout.strip().split(" ", 4)
+        if kind not in ("regular file", "regular empty file") or links != "1":
+            raise TaskFailed(f"{ctx.host}: API key file {self.p['path']} is a {kind} with {links} name(s), not a "
+                             "plain file: tunnelspec changes the owner only of a regular file with one name. "
+                             "Put the key in a regular file (e.g. /etc/tunnelspec/llama-api-key)")
+        return mode, owner, size
+
+    async def check(self, ctx):
+        mode, owner, size = await self._stat(ctx)
+        if int(size) == 0:
+            raise TaskFailed(f"API key file {self.p['path']} is empty")
+        if (mode, owner) != ("600", self.p["owner"]):
+            return change(f"{self.p['path']}: mode {mode} owner {owner} → 600 {self.p['owner']}")
+        # Owner and mode are not enough: every parent directory must let the user through, else
+        # llama-server cannot start and the deploy only sees "not healthy" minutes later.
+        res = await ctx.conn.probe(["runuser", "-u", owner, "--", "test", "-r", self.p["path"]])
+        if res.rc != 0:
+            raise TaskFailed(f"{owner} cannot read {self.p['path']} on {ctx.host}: a parent directory is not "
+                             "searchable for it (needs o+x or its group); move the key, e.g. to "
+                             "/etc/tunnelspec/llama-api-key")
+        return ok("API key file 0600, owned by " + owner)
+
+    async def apply(self, ctx, ch):
+        await self._stat(ctx)
+        await ctx.conn.run(["chown", "--no-dereference", f"{self.p['owner']}:", "--", self.p["path"]], check=True)
+        await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
+
+
+def _nodes_key(cluster, binary_id: str) -> str:
+    """What the device map depends on: the build and, per node in --rpc order, tunnel port and devices."""
+    nodes = [(n.name, n.tunnel_port, list(n.devices)) for n in cluster.rpc]
+    return hashlib.sha256(json.dumps([binary_id, nodes]).encode()).hexdigest()
+
+
+def _binary_id_argv(binary: str) -> list[str]:
+    return ["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", binary]
+
+
+async def _binary_id(conn, binary: str) -> str:
+    res = await conn.probe(_binary_id_argv(binary))
+    if res.rc == 3:
+        raise TaskFailed(f"{binary} is not an executable on the host (did the build play run?)")
+    return " ".join(res.stdout.split())
+
+
+@register_task
+class RpcDevices(Task):
+    """Map each tunnel port to its RPC device names with the built `llama-server --rpc … --list-devices`.
+
+    The rpc-server serves one client at a time: while llama-server is connected, --list-devices would
+    wait forever. So the map is cached on the host, keyed by the binary and the nodes; it is
+    (re)discovered only when that key changes, and then llama-server is stopped first (the later
+    `service` task starts it again). Registers `rpc_devices` = {port: [names]}."""
+
+    module = "rpc_devices"
+    args = {
+        "binary": Arg(str, required=True, help="The built llama-server on main."),
+        "cache": Arg(str, default=DEVICES_CACHE, help="The device map cached on main."),
+        "timeout": Arg(int, default=60, help="Seconds `--list-devices` may take."),
+        "service": Arg(str, default=UNIT, help="The llama-server unit stopped before discovery."),
+        "discover": Arg(bool, default=True,
+                        help="Allowed to (re)discover; false: fail when the cached map is not current."),
+        "user": Arg(str, default="",
+                    help="Runs the listing as this user (llama-server's), never as root: it speaks RPC to the nodes."),
+    }
+
+    def probes(self) -> list[list[str]]:
+        return [_binary_id_argv(self.p["binary"]), read_argv(self.p["cache"])]
+
+    async def check(self, ctx):
+        cluster = ctx.require_cluster()
+        key = _nodes_key(cluster, await _binary_id(ctx.conn, self.p["binary"]))
+        raw = await ctx.conn.get(self.p["cache"])
+        try:
+            cached = json.loads(raw) if raw else None
+        except ValueError:
+            cached = None
+        if cached and cached.get("key") == key:
+            by_port = {int(p): names for p, names in cached["devices"].items()}
+            ctx.register("rpc_devices", by_port)
+            return ok("devices " + ", ".join(f"{LOOPBACK}:{p}→{','.join(n)}" for p, n in sorted(by_port.items())))
+        if not self.p["discover"]:
+            raise TaskFailed(f"no current RPC device map in {self.p['cache']} (build or nodes changed since "
+                             "the last deploy): run `tunnelspec deploy` first")
+        if ctx.check_mode:
+            # Not discovered yet: predict the modern naming (RPC<i> in --rpc order, one device each)
+            # so --check can still render the unit.
+            ctx.register("rpc_devices", {n.tunnel_port: [f"RPC{i}"] for i, n in enumerate(cluster.rpc)})
+        return change("discover RPC devices (llama-server is stopped for it)", key=key)
+
+    async def apply(self, ctx, ch):
+        cluster = ctx.require_cluster()
+        await ctx.conn.run(["systemctl", "stop", self.p["service"]])
+        argv = ["timeout", "--kill-after=5", str(self.p["timeout"]),
+                *list_devices_argv(self.p["binary"], cluster.rpc_endpoints)]
+        if self.p["user"]:
+            # A node's rpc-server could attack its client: the client is llama-server's user, as when serving.
+            u = self.p["user"]
+            argv = ["/usr/bin/setpriv", f"--reuid={u}", f"--regid={u}", "--init-groups", "--", *argv]
+        res = await ctx.conn.run(argv, timeout=self.p["timeout"] + 15)
+        out = res.stdout + res.stderr
+        if res.rc == 124:
+            raise TaskFailed(f"llama-server --list-devices timed out after {self.p['timeout']}s: an rpc-server "
+                             "serves one client at a time; is another client connected to it?")
+        by_port = flags.rpc_devices_by_port(flags.parse_list_devices(out))
+        missing = [n for n in cluster.rpc if n.tunnel_port not in by_port]
+        if res.rc != 0 or missing:
+            tail = "\n".join(out.strip().splitlines()[-12:])
+            names = ", ".join(f"{n.name} ({LOOPBACK}:{n.tunnel_port})" for n in missing) or "-"
+            raise TaskFailed(f"RPC device discovery failed (rc={res.rc}; no device for {names}):\n{tail}")
+        doc = {"key": ch.data["key"], "devices": {str(p): n for p, n in sorted(by_port.items())}}
+        await ctx.conn.run(["install", "-d", "-m", "755", "--", os.path.dirname(self.p["cache"])], check=True)
+        await ctx.conn.put(json.dumps(doc, indent=1, sort_keys=True) + "\n", self.p["cache"], 0o644)
+
+
+@register_task
+class LlamaServerPlan(Task):
+    """Read-only: parse the built llama-server's --version and --help, and register `llama_server`,
+    the command line (spellings this build accepts, options it lacks refused by name) and the unit
+    template's variables."""
+
+    module = "llama_server_plan"
+    read_only = True
+    args = {
+        "binary": Arg(str, required=True, help="The built llama-server on main."),
+        "model": Arg(str, required=True, help="The target model's path on main."),
+        "draft_model": Arg(str, default="",
+                           help="The draft model's path on main; empty: no draft (a target split with no draft)."),
+        "rpc_wait_timeout": Arg(int, default=90,
+                                help="Seconds llama-server's launcher waits for the nodes with target layers."),
+    }
+
+    async def check(self, ctx):
+        cluster = ctx.require_cluster()
+        conn, binary = ctx.conn, self.p["binary"]
+        # Both are read-only and each loads the whole binary: run them side by side.
+        ver, helped = await asyncio.gather(conn.probe([binary, "--version"], timeout=60),
+                                           conn.probe([binary, "--help"], timeout=60))
+        try:
+            label = flags.parse_version(ver.stdout + ver.stderr).label
+        except TaskFailed:
+            label = f"{binary} (version unknown)"
+        if helped.rc != 0 or "--rpc" not in helped.stdout:
+            raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
+        help_ = flags.parse_help(helped.stdout, build=label)
+        # The controller keeps this build's --help: the next deploy of the same source checks the
+        # inventory's llama-server settings against it before touching any host (llama/preflight.py).
+        preflight.save_record(cluster, label, helped.stdout)
+        by_port = ctx.vars.get("rpc_devices")
+        if not by_port:
+            raise TaskFailed("no RPC device map: the rpc_devices task must run first")
+        # The target's block count: -ngl for a CPU share of main, and the layers each device should
+        # hold (verify compares them with the load lines); read only when proportions are given.
+        n_layer, slots = (await target_layout(conn, self.p["model"]) if cluster.placement.weights is not None
+                          else (None, None))
+        plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
+                                 self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
+        # draft-mtp: a draft file that is no MTP head of this target makes llama-server exit or abort at
+        # every start: refused here, before the unit (tasks/mtp_draft.py, issue 27).
+        mtp_notes = (await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
+                     if plan.spec_type == "draft-mtp" and self.p["draft_model"] else [])
+        # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
+        # minor and silently computes wrong results on another patch (ops renumbered), so its launcher
+        # never starts it against a node of another build (e.g. mid-upgrade; the modes file's `expect`).
+        proto = await _main_proto(ctx, cluster)
+        fact = plan.as_fact()
+        fact["slot_bytes"] = slots if slots and len(slots) == (n_layer or 0) + 1 else None
+        fact["build"] = label
+        fact["rpc_proto"] = proto
+        fact["unit"] = {
+            "exec_start": fact["exec_start"], "rpc_wait_timeout": self.p["rpc_wait_timeout"],
+            "llama_user": cluster.main.users.llama,
+            "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
+            "draft_devices": plan.draft_devices, "target_devices": plan.target_devices,
+            "backend": cluster.main.build.backend,
+            "public_bind": cluster.main.public_bind, "tls": cluster.main.tls is not None,
+        }
+        # GPU device nodes are group-owned (hip, vulkan: video, render); groups the host lacks are
+        # left out, as in the RPC unit (a missing group stops a unit from starting).
+        from tunnelspec.components.rpc import BACKEND_GROUPS, existing_groups
+
+        groups, missing = await existing_groups(conn, BACKEND_GROUPS[cluster.main.build.backend])
+        fact["unit"].update(supplementary_groups=groups, missing_groups=missing)
+        from tunnelspec.components.front.model import add_serving
+
+        add_serving(fact, cluster, lambda absent: build_server_argv(
+            cluster, help_, {int(k): v for k, v in by_port.items()}, binary, self.p["model"], None,
+            absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"])
+        ctx.register("llama_server", fact)
+        from tunnelspec.llama.speculative import spec_support
+
+        if plan.draft_node is None:
+            return ok(f"{label}: {describe_split(plan)}{_known_bug_note(cluster, help_, label)}")
+        return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
+                  f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
+                  f"{_known_bug_note(cluster, help_, label)}{''.join(f'; WARNING {w}' for w in mtp_notes)}")
+
+
+def describe_split(plan) -> str:
+    """`split, no draft: -dev RPC0,RPC1 -ts 1,3 -ngl 8; layers CPU 4, RPC0 2, RPC1 6`."""
+    out = f"split, no draft: -dev {plan.target_devices}"
+    if plan.tensor_split:
+        out += " -ts " + ",".join(f"{w:g}" for _, w in plan.tensor_split)
+    if plan.gpu_layers is not None:
+        out += f" -ngl {plan.gpu_layers}"
+    if plan.layers:
+        out += "; layers " + ", ".join(f"{d} {n}" for d, n in plan.layers)
+    return out
+
+
+async def target_layout(conn, model: str) -> tuple[int | None, list[int] | None]:
+    """The target GGUF's block count and the bytes of each layer slot (llama/split_proof.py), from
+    its header on main; (None, None) when unreadable. `model` may be the inventory's own path (the
+    verify playbook has no upload fact): a file not on main is looked for where model_file puts
+    uploads."""
+    from tunnelspec.llama.devices import gguf_shape
+    from tunnelspec.llama.split_proof import slot_bytes
+    from tunnelspec.components.server.fit import gguf_header
+    from tunnelspec.components.models.files import MODELS_DIR
+
+    for path in dict.fromkeys([model, f"{MODELS_DIR}/{model.rstrip('/').rsplit('/', 1)[-1]}"]):
+        size, header, note = await gguf_header(conn, path, lambda h, n: slot_bytes(h, n) is not None)
+        if note or not size:
+            continue
+        try:
+            return gguf_shape(header).n_layer, slot_bytes(header, size)
+        except (ValueError, IndexError, KeyError):
+            return None, None
+    return None, None
+
+
+async def _main_proto(ctx, cluster) -> str | None:
+    from tunnelspec.llama.versions import format_version
+    from tunnelspec.components.tunnel.tunnels import main_rpc_version
+
+    try:
+        return format_version(await main_rpc_version(ctx.conn, f"{cluster.main.root}/src/llama.cpp"))
+    except TaskFailed:
+        if not ctx.check_mode:
+            raise
+        return None  # --check before the first source checkout: nothing to compare yet
+
+
+def _known_bug_note(cluster, help_, label: str) -> str:
+    """Plan-time warnings for build bugs the inventory's settings would trip (llama/known_bugs.py)."""
+    import re
+
+    from tunnelspec.llama import known_bugs
+
+    np_opt = help_.pick("-np", "--parallel")
+    np_default = None
+    if np_opt and (m := re.search(r"\(default:\s*(-?\d+)", help_.option(np_opt).help)):
+        np_default = float(m.group(1))
+    warnings = known_bugs.draft_n_max_warnings(
+        cluster.main.spec_draft_n_max, known_bugs.n_parallel(list(cluster.main.extra_args), np_default), label)
+    return "".join(f"; WARNING {w}" for w in warnings)
+
+
+@register_task
+class LlamaServerResume(Task):
+    """`tunnel open` after `tunnel close`: the llama-server unit is PartOf= its tunnels, so closing one
+    stopped it, and nothing starts it again. Started here when deploy installed it, it is enabled
+    (enabled means "should run"; `systemctl disable` keeps it down), it is not running, and every
+    tunnel it wants is active — with a node left closed (`tunnel open --limit`), starting it would
+    pull that tunnel up through Wants=, against the user's close."""
+
+    module = "llama_server_resume"
+    args: dict = {}
+
+    async def _state(self, ctx) -> tuple[str, list[str]]:
+        props = await units.show(ctx.conn, UNIT, ["LoadState", "UnitFileState", "ActiveState", "Wants"])
+        if props.get("LoadState") != "loaded":
+            return "absent", []
+        if props.get("UnitFileState") != "enabled":
+            return "disabled", []
+        if props.get("ActiveState") in ("active", "activating", "reloading"):
+            return "running", []
+        tunnels = sorted(u for u in props.get("Wants", "").split() if u.startswith("tunnelspec-tunnel-"))
+        if not tunnels:
+            return "stopped", []
+        states = await units.unit_values(ctx.conn, "ActiveState", tunnels)
+        return "stopped", [u for u, st in zip(tunnels, states) if st != "active"]
+
+    async def check(self, ctx):
+        state, closed = await self._state(ctx)
+        if state == "absent":
+            return ok("llama-server is not deployed here")
+        if state == "disabled":
+            return ok("llama-server unit is disabled: left stopped")
+        if state == "running":
+            return ok("llama-server running")
+        if closed:
+            return ok(f"llama-server stays stopped: its tunnel(s) {', '.join(closed)} are closed")
+        return change("start llama-server (it stopped with its tunnels)")
+
+    async def apply(self, ctx, ch):
+        await ctx.conn.run(["systemctl", "start", UNIT], check=True, timeout=300)
+
+
+@register_task
+class LlamaVerify(Task):
+    """Read-only proof that llama-server uses the remote draft: /health ok, one short completion with
+    draft tokens generated (and reported accepted), and the journal placing the draft's model buffer on
+    the draft node's RPC device. Reports ok or fails with the reason; never "changed"."""
+
+    module = "llama_verify"
+    read_only = True
+    # host: llama_server_host — 127.0.0.1 by default; main's own address with the public-bind opt-out,
+    # where nothing listens on loopback.
+    args = {
+        "host": Arg(str, default=LOOPBACK,
+                    help="Address llama-server listens on, seen from main (127.0.0.1 unless the public-bind opt-out)."),
+        "port": Arg(int, required=True, help="llama-server's port."),
+        "plan": Arg(dict, required=True,
+                    help="The `llama_server` fact (its devices and argv) to check the journal against."),
+        "api_key_file": Arg(str, help="The API key file on main, when one is configured."),
+        "health_timeout": Arg(int, default=0,
+                              help="Seconds to wait for /health (llama_server_start_timeout); 0: from the models' sizes."),
+        "n_predict": Arg(int, default=32, help="Tokens the test completion generates."),
+        "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time",
+                      help="The test completion's prompt."),
+        "journal_timeout": Arg(int, default=30, help="Seconds to wait for the placement line in the journal."),
+        "tls_ca_file": Arg(str, default="",
+                           help="Public bind: the CA certificate (controller path) to pin; empty: plain HTTP."),
+        "tls_name": Arg(str, default="", help="Public bind: the name the server's certificate must be valid for."),
+        "rejoin_wait": Arg(int, default=0,
+                           help="Degraded while the draft node is reachable: seconds to wait for the draft to come "
+                                "back (deploy: the watcher's steady time and a restart); 0: fail at once (verify)."),
+    }
+
+    def _tls(self):
+        from tunnelspec.components.tls.reach import ApiTls
+
+        if not self.p["tls_ca_file"]:
+            return None
+        if not self.p["tls_name"]:
+            raise TaskFailed("tls_ca_file without tls_name: give the name the certificate must be valid for")
+        return ApiTls(self.p["tls_ca_file"], self.p["tls_name"])
+
+    async def check(self, ctx):
+        configured = self.p["health_timeout"]  # 0: from the sizes of the models llama-server loads
+        sizes = [] if configured else await model_sizes(ctx.conn, model_paths(self.p["plan"].get("argv") or []))
+        wait = start_timeout(configured, sizes)
+        plan, degraded_note = await self._mode_plan(ctx, wait)
+        try:
+            result = await self._verify(ctx, plan, wait)
+        except TaskFailed:
+            # The draft node may have gone while the completion ran: llama-server lost RPC0 and the draft
+            # watch serves without it (docs/degraded.md). Say that, not "no draft tokens".
+            if degraded_note or not await self._went_degraded(ctx, plan):
+                raise
+            plan, degraded_note = await self._mode_plan(ctx, wait)
+            result = await self._verify(ctx, plan, wait)
+        ctx.register("llama_verify", result)
+        text = " ".join(result["content"].split())[:120]
+        ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
+                     **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
+        served = _served_devices(ctx, plan)
+        if served:
+            result["summary"] += f"; devices {served}"
+        if degraded_note:
+            from tunnelspec.reporting import events
+
+            ctx.emit(events.message(f"WARNING: {ctx.host}: {degraded_note}"))
+            return ok(f"{degraded_note}; {result['summary']}")
+        return ok(result["summary"])
+
+    async def _verify(self, ctx, plan: dict, wait: int) -> dict:
+        return await verify_server(ctx.conn, self.p["port"], plan, host=self.p["host"],
+                                   api_key_file=self.p["api_key_file"],
+                                   health_timeout=wait, n_predict=self.p["n_predict"],
+                                   prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
+                                   add_secret=ctx.add_secret, tls=self._tls(), progress=ctx.progress)
+
+    async def _went_degraded(self, ctx, plan: dict, settle: float = 20.0) -> bool:
+        """After a failed proof: has llama-server left speculation because the draft node went away?
+        The launcher writes its mode within seconds of the restart; wait up to `settle` for it."""
+        from tunnelspec.components.front import model as front
+        from tunnelspec.commands.status import serving_state
+
+        if not _has_degraded_mode(plan):
+            return False
+        cluster = ctx.require_cluster()
+        for _ in range(int(settle)):
+            sv = await serving_state(ctx.conn, cluster)
+            if sv["mode"] == front.DEGRADED:
+                return True
+            await asyncio.sleep(1.0)  # speculative, or waiting/unknown while the launcher starts again
+        return False
+
+    async def _mode_plan(self, ctx, health_wait: int) -> tuple[dict, str]:
+        """The plan to prove, from the mode llama-server runs in (docs/degraded.md). Speculative: the
+        draft. Degraded with the draft node unreachable in this run (a deploy while it is away): the
+        target alone, with a warning — the run already fails for that node. Degraded otherwise: wait
+        up to `rejoin_wait` for the watcher to bring the draft back, else fail with the reason."""
+        from tunnelspec.components.front import model as front
+        from tunnelspec.commands.status import serving_state
+
+        plan = self.p["plan"]
+        if not _has_degraded_mode(plan):
+            return plan, ""
+        cluster = ctx.require_cluster()
+        loop = asyncio.get_running_loop()
+        start, next_report = loop.time(), 0.0
+        end = start + self.p["rejoin_wait"] + (health_wait if self.p["rejoin_wait"] else 0)
+        for _ in range(int(self.p["rejoin_wait"] + health_wait) + 2):
+            sv = await serving_state(ctx.conn, cluster)
+            if sv["mode"] != front.DEGRADED:
+                return plan, ""
+            if sv["node"] in (ctx.vars.get("unreachable_hosts") or []):
+                return plan["degraded"], (f"DEGRADED since {sv['since']}: serving the target alone, without the "
+                                          f"draft on {sv['node']} ({sv['reason']}); the draft comes back by itself "
+                                          "when the node answers again")
+            if loop.time() >= end:
+                detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+                raise TaskFailed(f"DEGRADED since {sv['since']}: llama-server serves the target alone, without the "
+                                 f"draft on {sv['node']}: {sv['reason']}{detail}. Serving continues; the draft "
+                                 f"comes back by itself once {sv['node']} answers steadily "
+                                 f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
+            waited = loop.time() - start
+            if waited >= next_report:  # now, then every 10 s: the wait may take a minute or more
+                next_report = (int(waited / 10) + 1) * 10.0
+                ctx.progress(f"degraded: waiting for the draft on {sv['node']} to come back: {waited:.0f} s of "
+                             f"{end - start:.0f} s ({sv['reason']})", waiting_for="draft",
+                             elapsed_s=round(waited, 1), budget_s=round(end - start))
+            await asyncio.sleep(1.0)
+        return plan, ""
+
+
+def _has_degraded_mode(plan: dict) -> bool:
+    """Serving can go on without this plan's draft node: it is draft-only and a degraded plan exists."""
+    return bool(plan.get("draft_skippable") and plan.get("degraded"))
+
+
+def _served_devices(ctx, plan: dict) -> str:
+    """What each node in llama-server's --rpc serves, as main names it: `RPC0 = rpc-a Vulkan0 (llvmpipe …,
+    23272/24105 MiB free)` — from the rpc nodes' start banners this run read (`rpc_served`)."""
+    from tunnelspec.commands.status import _served_text
+
+    hostvars = ctx.vars.get("hostvars", {})
+    out = []
+    for node, names in (plan.get("nodes") or {}).items():
+        served = (hostvars.get(node) or {}).get("rpc_served")
+        if served:
+            out.append(f"{node}: {_served_text(names, served)}")
+    return "; ".join(out)
