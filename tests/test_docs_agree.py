@@ -26,7 +26,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.cluster.fields import KNOWN_VARS
 from tunnelspec.llama import flags
-from tunnelspec.llama.server_args import build_server_argv
+from tunnelspec.components.server.args import build_server_argv
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_INI = REPO / "inventory.example.ini"

@@ -204,7 +204,7 @@ def test_none_stays_available_explicitly(tmp_path):
 
 
 def test_the_default_reaches_the_command_line(tmp_path):
-    from tunnelspec.llama.server_args import target_device_list
+    from tunnelspec.components.server.args import target_device_list
 
     c = cluster(write(tmp_path, main_vars=("llama_backend=vulkan",)))
     # The target stays on main's GPU (never spread onto the RPC devices, as without -dev).

@@ -6,7 +6,7 @@ from collections import ChainMap
 
 import pytest
 
-from tunnelspec.engine.templating import TemplateError, evaluate, render_file, render_value
+from tunnelspec.core.templating import TemplateError, evaluate, render_file, render_value
 
 
 class Guarded(dict):

@@ -16,7 +16,7 @@ from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
-from tunnelspec.llama.server_args import build_server_argv
+from tunnelspec.components.server.args import build_server_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

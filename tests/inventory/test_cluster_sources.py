@@ -9,6 +9,7 @@ import pytest
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
+from tunnelspec.components.source.controller_repo import check_controller_source
 
 from support.cli import make_repo
 
@@ -27,7 +28,7 @@ def write(tmp_path: Path, repo: str, commit: str, model: str = "/srv/t.gguf", pa
 
 def error(path: Path) -> ClusterError:
     with pytest.raises(ClusterError) as info:
-        Cluster.from_inventory(load_inventory(path), controller_source=True)
+        Cluster.from_inventory(load_inventory(path), source_check=check_controller_source)
     assert info.value.exit_code == 2
     return info.value
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tunnelspec.engine.templating import render_file
+from tunnelspec.core.templating import render_file
 from tunnelspec.core.errors import ArgumentError
 import tunnelspec
 from tunnelspec.components.tunnel.units import ssh_argv

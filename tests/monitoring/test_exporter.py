@@ -160,6 +160,6 @@ def test_promtool_accepts_the_output(tmp_path):
 
 
 def test_the_exporter_survives_rendering_as_a_template():
-    from tunnelspec.engine.templating import render_file
+    from tunnelspec.core.templating import render_file
     text = (REPO / "templates" / "tunnelspec-metrics.py").read_text()
     assert render_file(text, {}) == text.rstrip("\n") or render_file(text, {}) == text

@@ -19,7 +19,7 @@ import pytest
 
 from tunnelspec.components.front import model as front
 from tunnelspec.core.constants import LOOPBACK
-from tunnelspec.engine.templating import render_file
+from tunnelspec.core.templating import render_file
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.inventory.loader import load_inventory

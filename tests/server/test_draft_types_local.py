@@ -17,7 +17,7 @@ from support import gguf_drafts
 from tunnelspec.llama import flags, props
 from tunnelspec.core import http
 from support.localserver import free_port, spawn
-from tunnelspec.llama.server_args import build_server_argv, draft_placement, list_devices_argv
+from tunnelspec.components.server.args import build_server_argv, draft_placement, list_devices_argv
 
 pytestmark = pytest.mark.llama
 

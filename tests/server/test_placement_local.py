@@ -19,7 +19,7 @@ from tunnelspec.lab import gguf_tiny
 from support.localserver import free_port, spawn, start_rpc_server
 from tunnelspec.llama import flags, props
 from tunnelspec.core import http
-from tunnelspec.llama.server_args import build_server_argv, list_devices_argv
+from tunnelspec.components.server.args import build_server_argv, list_devices_argv
 
 from support.placement import BLOCKS, check_one_to_three  # the same rule as the lab test's, one place
 

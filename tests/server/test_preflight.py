@@ -14,7 +14,7 @@ import pytest
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
-from tunnelspec.llama import preflight
+from tunnelspec.components.server import preflight
 from tunnelspec.llama.props import spec_types
 
 HELP = Path(__file__).parent / "data" / "llama-server-help.txt"

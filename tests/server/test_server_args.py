@@ -13,7 +13,7 @@ from tunnelspec.core.errors import TaskFailed
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
-from tunnelspec.llama.server_args import build_server_argv, draft_placement, last_acceptance, systemd_exec, systemd_quote, target_device_list
+from tunnelspec.components.server.args import build_server_argv, draft_placement, last_acceptance, systemd_exec, systemd_quote, target_device_list
 from tunnelspec.components.teardown import listening_ports
 
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
@@ -216,7 +216,7 @@ def test_listening_ports_from_ss():
 
 
 def _render_unit(**over):
-    from tunnelspec.engine.templating import render_file
+    from tunnelspec.core.templating import render_file
 
     text = (Path(__file__).resolve().parents[2] / "templates" / "tunnelspec-llama-server.service.j2").read_text()
     from tunnelspec.components.front import model as front

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunnelspec.llama import server_death as sd
+from tunnelspec.components.server import death as sd
 from tunnelspec.components.build import upgrade as llama_upgrade
 
 # The shape of a real abort on a dead RPC socket: ggml's assert, then systemd's report.

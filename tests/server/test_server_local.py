@@ -15,7 +15,7 @@ from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
 from tunnelspec.core import http
 from support.localserver import free_port, spawn
-from tunnelspec.llama.server_args import build_server_argv, draft_placement, list_devices_argv
+from tunnelspec.components.server.args import build_server_argv, draft_placement, list_devices_argv
 
 pytestmark = pytest.mark.llama
 

@@ -13,7 +13,7 @@ from tunnelspec.core.errors import ClusterError, TaskFailed
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
-from tunnelspec.llama.server_args import build_server_argv
+from tunnelspec.components.server.args import build_server_argv
 from tunnelspec.llama.speculative import DRAFT_TYPES, spec_support, split_modes
 
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"

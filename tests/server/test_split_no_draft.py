@@ -14,7 +14,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama import flags, split_proof
-from tunnelspec.llama.server_args import build_server_argv, cpu_layers, layer_counts
+from tunnelspec.components.server.args import build_server_argv, cpu_layers, layer_counts
 
 from support.placement import expected_layers
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tunnelspec.components.front import model as front
 from tunnelspec.core.constants import LOOPBACK
-from tunnelspec.engine.templating import render_file
+from tunnelspec.core.templating import render_file
 from support.localserver import LocalProcess, free_port, spawn
 
 ROOT = Path(__file__).resolve().parents[2]

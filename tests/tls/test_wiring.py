@@ -75,10 +75,10 @@ def test_front_terminates_tls_and_llama_server_stays_plain(tmp_path):
     (from a real --help) has no --ssl-* and listens on loopback's internal port."""
     from pathlib import Path
 
-    from tunnelspec.engine.templating import render_file
+    from tunnelspec.core.templating import render_file
     from tunnelspec.components.front.model import front_vars
     from tunnelspec.llama import flags
-    from tunnelspec.llama.server_args import build_server_argv
+    from tunnelspec.components.server.args import build_server_argv
 
     c = cluster(tmp_path, "llama_server_public_bind=true llama_server_host=192.168.1.20 "
                 "llama_server_api_key_file=/etc/tunnelspec/key")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunnelspec.core.errors import ClusterError
-from tunnelspec.cluster.model import Cluster
+from tunnelspec.cluster.model import Cluster, SourceCheck
 from tunnelspec.inventory.model import Inventory
 
 MAX_ROUNDS = 100
@@ -113,15 +113,17 @@ class _SetAside:
         return True
 
 
-def collect_cluster_errors(inv: Inventory, *, models: bool = True, controller_source: bool = True) -> Collected:
+def collect_cluster_errors(
+    inv: Inventory, *, models: bool = True, source_check: SourceCheck | None = None
+) -> Collected:
     """Every ClusterError the model finds in `inv`, in the order found. `models`: also the checks
-    of Cluster.require_models (what deploy needs to run llama-server)."""
+    of Cluster.require_models (what deploy needs to run llama-server); `source_check`: the model's."""
     work = _SetAside(inv)
     out = Collected()
     seen: set[str] = set()
     for _ in range(MAX_ROUNDS):
         try:
-            cluster = Cluster.from_inventory(work.inv, controller_source=controller_source)
+            cluster = Cluster.from_inventory(work.inv, source_check=source_check)
             if models:
                 cluster.require_models()
             out.cluster = cluster

@@ -16,31 +16,68 @@ from tunnelspec.core.booleans import parse_bool
 # Every variable tunnelspec reads; the typo check suggests one of these.
 KNOWN_VARS = frozenset(
     {
-        "rpc_port", "tunnel_port", "rpc_role", "rpc_devices", "rpc_threads", "rpc_bind", "rpc_cache",
+        "rpc_port",
+        "tunnel_port",
+        "rpc_role",
+        "rpc_devices",
+        "rpc_threads",
+        "rpc_bind",
+        "rpc_cache",
         "rpc_env",  # host_sections.py: the GPU runtime's environment of the RPC server
-        "llama_repo", "llama_commit", "llama_patches", "llama_build_number", "llama_force_clean",
-        "llama_backend", "llama_cmake_args", "llama_build_jobs", "tunnelspec_root",
+        "llama_repo",
+        "llama_commit",
+        "llama_patches",
+        "llama_build_number",
+        "llama_force_clean",
+        "llama_backend",
+        "llama_cmake_args",
+        "llama_build_jobs",
+        "tunnelspec_root",
         "llama_cuda_architectures",  # host_sections.py BuildSettings (llama_build: else nvidia-smi's)
-        "llama_model", "llama_draft_model", "llama_server_host", "llama_server_port",
-        "llama_server_public_bind", "llama_server_api_key_file", "llama_server_extra_args",
+        "llama_model",
+        "llama_draft_model",
+        "llama_server_host",
+        "llama_server_port",
+        "llama_server_public_bind",
+        "llama_server_api_key_file",
+        "llama_server_extra_args",
         "llama_server_start_timeout",  # host_sections.py: verify's wait for /health (llama/verify.py)
-        "llama_server_tls_names", "llama_server_tls_cert_file", "llama_server_tls_key_file",
-        "llama_server_tls_ca_file", "tunnelspec_tls_dir",  # inventory/tls_vars.py (public bind = TLS)
-        "llama_target_devices", "spec_draft_n_max", "spec_draft_ngl", "spec_draft_p_min", "spec_type",
-        "llama_split_mode", "llama_tensor_split", "rpc_target_share",
-        "rpc_user", "tunnel_user", "llama_user",
+        "llama_server_tls_names",
+        "llama_server_tls_cert_file",
+        "llama_server_tls_key_file",
+        "llama_server_tls_ca_file",
+        "tunnelspec_tls_dir",  # inventory/tls_vars.py (public bind = TLS)
+        "llama_target_devices",
+        "spec_draft_n_max",
+        "spec_draft_ngl",
+        "spec_draft_p_min",
+        "spec_type",
+        "llama_split_mode",
+        "llama_tensor_split",
+        "rpc_target_share",
+        "rpc_user",
+        "tunnel_user",
+        "llama_user",
         "tunnelspec_known_hosts",  # read by the connection layer (the lab writes it)
         "rpc_local_isolation",  # playbooks/isolation*.yml, status
-        "tunnelspec_lock_dir",     # read by the run lock (engine/runlock.py)
+        "tunnelspec_lock_dir",  # read by the run lock (engine/runlock.py)
         "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
         "tunnelspec_install_packages",  # playbooks/hosts.yml, prerequisites.yml (tasks/host.py)
-        "tunnel_ssh_host", "tunnel_ssh_port",  # main's tunnel ssh to a node (inventory/addresses.py)
-        "llama_server_internal_port", "llama_server_hold_timeout", "draft_rejoin_after",
+        "tunnel_ssh_host",
+        "tunnel_ssh_port",  # main's tunnel ssh to a node (inventory/addresses.py)
+        "llama_server_internal_port",
+        "llama_server_hold_timeout",
+        "draft_rejoin_after",
         "front_user",  # inventory/front_vars.py: the front (HAProxy) and the draft's return
-        "metrics", "metrics_port", "metrics_token_file",  # inventory/front_vars.py (docs/metrics.md)
-        "llama_keep_builds", "tunnel_from",  # playbooks/build.yml, tunnel.yml
+        "metrics",
+        "metrics_port",
+        "metrics_token_file",  # inventory/front_vars.py (docs/metrics.md)
+        "llama_keep_builds",
+        "tunnel_from",  # playbooks/build.yml, tunnel.yml
         "tunnelspec_keep_generations",  # playbooks/server.yml (tasks/generation.py, docs/generations.md)
-        "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge",  # set by commands with -e (cli.py)
+        "tunnel_nodes",
+        "tunnel_key_rotation",
+        "tunnelspec_purge",  # set by commands with -e (cli.py)
     }
 )
 # The user's own variables (for their own playbooks, templates or notes): tunnelspec reads none of
@@ -56,11 +93,13 @@ def nearest_var(name: str, cutoff: float = 0.8) -> str | None:
     close = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=cutoff)
     return close[0] if close else None
 
+
 _MISSING = object()
 
 
-def cluster_error(inv: Inventory, host: str | None, var: str | None, message: str,
-                  line: int | None = None) -> ClusterError:
+def cluster_error(
+    inv: Inventory, host: str | None, var: str | None, message: str, line: int | None = None
+) -> ClusterError:
     """`file:line: host H: variable V: message`, with whatever parts are known.
 
     The line is where the variable was written; for a variable that is missing, the line of the
@@ -76,14 +115,14 @@ def cluster_error(inv: Inventory, host: str | None, var: str | None, message: st
     if origin:
         parts.append(f"{origin[0]}:{origin[1]}:")
     else:
-        parts.append(f"-e {var}:")   # given on the command line, not written in the inventory
+        parts.append(f"-e {var}:")  # given on the command line, not written in the inventory
     if host:
         parts.append(f"host {host}:")
     if var:
         parts.append(f"variable {var}:")
     err = ClusterError(" ".join(parts + [message]))
     err.host, err.var = host, var
-    err.file, err.line = (origin if origin else ("-e" if from_cli else str(inv.path), None))
+    err.file, err.line = origin if origin else ("-e" if from_cli else str(inv.path), None)
     return err
 
 
@@ -151,8 +190,7 @@ class HostVars:
             raise self.fail(var, f"port {value} is out of range; use 1024..65535")
         if value < 1024:
             raise self.fail(
-                var, f"port {value} is privileged (< 1024); tunnelspec services run unprivileged, "
-                "use 1024..65535"
+                var, f"port {value} is privileged (< 1024); tunnelspec services run unprivileged, use 1024..65535"
             )
         return value
 
@@ -191,8 +229,9 @@ class HostVars:
             close = nearest_var(name)
             if close:
                 raise self.fail(
-                    name, f"unknown variable; did you mean '{close}'? (rename it; a variable of your own "
-                    f"starts with {USER_VAR_PREFIX})"
+                    name,
+                    f"unknown variable; did you mean '{close}'? (rename it; a variable of your own "
+                    f"starts with {USER_VAR_PREFIX})",
                 )
 
 

@@ -19,37 +19,48 @@ DEFAULT_HOLD_TIMEOUT = 180
 DEFAULT_REJOIN_AFTER = 20
 DEFAULT_FRONT_USER = "tunnelspec-front"
 DEFAULT_METRICS_PORT = 9466
-VARS = ("llama_server_internal_port", "llama_server_hold_timeout", "draft_rejoin_after", "front_user",
-        "metrics", "metrics_port", "metrics_token_file")
+VARS = (
+    "llama_server_internal_port",
+    "llama_server_hold_timeout",
+    "draft_rejoin_after",
+    "front_user",
+    "metrics",
+    "metrics_port",
+    "metrics_token_file",
+)
 
 
 @dataclass(frozen=True)
 class MetricsSettings:
     """`metrics=true` (docs/metrics.md): the exporter on 127.0.0.1:port; with public bind the front
     also serves /metrics over its TLS, to holders of the token in `token_file` (a file on main)."""
+
     port: int
     token_file: str | None  # public bind only (required then)
 
 
 @dataclass(frozen=True)
 class FrontSettings:
-    internal_port: int   # llama-server's own port (127.0.0.1 only), behind the front
-    hold_timeout: int    # seconds a request may wait for llama-server to come (back) up
-    rejoin_after: int    # seconds of steady HELLO answers before the draft comes back
-    user: str            # the front's system user (the only one let through to internal_port)
+    internal_port: int  # llama-server's own port (127.0.0.1 only), behind the front
+    hold_timeout: int  # seconds a request may wait for llama-server to come (back) up
+    rejoin_after: int  # seconds of steady HELLO answers before the draft comes back
+    user: str  # the front's system user (the only one let through to internal_port)
     metrics: MetricsSettings | None = None  # None: metrics off (nothing installed, nothing listens)
 
 
 def front_of(hv, server_port: int) -> FrontSettings:
     internal = hv.port("llama_server_internal_port", DEFAULT_INTERNAL_PORT)
     if internal == server_port:
-        raise hv.fail("llama_server_internal_port",
-                      f"{internal} is llama_server_port too: llama-server listens behind the front on its own "
-                      f"port (default {DEFAULT_INTERNAL_PORT})")
+        raise hv.fail(
+            "llama_server_internal_port",
+            f"{internal} is llama_server_port too: llama-server listens behind the front on its own "
+            f"port (default {DEFAULT_INTERNAL_PORT})",
+        )
     user = hv.string("front_user", DEFAULT_FRONT_USER)
     if not USER_NAME.match(user) or user == "root":
-        raise hv.fail("front_user", f"{user!r} is not a valid unprivileged system user name "
-                      f"(e.g. {DEFAULT_FRONT_USER})")
+        raise hv.fail(
+            "front_user", f"{user!r} is not a valid unprivileged system user name (e.g. {DEFAULT_FRONT_USER})"
+        )
     return FrontSettings(
         internal_port=internal,
         hold_timeout=hv.integer("llama_server_hold_timeout", DEFAULT_HOLD_TIMEOUT, minimum=5),
@@ -67,24 +78,38 @@ def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
         return None
     port = hv.port("metrics_port", DEFAULT_METRICS_PORT)
     if port in taken:
-        raise hv.fail("metrics_port", f"{port} is already llama-server's or the front's port; pick another "
-                      f"(default {DEFAULT_METRICS_PORT})")
+        raise hv.fail(
+            "metrics_port",
+            f"{port} is already llama-server's or the front's port; pick another (default {DEFAULT_METRICS_PORT})",
+        )
     token = hv.string("metrics_token_file", None)
     public = hv.boolean("llama_server_public_bind", False)
     if public and token is None:
-        raise hv.fail("metrics", "with llama_server_public_bind=true the front serves /metrics over TLS to holders "
-                      "of a scrape token: set metrics_token_file=<path on main of a file holding it, one line> "
-                      "(its own token, never the API key)")
+        raise hv.fail(
+            "metrics",
+            "with llama_server_public_bind=true the front serves /metrics over TLS to holders "
+            "of a scrape token: set metrics_token_file=<path on main of a file holding it, one line> "
+            "(its own token, never the API key)",
+        )
     if token is not None:
         if not public:
-            raise hv.fail("metrics_token_file", "only used with llama_server_public_bind=true (on loopback the "
-                          "metrics are scraped through SSH); remove it")
+            raise hv.fail(
+                "metrics_token_file",
+                "only used with llama_server_public_bind=true (on loopback the "
+                "metrics are scraped through SSH); remove it",
+            )
         if not token.startswith("/"):
             raise hv.fail("metrics_token_file", f"must be an absolute path on the main host, got {token!r}")
         if token.startswith(("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")):
-            raise hv.fail("metrics_token_file", f"{token!r} is hidden by the front's sandbox (ProtectHome=yes, "
-                          "PrivateTmp=yes); use e.g. /etc/tunnelspec/metrics-token")
+            raise hv.fail(
+                "metrics_token_file",
+                f"{token!r} is hidden by the front's sandbox (ProtectHome=yes, "
+                "PrivateTmp=yes); use e.g. /etc/tunnelspec/metrics-token",
+            )
         if token == hv.string("llama_server_api_key_file", None):
-            raise hv.fail("metrics_token_file", "is the API key's file: the scrape token is a credential of its "
-                          "own (a leaked scrape config must not give the API); write another file")
+            raise hv.fail(
+                "metrics_token_file",
+                "is the API key's file: the scrape token is a credential of its "
+                "own (a leaked scrape config must not give the API); write another file",
+            )
     return MetricsSettings(port=port, token_file=token)

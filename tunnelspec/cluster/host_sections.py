@@ -18,7 +18,7 @@ from tunnelspec.inventory.values import USER_NAME
 from tunnelspec.llama.devices import static_target_default
 from tunnelspec.llama.source_stack import short_sha_error
 from tunnelspec.llama.speculative import DRAFT_TYPES, OWNED_FLAGS, owned_variable
-from tunnelspec.components.models import hub
+from tunnelspec.cluster import hub_ref as hub
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 ROLES = ("draft", "target")
@@ -38,15 +38,40 @@ OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
 # llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
 # hf:// form of llama_model / llama_draft_model replaces them.
 DOWNLOAD_SERVER_FLAGS = (
-    "-hf", "-hfr", "--hf-repo", "-hfd", "-hfrd", "--hf-repo-draft", "-hff", "--hf-file", "-hfv", "-hfrv",
-    "--hf-repo-v", "-hffv", "--hf-file-v", "-hft", "--hf-token", "-mu", "--model-url", "-dr", "--docker-repo",
-    "--spec-draft-hf", "--spec-draft-hf-repo", "--spec-draft-hf-file",
+    "-hf",
+    "-hfr",
+    "--hf-repo",
+    "-hfd",
+    "-hfrd",
+    "--hf-repo-draft",
+    "-hff",
+    "--hf-file",
+    "-hfv",
+    "-hfrv",
+    "--hf-repo-v",
+    "-hffv",
+    "--hf-file-v",
+    "-hft",
+    "--hf-token",
+    "-mu",
+    "--model-url",
+    "-dr",
+    "--docker-repo",
+    "--spec-draft-hf",
+    "--spec-draft-hf-repo",
+    "--spec-draft-hf-file",
 )
 # CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
 # a CVE), the build identity, and the backend (chosen with llama_backend).
 OWNED_CMAKE_VARS = (
-    "GGML_RPC", "GGML_RPC_RDMA", "LLAMA_BUILD_NUMBER", "LLAMA_BUILD_COMMIT", "GGML_CUDA",
-    "GGML_HIP", "GGML_VULKAN", "GGML_METAL",
+    "GGML_RPC",
+    "GGML_RPC_RDMA",
+    "LLAMA_BUILD_NUMBER",
+    "LLAMA_BUILD_COMMIT",
+    "GGML_CUDA",
+    "GGML_HIP",
+    "GGML_VULKAN",
+    "GGML_METAL",
 )
 _DEVICE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
@@ -152,8 +177,11 @@ class MainHost:
 # ---- per-host sections -----------------------------------------------------------------------------
 def users_of(hv: HostVars) -> Users:
     values = {}
-    for var, default in (("rpc_user", "tunnelspec-rpc"), ("tunnel_user", "tunnelspec-tunnel"),
-                         ("llama_user", "tunnelspec-llama")):
+    for var, default in (
+        ("rpc_user", "tunnelspec-rpc"),
+        ("tunnel_user", "tunnelspec-tunnel"),
+        ("llama_user", "tunnelspec-llama"),
+    ):
         name = hv.string(var, default)
         if not USER_NAME.match(name) or name == "root":
             raise hv.fail(var, f"{name!r} is not a valid unprivileged system user name (e.g. {default})")
@@ -177,10 +205,17 @@ def root_of(hv: HostVars) -> str:
     parts = [p for p in root.split("/") if p]
     if ".." in parts or "." in parts or "//" in root:
         raise hv.fail("tunnelspec_root", f"{root!r}: write it without '.', '..' or '//'")
-    if (len(parts) < 2 or root.startswith(("/usr/", "/etc/", "/boot/", "/proc/", "/sys/", "/dev/", "/run/"))
-            or (parts[0] == "home" and len(parts) == 2) or root in ("/var/lib", "/var/cache", "/var/log", "/var/tmp")):
-        raise hv.fail("tunnelspec_root", f"{root!r} is not a directory of tunnelspec's own (teardown --purge removes "
-                      f"what tunnelspec put in it): use a dedicated one such as {OPT_DIR}")
+    if (
+        len(parts) < 2
+        or root.startswith(("/usr/", "/etc/", "/boot/", "/proc/", "/sys/", "/dev/", "/run/"))
+        or (parts[0] == "home" and len(parts) == 2)
+        or root in ("/var/lib", "/var/cache", "/var/log", "/var/tmp")
+    ):
+        raise hv.fail(
+            "tunnelspec_root",
+            f"{root!r} is not a directory of tunnelspec's own (teardown --purge removes "
+            f"what tunnelspec put in it): use a dedicated one such as {OPT_DIR}",
+        )
     return root
 
 
@@ -218,11 +253,16 @@ def _cuda_architectures(hv: HostVars, cmake_args: tuple[str, ...]) -> str | None
     archs = [str(a).strip() for a in items if str(a).strip()]
     bad = [a for a in archs if not _CUDA_ARCH.match(a)]
     if not archs or bad:
-        raise hv.fail("llama_cuda_architectures", f"{(bad or [value])[0]!r} is not a CUDA architecture; give "
-                      "compute capabilities without the dot, e.g. 89 (RTX 40xx), 90 (H100/H200), 86,89")
+        raise hv.fail(
+            "llama_cuda_architectures",
+            f"{(bad or [value])[0]!r} is not a CUDA architecture; give "
+            "compute capabilities without the dot, e.g. 89 (RTX 40xx), 90 (H100/H200), 86,89",
+        )
     if any(a.startswith("-DCMAKE_CUDA_ARCHITECTURES") for a in cmake_args):
-        raise hv.fail("llama_cuda_architectures", "is also given as -DCMAKE_CUDA_ARCHITECTURES in llama_cmake_args; "
-                      "keep one of the two")
+        raise hv.fail(
+            "llama_cuda_architectures",
+            "is also given as -DCMAKE_CUDA_ARCHITECTURES in llama_cmake_args; keep one of the two",
+        )
     return ";".join(archs)
 
 
@@ -230,9 +270,15 @@ def backend_of(hv: HostVars) -> str:
     value = hv.string("llama_backend", "cpu")
     alias = BACKEND_ALIASES.get(str(value).strip().lower())
     if value not in BACKENDS and alias:
-        why = " ROCm is llama.cpp's HIP backend (GGML_HIP; its devices are named ROCm0, ROCm1…)." if alias == "hip" else ""
-        raise hv.fail("llama_backend", f"{value!r} is not a backend name: did you mean {alias}?{why} "
-                      f"(one of {', '.join(BACKENDS)})")
+        why = (
+            " ROCm is llama.cpp's HIP backend (GGML_HIP; its devices are named ROCm0, ROCm1…)."
+            if alias == "hip"
+            else ""
+        )
+        raise hv.fail(
+            "llama_backend",
+            f"{value!r} is not a backend name: did you mean {alias}?{why} (one of {', '.join(BACKENDS)})",
+        )
     return hv.choice("llama_backend", BACKENDS, "cpu")
 
 
@@ -264,7 +310,7 @@ def _patches(hv: HostVars) -> tuple[Patch, ...]:
     if not isinstance(value, list):
         raise hv.fail(
             "llama_patches",
-            "must be a list literal, e.g. [{\"pr\": 123, \"commit\": \"<sha>\"}, {\"file\": \"patches/x.patch\"}]",
+            'must be a list literal, e.g. [{"pr": 123, "commit": "<sha>"}, {"file": "patches/x.patch"}]',
         )
     patches, problems = [], []
     for i, entry in enumerate(value):
@@ -285,10 +331,14 @@ class _PatchEntryError(ValueError):
 def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
     where = f"entry {index}"
     if not isinstance(entry, dict):
-        raise _PatchEntryError(f"{where} must be a dict like {{\"pr\": 123, \"commit\": \"<sha>\"}}, got {entry!r}")
+        raise _PatchEntryError(f'{where} must be a dict like {{"pr": 123, "commit": "<sha>"}}, got {entry!r}')
     keys = set(entry)
-    forms = {frozenset({"pr", "commit"}): "pr", frozenset({"pr", "head"}): "pr",
-             frozenset({"remote", "ref", "commit"}): "remote", frozenset({"file"}): "file"}
+    forms = {
+        frozenset({"pr", "commit"}): "pr",
+        frozenset({"pr", "head"}): "pr",
+        frozenset({"remote", "ref", "commit"}): "remote",
+        frozenset({"file"}): "file",
+    }
     kind = forms.get(frozenset(keys))
     if kind is None:
         raise _PatchEntryError(
@@ -301,10 +351,14 @@ def _patch(hv: HostVars, index: int, entry: Any) -> Patch:
             raise _PatchEntryError(f"{where}: file must be a path string")
         path = (hv.inv.path.parent / rel).resolve()
         if not path.is_file():
-            raise _PatchEntryError(f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)")
+            raise _PatchEntryError(
+                f"{where}: patch file {path} does not exist (paths are relative to the inventory's directory)"
+            )
         if not is_patch_text(path.read_text(encoding="utf-8", errors="replace")):
-            raise _PatchEntryError(f"{where}: {path} is not a patch: no unified diff in it (`--- a/…`, "
-                          "`+++ b/…` and `@@` hunks, as `git diff` or `git format-patch` write); give the patch file")
+            raise _PatchEntryError(
+                f"{where}: {path} is not a patch: no unified diff in it (`--- a/…`, "
+                "`+++ b/…` and `@@` hunks, as `git diff` or `git format-patch` write); give the patch file"
+            )
         return Patch(kind="file", file=path)
     key = "head" if "head" in keys else "commit"
     # Full SHAs only, as for llama_commit: the one rule and its reason live in short_sha_error.
@@ -377,8 +431,10 @@ _ENV_VALUE = re.compile(r"^[A-Za-z0-9_.,:/+-]*$")
 # Variables with a runtime's prefix that make it load code from a path: CUDA's injection library,
 # ROCm's tools library, Vulkan's driver (ICD) and layer lists, ggml's backend library path. They
 # would run any library as the rpc-server's user: refused, whatever the prefix.
-_ENV_LOADS_CODE = re.compile(r"INJECTION|PRELOAD|LIBRARY|_LIBS?$|_TOOLS_LIB|LAYER|ICD|DRIVER_FILES|BACKEND_PATH|"
-                             r"BACKEND_DIR")
+_ENV_LOADS_CODE = re.compile(
+    r"INJECTION|PRELOAD|LIBRARY|_LIBS?$|_TOOLS_LIB|LAYER|ICD|DRIVER_FILES|BACKEND_PATH|"
+    r"BACKEND_DIR"
+)
 
 
 def rpc_env_of(hv: HostVars) -> tuple[tuple[str, str], ...]:
@@ -400,11 +456,16 @@ def rpc_env_of(hv: HostVars) -> tuple[tuple[str, str], ...]:
         if not eq or not _ENV_KEY.match(key):
             raise hv.fail("rpc_env", f"{item!r} is not NAME=VALUE (like GGML_VK_VISIBLE_DEVICES=0)")
         if not key.startswith(RPC_ENV_PREFIXES):
-            raise hv.fail("rpc_env", f"{key} is not a GPU runtime variable: rpc_env takes names starting with "
-                          f"{', '.join(RPC_ENV_PREFIXES)}")
+            raise hv.fail(
+                "rpc_env",
+                f"{key} is not a GPU runtime variable: rpc_env takes names starting with {', '.join(RPC_ENV_PREFIXES)}",
+            )
         if _ENV_LOADS_CODE.search(key):
-            raise hv.fail("rpc_env", f"{key} makes the runtime load a library or driver from a path: refused "
-                          "(code the RPC server would run); install drivers and layers system-wide instead")
+            raise hv.fail(
+                "rpc_env",
+                f"{key} makes the runtime load a library or driver from a path: refused "
+                "(code the RPC server would run); install drivers and layers system-wide instead",
+            )
         if not _ENV_VALUE.match(value):
             raise hv.fail("rpc_env", f"{key}: the value {value!r} may hold letters, digits and _ . , : / + - only")
         out.append((key, value))
@@ -431,9 +492,11 @@ def main_host_of(hv: HostVars) -> MainHost:
         raise hv.fail("llama_server_api_key_file", f"must be an absolute path on the main host, got {key_file!r}")
     hidden = next((d for d in SANDBOX_HIDDEN_DIRS if key_file and key_file.startswith(d)), None)
     if hidden:
-        raise hv.fail("llama_server_api_key_file",
-                      f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
-                      "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key")
+        raise hv.fail(
+            "llama_server_api_key_file",
+            f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
+            "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key",
+        )
     extra = hv.words("llama_server_extra_args")
     p_min = _p_min(hv)
     for arg in extra:
@@ -452,14 +515,19 @@ def main_host_of(hv: HostVars) -> MainHost:
             raise hv.fail("llama_server_extra_args", f"{flag} is also set by spec_draft_p_min; keep one of the two")
     spec_type = hv.string("spec_type", None)
     if spec_type is not None and spec_type not in DRAFT_TYPES:
-        raise hv.fail("spec_type", f"must be one of {', '.join(DRAFT_TYPES)} (a draft model on the remote device); "
-                      f"got {spec_type!r}")
+        raise hv.fail(
+            "spec_type",
+            f"must be one of {', '.join(DRAFT_TYPES)} (a draft model on the remote device); got {spec_type!r}",
+        )
     model, draft_model = _model(hv, "llama_model"), _model(hv, "llama_draft_model")
     build = build_of(hv)
     if spec_type == "draft-mtp" and draft_model is not None and draft_model == model:
-        raise hv.fail("spec_type", "draft-mtp with llama_draft_model = llama_model is MTP without a separate file: "
-                      "llama.cpp then runs the MTP heads on the target's devices and ignores the draft device; "
-                      "give the separate MTP GGUF (e.g. mtp-<model>.gguf) as llama_draft_model")
+        raise hv.fail(
+            "spec_type",
+            "draft-mtp with llama_draft_model = llama_model is MTP without a separate file: "
+            "llama.cpp then runs the MTP heads on the target's devices and ignores the draft device; "
+            "give the separate MTP GGUF (e.g. mtp-<model>.gguf) as llama_draft_model",
+        )
     ngl = hv.raw("spec_draft_ngl", "all")
     if not (ngl == "all" or (isinstance(ngl, int) and not isinstance(ngl, bool) and ngl >= 0)):
         raise hv.fail("spec_draft_ngl", f"must be 'all' or a number of layers (0 or more), got {ngl!r}")

@@ -6,14 +6,27 @@ sections are read in host_sections.py; this module puts them together and checks
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.cluster.fields import HostVars, cluster_error
-from tunnelspec.cluster.host_sections import BuildSettings, MainHost, Patch, RpcNode, SourcePin, Users, main_host_of, rpc_node_of, source_of
+from tunnelspec.cluster.host_sections import (
+    BuildSettings,
+    MainHost,
+    Patch,
+    RpcNode,
+    SourcePin,
+    Users,
+    main_host_of,
+    rpc_node_of,
+    source_of,
+)
 from tunnelspec.inventory.model import Inventory
 from tunnelspec.cluster.placement import TargetPlacement, parse_placement
-from tunnelspec.components.source import controller_repo
+
+# Checks the pinned source where it lives (the inventory, the main host's name, the pin); raises ClusterError.
+SourceCheck = Callable[[Inventory, str, SourcePin], None]
 
 __all__ = ["BuildSettings", "Cluster", "MainHost", "Patch", "RpcNode", "SourcePin", "Users"]
 
@@ -32,10 +45,14 @@ class Cluster:
 
     @property
     def skippable_draft(self):
-        """The draft-only node serving can go on without (docs/degraded.md), or None."""
-        from tunnelspec.components.front.model import skippable_draft
-
-        return skippable_draft(self)
+        """The draft-only node serving can go on without (docs/degraded.md), or None: the draft node
+        when it holds no target layers."""
+        d = self.draft_node
+        if d is None or d in self.target_nodes:
+            return None
+        if self.placement.weights is not None and (self.placement.weight_of(d.name) or 0) > 0:
+            return None
+        return d
 
     @property
     def draft_node(self) -> RpcNode | None:
@@ -51,8 +68,7 @@ class Cluster:
         """Nodes carrying target layers, in --rpc order: rpc_role=target, and a draft node given a
         positive proportion."""
         p = self.placement
-        return [n for n in self.rpc
-                if n.role == "target" or (p.weights is not None and (p.weight_of(n.name) or 0) > 0)]
+        return [n for n in self.rpc if n.role == "target" or (p.weights is not None and (p.weight_of(n.name) or 0) > 0)]
 
     def node(self, name: str) -> RpcNode:
         return next(n for n in self.rpc if n.name == name)
@@ -70,43 +86,58 @@ class Cluster:
         main, draft = self.main, self.draft_node
         if main.spec_type == "draft-mtp" and not main.draft_model:
             raise cluster_error(
-                self.inventory, main.name, "spec_type",
+                self.inventory,
+                main.name,
+                "spec_type",
                 "draft-mtp needs llama_draft_model, a separate MTP GGUF: without one llama.cpp builds the MTP "
                 "draft on the target model itself (its heads, its KV cache) and ignores the draft device, so "
                 "the draft could not run on the remote node",
             )
         if not main.model:
             raise cluster_error(
-                self.inventory, main.name, "llama_model",
+                self.inventory,
+                main.name,
+                "llama_model",
                 "is required to run llama-server; set it on the main host (a path on that host)",
             )
         if main.draft_model and draft is None:
             raise cluster_error(
-                self.inventory, main.name, "llama_draft_model",
+                self.inventory,
+                main.name,
+                "llama_draft_model",
                 "is set but no rpc node has rpc_role=draft: the draft model runs on a remote device; set "
                 "rpc_role=draft on one rpc node, or remove llama_draft_model for a target split with no draft",
             )
         if draft is not None and not main.draft_model:
             raise cluster_error(
-                self.inventory, draft.name, "rpc_role",
+                self.inventory,
+                draft.name,
+                "rpc_role",
                 "this node is the draft node (rpc_role=draft, the default role) but llama_draft_model is not "
                 "set: give the draft model on the main host, or set rpc_role=target on every rpc node for a "
                 "target split with no draft",
             )
         if draft is None:
-            for var, value in (("spec_type", main.spec_type), ("spec_draft_n_max", main.spec_draft_n_max),
-                               ("spec_draft_p_min", main.spec_draft_p_min)):
+            for var, value in (
+                ("spec_type", main.spec_type),
+                ("spec_draft_n_max", main.spec_draft_n_max),
+                ("spec_draft_p_min", main.spec_draft_p_min),
+            ):
                 if value is not None:
                     raise cluster_error(
-                        self.inventory, main.name, var,
+                        self.inventory,
+                        main.name,
+                        var,
                         "tunes the draft, and this cluster has none (no llama_draft_model, every rpc node "
                         "rpc_role=target): remove it, or add a draft model and a draft node",
                     )
 
     @classmethod
-    def from_inventory(cls, inv: Inventory, controller_source: bool = False) -> Cluster:
-        """`controller_source`: also check llama_repo=controller:PATH against the controller's git
-        (the commands that send the source; teardown does not)."""
+    def from_inventory(cls, inv: Inventory, source_check: SourceCheck | None = None) -> Cluster:
+        """`source_check`: also check the pinned source where it lives, e.g. llama_repo=controller:PATH
+        against the controller's git (the commands that send the source pass
+        `components.source.controller_repo.check_controller_source`; teardown does not). The model itself
+        runs no git and no network."""
         main_name, rpc_names = _topology(inv)
         for name in [main_name, *rpc_names]:
             HostVars(inv, name).check_typos()
@@ -114,15 +145,18 @@ class Cluster:
         source = sources[main_name]
         for name, other in sources.items():
             if other != source:
-                var = next(f for f in ("repo", "commit", "patches", "build_number")
-                           if getattr(other, f) != getattr(source, f))
+                var = next(
+                    f for f in ("repo", "commit", "patches", "build_number") if getattr(other, f) != getattr(source, f)
+                )
                 raise cluster_error(
-                    inv, name, f"llama_{var}",
+                    inv,
+                    name,
+                    f"llama_{var}",
                     f"differs from the main host {main_name}; every host must build the same "
                     "source, so set it once in [all:vars]",
                 )
-        if controller_source:
-            check_controller_source(inv, main_name, source)
+        if source_check is not None:
+            source_check(inv, main_name, source)
         main = main_host_of(HostVars(inv, main_name))
         if main.build.backend == "metal":
             raise cluster_error(inv, main_name, "llama_backend", METAL_MAIN)
@@ -130,8 +164,9 @@ class Cluster:
         _check_roles(inv, nodes)
         _check_ports(inv, main, nodes)
         local = () if main.target_devices == "none" else tuple(main.target_devices.split(","))
-        placement = parse_placement(HostVars(inv, main_name),
-                                    [(HostVars(inv, n.name), n.role, n.target_share) for n in nodes], local)
+        placement = parse_placement(
+            HostVars(inv, main_name), [(HostVars(inv, n.name), n.role, n.target_share) for n in nodes], local
+        )
         return cls(inventory=inv, main=main, rpc=nodes, source=source, placement=placement)
 
 
@@ -147,18 +182,6 @@ METAL_MAIN = (
 )
 
 
-def check_controller_source(inv: Inventory, main_name: str, source: SourcePin) -> None:
-    """llama_repo=controller:PATH: the controller's repository holds the pinned commit and every
-    patch commit (the hosts get them from it). Local git only; no network."""
-    if not controller_repo.is_controller_repo(source.repo):
-        return
-    try:
-        controller_repo.check(controller_repo.path_of(source.repo, inv.path.parent), source.commit,
-                              [p.pinned for p in source.patches if p.kind != "file"])
-    except controller_repo.ControllerRepoError as err:
-        raise cluster_error(inv, main_name, "llama_repo", str(err)) from None
-
-
 # ---- topology ------------------------------------------------------------------------------------
 def _topology(inv: Inventory) -> tuple[str, list[str]]:
     if "main" not in inv.groups:
@@ -167,16 +190,26 @@ def _topology(inv: Inventory) -> tuple[str, list[str]]:
     if len(mains) != 1:
         found = ", ".join(mains) or "none"
         raise cluster_error(
-            inv, None, None, f"group [main] must have exactly one host, found {len(mains)} ({found})",
+            inv,
+            None,
+            None,
+            f"group [main] must have exactly one host, found {len(mains)} ({found})",
             line=inv.hosts[mains[1]].line if len(mains) > 1 else inv.groups["main"].line,
         )
     if "rpc" not in inv.groups or not inv.group_hosts("rpc"):
-        raise cluster_error(inv, None, None, "no host in group [rpc]; add at least one node that runs ggml-rpc-server",
-                            line=inv.groups["rpc"].line if "rpc" in inv.groups else None)
+        raise cluster_error(
+            inv,
+            None,
+            None,
+            "no host in group [rpc]; add at least one node that runs ggml-rpc-server",
+            line=inv.groups["rpc"].line if "rpc" in inv.groups else None,
+        )
     rpcs = inv.group_hosts("rpc")
     if mains[0] in rpcs:
         raise cluster_error(
-            inv, mains[0], None,
+            inv,
+            mains[0],
+            None,
             "is in both [main] and [rpc]; the main host reaches rpc nodes through SSH tunnels, "
             "so list it in one group only",
         )
@@ -186,8 +219,17 @@ def _topology(inv: Inventory) -> tuple[str, list[str]]:
 
 # Variables that only mean something on an rpc node. Set on another host's own line they are a
 # misplaced node (e.g. "draft node not in [rpc]"): ignoring them would deploy without that node.
-RPC_ONLY_VARS = ("rpc_role", "rpc_port", "tunnel_port", "rpc_devices", "rpc_env", "rpc_threads", "rpc_bind", "rpc_cache",
-                 "rpc_target_share")
+RPC_ONLY_VARS = (
+    "rpc_role",
+    "rpc_port",
+    "tunnel_port",
+    "rpc_devices",
+    "rpc_env",
+    "rpc_threads",
+    "rpc_bind",
+    "rpc_cache",
+    "rpc_target_share",
+)
 
 
 def _check_rpc_vars_outside_rpc(inv: Inventory, rpcs: list[str]) -> None:
@@ -197,7 +239,9 @@ def _check_rpc_vars_outside_rpc(inv: Inventory, rpcs: list[str]) -> None:
         for var in RPC_ONLY_VARS:
             if var in host.vars:
                 raise cluster_error(
-                    inv, name, var,
+                    inv,
+                    name,
+                    var,
                     "is an rpc node setting but this host is not in [rpc]; move the host into [rpc] "
                     "or remove the variable",
                 )
@@ -208,7 +252,9 @@ def _check_roles(inv: Inventory, nodes: tuple[RpcNode, ...]) -> None:
     drafts = [n.name for n in nodes if n.role == "draft"]
     if len(drafts) > 1:
         raise cluster_error(
-            inv, drafts[1], "rpc_role",
+            inv,
+            drafts[1],
+            "rpc_role",
             f"more than one draft node ({', '.join(drafts)}); the draft model runs on one node: "
             "set rpc_role=target on the others (rpc_role defaults to draft)",
         )
@@ -224,7 +270,9 @@ def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> 
     for node in nodes:
         if node.tunnel_port in taken:
             raise cluster_error(
-                inv, node.name, "tunnel_port",
+                inv,
+                node.name,
+                "tunnel_port",
                 f"port {node.tunnel_port} on the main host is already used by {taken[node.tunnel_port]}; "
                 "give each rpc node its own tunnel_port",
             )
@@ -236,7 +284,9 @@ def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> 
         key = (address, node.rpc_port)
         if key in seen:
             raise cluster_error(
-                inv, node.name, "rpc_port",
+                inv,
+                node.name,
+                "rpc_port",
                 f"{seen[key]} on the same address {address} already uses rpc_port {node.rpc_port}",
             )
         seen[key] = node.name

@@ -52,8 +52,9 @@ def node_share(hv: HostVars) -> float | None:
     return None if value is None else _number(hv, "rpc_target_share", value)
 
 
-def parse_placement(main: HostVars, nodes: list[tuple[HostVars, str, float | None]],
-                    local_devices: tuple[str, ...]) -> TargetPlacement:
+def parse_placement(
+    main: HostVars, nodes: list[tuple[HostVars, str, float | None]], local_devices: tuple[str, ...]
+) -> TargetPlacement:
     """`nodes`: (node vars, role, rpc_target_share) in [rpc] order."""
     mode = main.string("llama_split_mode", None)
     if mode is not None and mode not in SPLIT_MODES:
@@ -62,8 +63,10 @@ def parse_placement(main: HostVars, nodes: list[tuple[HostVars, str, float | Non
     pairs = _pairs(main)
     names = {hv.host for hv, _, _ in nodes}
     if pairs is not None and shared:
-        raise shared[0][0].fail("rpc_target_share", f"proportions are already given by llama_tensor_split on "
-                                f"{main.host}; use one of the two (remove one)")
+        raise shared[0][0].fail(
+            "rpc_target_share",
+            f"proportions are already given by llama_tensor_split on {main.host}; use one of the two (remove one)",
+        )
     if pairs is None and not shared:
         return TargetPlacement(mode, None, None)
     if pairs is None:
@@ -73,15 +76,21 @@ def parse_placement(main: HostVars, nodes: list[tuple[HostVars, str, float | Non
         missing = [hv.host for hv, role, share in nodes if role == "target" and share is None]
         if missing:
             # At the line of the first target node without a share: that is where one is missing.
-            raise cluster_error(main.inv, main.host, None,
-                                f"rpc_target_share is set on {', '.join(h for h, _ in weights)} but not on "
-                                f"target node(s) {', '.join(missing)}; give every target node a share (0 = no layers)",
-                                line=main.inv.hosts[missing[0]].line)
+            raise cluster_error(
+                main.inv,
+                main.host,
+                None,
+                f"rpc_target_share is set on {', '.join(h for h, _ in weights)} but not on "
+                f"target node(s) {', '.join(missing)}; give every target node a share (0 = no layers)",
+                line=main.inv.hosts[missing[0]].line,
+            )
         missing_local = list(local_devices)
         if missing_local:
-            raise main.fail("llama_target_devices",
-                            f"with rpc_target_share the main host's own devices ({', '.join(missing_local)}) need "
-                            "a share too: use llama_tensor_split=\"<device>=W,<node>=W,...\" instead")
+            raise main.fail(
+                "llama_target_devices",
+                f"with rpc_target_share the main host's own devices ({', '.join(missing_local)}) need "
+                'a share too: use llama_tensor_split="<device>=W,<node>=W,..." instead',
+            )
     else:
         source = "llama_tensor_split"
         weights = []
@@ -93,23 +102,31 @@ def parse_placement(main: HostVars, nodes: list[tuple[HostVars, str, float | Non
             if name == "CPU":
                 if weight > 0:
                     weights.append((name, weight))  # main's CPU keeps this share: -ngl, not -ts
-                    ngl = next((a for a in main.words("llama_server_extra_args")
-                                if a.split("=", 1)[0] in NGL_FLAGS), None)
+                    ngl = next(
+                        (a for a in main.words("llama_server_extra_args") if a.split("=", 1)[0] in NGL_FLAGS), None
+                    )
                     if ngl is not None:
-                        raise main.fail(source, f"CPU={weight:g} sets how many layers leave main's CPU (-ngl), "
-                                        f"and llama_server_extra_args has {ngl} too: keep one of the two")
+                        raise main.fail(
+                            source,
+                            f"CPU={weight:g} sets how many layers leave main's CPU (-ngl), "
+                            f"and llama_server_extra_args has {ngl} too: keep one of the two",
+                        )
                 continue
             if name not in names and name not in local_devices:
                 known = ", ".join([*sorted(names), *local_devices]) or "none"
-                raise main.fail(source, f"{name!r} is neither an rpc node nor a device in llama_target_devices "
-                                f"(known: {known})")
+                raise main.fail(
+                    source, f"{name!r} is neither an rpc node nor a device in llama_target_devices (known: {known})"
+                )
             weights.append((name, weight))
         given = {n for n, _ in weights}
         missing = [hv.host for hv, role, _ in nodes if role == "target" and hv.host not in given]
         missing += [d for d in local_devices if d not in given]
         if missing:
-            raise main.fail(source, f"no proportion for target device(s) {', '.join(missing)}; give each "
-                            "one (0 = no layers), e.g. " + ",".join(f"{m}=1" for m in missing))
+            raise main.fail(
+                source,
+                f"no proportion for target device(s) {', '.join(missing)}; give each "
+                "one (0 = no layers), e.g. " + ",".join(f"{m}=1" for m in missing),
+            )
     if not any(w > 0 for _, w in weights):
         raise main.fail(source, "every proportion is 0: give at least one target device a positive share")
     return TargetPlacement(mode, tuple(weights), source)
@@ -128,12 +145,18 @@ def _pairs(main: HostVars) -> list[tuple[str, float]] | None:
                 continue
             m = _PAIR.match(part)
             if not m:
-                raise main.fail("llama_tensor_split", f"{part.strip()!r} is not NAME=WEIGHT (e.g. rpc-a=1,rpc-b=3): "
-                                "proportions are given by node or device name, not by position")
+                raise main.fail(
+                    "llama_tensor_split",
+                    f"{part.strip()!r} is not NAME=WEIGHT (e.g. rpc-a=1,rpc-b=3): "
+                    "proportions are given by node or device name, not by position",
+                )
             items.append((m.group(1), m.group(2)))
     else:
-        raise main.fail("llama_tensor_split", f"must be NAME=WEIGHT pairs like \"rpc-a=1,rpc-b=3\" (by node or "
-                        f"device name, not by position), got {value!r}")
+        raise main.fail(
+            "llama_tensor_split",
+            f'must be NAME=WEIGHT pairs like "rpc-a=1,rpc-b=3" (by node or '
+            f"device name, not by position), got {value!r}",
+        )
     if not items:
         raise main.fail("llama_tensor_split", "is empty; give NAME=WEIGHT pairs or remove the line")
     return [(n, _number(main, "llama_tensor_split", v)) for n, v in items]

@@ -11,18 +11,19 @@ from pathlib import Path
 
 from tunnelspec.core.constants import TLS_CERT, TLS_KEY
 from tunnelspec.cluster.fields import HostVars
+from tunnelspec.cluster.tls_names import ca_dir_for, parse_names
 
 OWN_VARS = ("llama_server_tls_cert_file", "llama_server_tls_key_file", "llama_server_tls_ca_file")
 
 
 @dataclass(frozen=True)
 class TlsSettings:
-    names: tuple[str, ...]          # llama_server_tls_names: the first is the one tunnelspec checks
-    ca_dir: Path                    # the inventory's CA on the controller (unused with own files)
-    own_cert: Path | None = None    # the user's own files (all three or none)
+    names: tuple[str, ...]  # llama_server_tls_names: the first is the one tunnelspec checks
+    ca_dir: Path  # the inventory's CA on the controller (unused with own files)
+    own_cert: Path | None = None  # the user's own files (all three or none)
     own_key: Path | None = None
     own_ca: Path | None = None
-    key_path: str = TLS_KEY         # on main: HAProxy's `crt <cert_path>` loads the key from <cert_path>.key
+    key_path: str = TLS_KEY  # on main: HAProxy's `crt <cert_path>` loads the key from <cert_path>.key
     cert_path: str = TLS_CERT
 
     @property
@@ -40,8 +41,6 @@ class TlsSettings:
 
 
 def _default_names(hv: HostVars) -> list[str]:
-    from tunnelspec.components.tls.ca import parse_names
-
     out = []
     for name in (hv.values.get("ansible_host"), hv.host):
         try:
@@ -61,16 +60,20 @@ def _controller_path(hv: HostVars, var: str) -> Path | None:
 
 
 def tls_of(hv: HostVars) -> TlsSettings:
-    from tunnelspec.components.tls.ca import ca_dir_for, parse_names
-
     raw = hv.raw("llama_server_tls_names", None)
     names = list(hv.csv("llama_server_tls_names")) if raw is not None else _default_names(hv)
     if raw is not None and not names:
-        raise hv.fail("llama_server_tls_names", "is empty; list the names and addresses clients use, "
-                      "e.g. llama_server_tls_names=llm.example.org,192.168.1.20")
+        raise hv.fail(
+            "llama_server_tls_names",
+            "is empty; list the names and addresses clients use, "
+            "e.g. llama_server_tls_names=llm.example.org,192.168.1.20",
+        )
     if not names:
-        raise hv.fail("llama_server_tls_names", f"neither ansible_host nor the name {hv.host!r} is a DNS name or "
-                      "address; list the names clients use, e.g. llama_server_tls_names=llm.example.org")
+        raise hv.fail(
+            "llama_server_tls_names",
+            f"neither ansible_host nor the name {hv.host!r} is a DNS name or "
+            "address; list the names clients use, e.g. llama_server_tls_names=llm.example.org",
+        )
     try:
         parsed = parse_names(names)
     except ValueError as e:
@@ -80,8 +83,9 @@ def tls_of(hv: HostVars) -> TlsSettings:
     given = [v for v, p in own.items() if p is not None]
     if given and len(given) != len(OWN_VARS):
         missing = [v for v in OWN_VARS if own[v] is None]
-        raise hv.fail(given[0], f"your own certificate needs all three of {', '.join(OWN_VARS)}; "
-                      f"missing: {', '.join(missing)}")
+        raise hv.fail(
+            given[0], f"your own certificate needs all three of {', '.join(OWN_VARS)}; missing: {', '.join(missing)}"
+        )
     # The files themselves are read and checked before a deploy changes any host (certs.preflight,
     # tls/own.py), errors naming the variable; commands that only read (status, client-config) need
     # no key file on this controller.
@@ -89,6 +93,7 @@ def tls_of(hv: HostVars) -> TlsSettings:
     return TlsSettings(
         names=tuple(names),
         ca_dir=tls_dir if tls_dir is not None else ca_dir_for(hv.inv.path),
-        own_cert=own["llama_server_tls_cert_file"], own_key=own["llama_server_tls_key_file"],
+        own_cert=own["llama_server_tls_cert_file"],
+        own_key=own["llama_server_tls_key_file"],
         own_ca=own["llama_server_tls_ca_file"],
     )

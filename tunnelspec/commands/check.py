@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tunnelspec.core.errors import ClusterError, EXIT_OK, EXIT_USAGE, InventoryError, SourceError
 from tunnelspec.cluster.fields import KNOWN_VARS, USER_VAR_PREFIX, cluster_error, is_unknown_var, nearest_var
+from tunnelspec.components.source.controller_repo import check_controller_source
 
 TUNNELSPEC_GROUPS = ("main", "rpc")
 SCHEMA = 1
@@ -128,7 +129,8 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
         report.add(_from_error("error", err))
     inv = inv.with_extra_vars(extra_vars or {})
     _check_groups(inv, report)
-    collected = collect_cluster_errors(inv, models=True, controller_source=controller_git)
+    collected = collect_cluster_errors(inv, models=True,
+                                       source_check=check_controller_source if controller_git else None)
     for err in collected.errors:
         if parse_errors and not err.var:
             continue  # "no host in [rpc]" after a header that could not be read says nothing new

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunnelspec.connection import ConnectOptions, connect
-from tunnelspec.llama.server_args import UNIT as SERVER_UNIT
-from tunnelspec.llama.server_args import last_acceptance
+from tunnelspec.components.server.args import UNIT as SERVER_UNIT
+from tunnelspec.components.server.args import last_acceptance
 from tunnelspec.core.secrets import mask_text, masked, secret_values
 
 CMD_TIMEOUT = 30.0  # one remote command

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import flags
-from tunnelspec.llama.preflight import load_record
-from tunnelspec.llama.server_args import UNIT, build_server_argv
+from tunnelspec.components.server.preflight import load_record
+from tunnelspec.components.server.args import UNIT, build_server_argv
 from tunnelspec.components.tunnel.units import KEY_PATH, KNOWN_HOSTS, node_ssh_target, ssh_argv, unit_name
 
 RPC_UNIT = "tunnelspec-rpc.service"

@@ -66,9 +66,10 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     cluster = load_cluster(inv) if not require_cluster else None
     if require_cluster:
         from tunnelspec.cluster.model import Cluster
+        from tunnelspec.components.source.controller_repo import check_controller_source
 
         # The controller's llama.cpp repository matters to the deploy, which sends the source from it.
-        cluster = Cluster.from_inventory(inv, controller_source=require_models)
+        cluster = Cluster.from_inventory(inv, source_check=check_controller_source if require_models else None)
         if require_models:
             # deploy ends with llama-server: a missing model must stop the run before any host is touched.
             cluster.require_models()
@@ -95,7 +96,7 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
                 # spec_type, split mode and extra args against the pinned build's --help: a setting the
                 # build lacks stops here (exit 2), before any play changes a host. Main's connection is
                 # the run's own (with its pre-opened socket): the run goes on over it.
-                from tunnelspec.llama.preflight import preflight as check_build
+                from tunnelspec.components.server.preflight import preflight as check_build
 
                 run.preconnect(playbook)
                 note = await check_build(cluster, lambda: run.connection(cluster.main.name))

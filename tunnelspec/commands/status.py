@@ -14,47 +14,36 @@ from tunnelspec.core.errors import EXIT_UNREACHABLE, HostUnreachable
 from tunnelspec.facts import nft, port_owners, sockets
 from tunnelspec.core import http
 from tunnelspec.llama import props, rpc, split_proof
-from tunnelspec.llama.server_args import UNIT, last_acceptance, tunnel_unit
+from tunnelspec.components.server.args import UNIT, last_acceptance, tunnel_unit
 from tunnelspec.components.rpc import RPC_UNIT, START_OF_RUN_SCRIPT
 from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
+from tunnelspec.components.front.serving import serving_state, sh, unit_state
+from tunnelspec.llama.devices import served_text
 
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
 
 
-async def _sh(conn, argv, timeout=20) -> str:
-    try:
-        res = await conn.probe(argv, timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - reported in the row, other fields still gathered
-        return f"error: {e}"
-    return res.stdout.strip() if res.rc == 0 else ""
-
-
 async def _source_build(conn, root: str) -> dict:
-    src = await _sh(conn, ["git", "-C", f"{root}/src/llama.cpp", "rev-parse", "HEAD", "HEAD^{tree}"])
+    src = await sh(conn, ["git", "-C", f"{root}/src/llama.cpp", "rev-parse", "HEAD", "HEAD^{tree}"])
     parts = src.split()
-    build = await _sh(conn, ["readlink", "-e", "--", f"{root}/current"])
+    build = await sh(conn, ["readlink", "-e", "--", f"{root}/current"])
     return {"commit": parts[0] if len(parts) == 2 else None, "tree": parts[1] if len(parts) == 2 else None,
             "build": build.rsplit("/", 1)[-1] if build else None}
-
-
-async def _unit_state(conn, unit: str) -> str:
-    res = await conn.probe(["systemctl", "is-active", unit])
-    return res.stdout.strip() or "unknown"
 
 
 async def _main_status(conn, cluster) -> dict:
     main = cluster.main
     out = {"role": "main", **await _source_build(conn, main.root)}
-    ports = {s.port for s in sockets.parse(await _sh(conn, sockets.COMMAND)) if s.loopback_only}
-    raw = await _sh(conn, ["cat", DEVICES_CACHE])
+    ports = {s.port for s in sockets.parse(await sh(conn, sockets.COMMAND)) if s.loopback_only}
+    raw = await sh(conn, ["cat", DEVICES_CACHE])
     try:
         devices = {int(k): v for k, v in json.loads(raw)["devices"].items()} if raw else {}
     except (ValueError, KeyError):
         devices = {}
-    out["tunnels"] = [{"node": n.name, "unit": await _unit_state(conn, tunnel_unit(n.name)),
+    out["tunnels"] = [{"node": n.name, "unit": await unit_state(conn, tunnel_unit(n.name)),
                        "endpoint": n.endpoint, "listening": n.tunnel_port in ports, "role": n.role,
                        "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
-    server = {"unit": await _unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
+    server = {"unit": await unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
     tls = ApiTls.of(main)
     seen = Seen()
     try:
@@ -70,7 +59,7 @@ async def _main_status(conn, cluster) -> dict:
     if server["health"] == "ok" and not main.api_key_file:
         # With an API key /props needs it; status does not read secrets, so the type stays unknown.
         server["spec_type"] = (await props.read_spec_types(opener, timeout=5))["active"]
-    journal = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
+    journal = await sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "2000", "-u", UNIT], timeout=30)
     server["draft_acceptance"] = last_acceptance(journal)
     server.update(await _split_status(conn, cluster, devices))
     server["serving"] = await serving_state(conn, cluster, devices)
@@ -88,40 +77,6 @@ async def _generations(conn, shown: int = 4) -> dict:
     rows = [{"n": n, "current": n == current, "summary": gen.summary(r)}
             for n, r in sorted(records.items(), reverse=True)[:shown]]
     return {"current": current, "kept": sorted(records), "recent": rows}
-
-
-def _iso(t) -> str | None:
-    import time
-
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(t))) if t else None
-
-
-async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
-    """The mode llama-server was last started in (the launcher's file, docs/degraded.md): speculative
-    (the draft on its node's device), degraded (the target alone while a draft-only node is away, since
-    when and why), waiting (a node with target layers holds serving down), or plain (no draft)."""
-    from tunnelspec.components.front import model as front
-
-    raw = await _sh(conn, ["cat", front.STATE_PATH])
-    try:
-        state = json.loads(raw) if raw and not raw.startswith("error") else {}
-    except ValueError:
-        state = {}
-    mode = state.get("mode") or "unknown"
-    draft = cluster.draft_node
-    out = {"mode": mode, "since": _iso(state.get("since")), "node": state.get("node"),
-           "reason": state.get("reason") or None,
-           "watch": await _unit_state(conn, front.WATCH_UNIT) if front.skippable_draft(cluster) else None,
-           "draft_node": draft.name if draft else None,
-           "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else []}
-    if mode in (front.DEGRADED, front.WAITING) and state.get("node"):
-        # Why the tunnel is down, in ssh's own words (e.g. "connect to host … Connection timed out").
-        j = await _sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u",
-                             tunnel_unit(state["node"])], timeout=20)
-        said = [l.strip() for l in j.splitlines() if l.strip().startswith("ssh:") or "Connection" in l
-                or "Permission denied" in l or "Host key" in l]
-        out["detail"] = said[-1] if said else None
-    return out
 
 
 def serving_line(sv: dict) -> str:
@@ -147,7 +102,7 @@ async def _split_status(conn, cluster, devices: dict) -> dict:
     for a split, where the current run's load lines put them (llama/split_proof.py)."""
     if cluster.speculative:
         return {"kind": "speculative"}
-    text = await _sh(conn, ["sh", "-c", split_proof.LOAD_LINES_SCRIPT, "sh", UNIT], timeout=30)
+    text = await sh(conn, ["sh", "-c", split_proof.LOAD_LINES_SCRIPT, "sh", UNIT], timeout=30)
     nodes = {n.name: devices.get(n.tunnel_port, []) for n in cluster.rpc}
     load = split_proof.target_load(text, nodes, {n.name: n.tunnel_port for n in cluster.rpc})
     return {"kind": "split", "layers": split_proof.load_summary(load)}
@@ -156,10 +111,10 @@ async def _split_status(conn, cluster, devices: dict) -> dict:
 async def _rpc_status(conn, node) -> dict:
     from tunnelspec.llama import devices as dv
 
-    out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await _unit_state(conn, RPC_UNIT)}
+    out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await unit_state(conn, RPC_UNIT)}
     result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
     # What the server serves, as its start banner says (device, description, memory): main's RPC<n>.
-    text = await _sh(conn, ["sh", "-c", START_OF_RUN_SCRIPT, "sh", RPC_UNIT])
+    text = await sh(conn, ["sh", "-c", START_OF_RUN_SCRIPT, "sh", RPC_UNIT])
     log = dv.parse_node_log(text)
     served = [d.as_fact() for d in log.banner.devices] if log.banner else None
     if result.ok:
@@ -171,17 +126,6 @@ async def _rpc_status(conn, node) -> dict:
         state = "serving llama-server" if result.status is rpc.ProbeStatus.BUSY else str(result)
         out["rpc"] = {"version": banner[-1] if banner else None, "devices": None, "state": state, "served": served}
     return out
-
-
-def _served_text(names: list[str], served: list[dict] | None) -> str:
-    """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
-    (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
-    if not names:
-        return "?"
-    if not served:
-        return ",".join(names)
-    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
-                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))
 
 
 def _opted_out(hv: dict) -> bool:
@@ -313,7 +257,7 @@ def render(report: dict) -> str:
             served = ((report["hosts"].get(t["node"]) or {}).get("rpc") or {}).get("served")
             lines.append(f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
                          f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
-                         f"devices {_served_text(t['devices'], served)}")
+                         f"devices {served_text(t['devices'], served)}")
         if "isolation" in h:
             iso = h["isolation"]
             extra = f" ({iso['refused']} refused so far)" if iso.get("refused") else ""

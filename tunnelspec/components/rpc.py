@@ -225,7 +225,7 @@ async def existing_groups(conn, wanted: list[str]) -> tuple[list[str], list[str]
 async def _last_words(conn, lines: int = 8) -> str:
     """The RPC unit's last journal lines (a server that exits at start says why there: an unknown
     device, a GPU runtime's exception), for a failure message."""
-    from tunnelspec.llama.server_death import last_words
+    from tunnelspec.components.server.death import last_words
 
     res = await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", "200"], timeout=30)
     # A server killed by a signal in a restart loop: its own last line (an abort's message) is far

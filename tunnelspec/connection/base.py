@@ -44,12 +44,12 @@ class Result:
 
 @dataclass
 class ConnectOptions:
-    known_hosts: str | None = None          # path or file content (from TUNNELSPEC_KNOWN_HOSTS)
+    known_hosts: str | None = None  # path or file content (from TUNNELSPEC_KNOWN_HOSTS)
     accept_new_host_keys: bool = False
     connect_timeout: float = 10.0
     login_timeout: float = 20.0
     keepalive_interval: float = 15.0
-    private_key: Secret | None = None       # key content from TUNNELSPEC_SSH_KEY
+    private_key: Secret | None = None  # key content from TUNNELSPEC_SSH_KEY
     use_ssh_config: bool = True
 
 
@@ -58,7 +58,7 @@ class ConnectSession:
     """What the connections of one run share, apart from the options (which a run never changes):
     the TCP sockets opened ahead (connection/preconnect.py) and the host keys pinned on first use."""
 
-    preconnect: object = None               # connection/preconnect.Preconnect, if any
+    preconnect: object = None  # connection/preconnect.Preconnect, if any
     new_host_keys: list = field(default_factory=list)  # (host, known_hosts line) pinned this run
 
 
@@ -73,8 +73,7 @@ class Connection(abc.ABC):
     is_root: bool = True
 
     @abc.abstractmethod
-    async def _exec(self, argv: list[str], input: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]:
-        ...
+    async def _exec(self, argv: list[str], input: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes]: ...
 
     @abc.abstractmethod
     async def open_connection(self, host: str, port: int):
@@ -86,11 +85,10 @@ class Connection(abc.ABC):
         return None
 
     @abc.abstractmethod
-    async def close(self) -> None:
-        ...
+    async def close(self) -> None: ...
 
     # ---- become (connection/become.py): set by a subclass when the login is not root ----------
-    _becomer = None            # become.Become, or None: commands run as the login
+    _becomer = None  # become.Become, or None: commands run as the login
 
     @property
     def become_user(self) -> str | None:
@@ -113,14 +111,14 @@ class Connection(abc.ABC):
         await self._becomer.ensure(self._exec_login)
         return self._becomer.wrap(argv), self._becomer.stdin_prefix()
 
-    async def spawn(self, argv) -> "Spawned":
+    async def spawn(self, argv) -> Spawned:
         """A long-lived command whose stdin stays open until `Spawned.close()` or until this
         connection dies (the run lock: engine/runlock.py). stderr is merged into stdout."""
         raise NotImplementedError(f"{type(self).__name__} cannot hold a process open")
 
     # ---- read-only probes, batched (see connection/probes.py) -------------------------------
     _probes: ProbeCache | None = None
-    _changes_started = 0       # commands that may change the host: started, and still running
+    _changes_started = 0  # commands that may change the host: started, and still running
     _changes_running = 0
 
     def _host_may_change(self) -> None:
@@ -170,8 +168,15 @@ class Connection(abc.ABC):
         self._probes.fill([list(a) for a in unique], parsed, wanted)
         return len(self._probes)
 
-    async def probe(self, argv, *, check: bool = False, input: bytes | str | None = None,
-                    timeout: float | None = None, become: bool = True) -> Result:
+    async def probe(
+        self,
+        argv,
+        *,
+        check: bool = False,
+        input: bytes | str | None = None,
+        timeout: float | None = None,
+        become: bool = True,
+    ) -> Result:
         """A read-only command (a fact): from the last prefetch if the host is unchanged since.
         Unlike `run`, it never drops the prefetched results: it changes nothing on the host, so what
         the batch read is still true after it. A probe with `input` is never served from a batch."""
@@ -181,13 +186,15 @@ class Connection(abc.ABC):
         return await self._run(argv, input, timeout, check, become)
 
     @abc.abstractmethod
-    async def _stream(self, argv: list[str], on_line, timeout: float | None,
-                      stdin: bytes | None = None) -> tuple[int, str]:
+    async def _stream(
+        self, argv: list[str], on_line, timeout: float | None, stdin: bytes | None = None
+    ) -> tuple[int, str]:
         """Run argv, calling on_line(str) for each line of stdout+stderr; returns (rc, last output).
         `stdin`: written to the command's stdin, then EOF (the become password line)."""
 
-    async def run_stream(self, argv, on_line, *, timeout: float | None = None, check: bool = False,
-                         become: bool = True) -> Result:
+    async def run_stream(
+        self, argv, on_line, *, timeout: float | None = None, check: bool = False, become: bool = True
+    ) -> Result:
         """For long commands (builds): progress as it happens, not only at the end."""
         self._host_may_change()
         self._changes_running += 1
@@ -202,17 +209,27 @@ class Connection(abc.ABC):
         if become:
             real, stdin = await self._as_root(real)
         try:
-            rc, tail = await (asyncio.wait_for(self._stream(real, on_line, timeout, stdin or None), timeout)
-                              if timeout else self._stream(real, on_line, None, stdin or None))
-        except asyncio.TimeoutError:
+            rc, tail = await (
+                asyncio.wait_for(self._stream(real, on_line, timeout, stdin or None), timeout)
+                if timeout
+                else self._stream(real, on_line, None, stdin or None)
+            )
+        except TimeoutError:
             raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
         res = Result(list(argv), rc, tail, "")
         if check and rc != 0:
             raise TaskFailed(f"command failed (rc={rc}): {display_argv(argv)}\n{_tail(tail, 30)}")
         return res
 
-    async def run(self, argv, *, input: bytes | str | None = None, timeout: float | None = None,
-                  check: bool = False, become: bool = True) -> Result:
+    async def run(
+        self,
+        argv,
+        *,
+        input: bytes | str | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        become: bool = True,
+    ) -> Result:
         self._host_may_change()
         self._changes_running += 1
         try:
@@ -229,9 +246,12 @@ class Connection(abc.ABC):
         if prefix:
             data = prefix + (data or b"")
         try:
-            rc, out, err = await asyncio.wait_for(self._exec(real, data, timeout), timeout) \
-                if timeout else await self._exec(real, data, None)
-        except asyncio.TimeoutError:
+            rc, out, err = (
+                await asyncio.wait_for(self._exec(real, data, timeout), timeout)
+                if timeout
+                else await self._exec(real, data, None)
+            )
+        except TimeoutError:
             raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
         res = Result(list(argv), rc, out.decode(errors="replace"), err.decode(errors="replace"), out)
         if check and rc != 0:
@@ -241,8 +261,7 @@ class Connection(abc.ABC):
     async def put(self, data: bytes | str, path: str, mode: int = 0o644, owner: str | None = None) -> None:
         if isinstance(data, str):
             data = data.encode()
-        await self.run(["sh", "-c", _PUT_SCRIPT, "sh", path, format(mode, "o"), owner or ""],
-                       input=data, check=True)
+        await self.run(["sh", "-c", _PUT_SCRIPT, "sh", path, format(mode, "o"), owner or ""], input=data, check=True)
 
     async def get(self, path: str) -> bytes | None:
         res = await self.probe(read_argv(path))

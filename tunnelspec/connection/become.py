@@ -69,7 +69,7 @@ class Become:
         self.host = host
         self.user = user
         self.password = password
-        self.mode: str | None = None          # "nopasswd" | "password", once decided
+        self.mode: str | None = None  # "nopasswd" | "password", once decided
         self._error: BecomeError | None = None
         self._lock: asyncio.Lock | None = None
 
@@ -99,9 +99,11 @@ class Become:
                 raise self._error
             try:
                 self.mode = await asyncio.wait_for(self._decide(exec_), CHECK_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                self._error = BecomeError(f"{self.host}: sudo did not answer within {CHECK_TIMEOUT_S:g}s for the "
-                                          f"login {self.user!r} (ansible_become=true)")
+            except TimeoutError:
+                self._error = BecomeError(
+                    f"{self.host}: sudo did not answer within {CHECK_TIMEOUT_S:g}s for the "
+                    f"login {self.user!r} (ansible_become=true)"
+                )
                 raise self._error from None
             except BecomeError as e:
                 self._error = e
@@ -123,9 +125,11 @@ class Become:
         if "password is required" not in low:
             raise self._fail(f"`sudo -n true` failed (rc={rc}): {said}")
         if self.password is None:
-            raise self._fail(f"sudo asks it for a password ({said}) and no ansible_become_password is set: "
-                             f"set it (a secret, e.g. -e @secrets.yml), or allow NOPASSWD for {self.user} in sudoers "
-                             f"(is {self.user} in sudoers at all?)")
+            raise self._fail(
+                f"sudo asks it for a password ({said}) and no ansible_become_password is set: "
+                f"set it (a secret, e.g. -e @secrets.yml), or allow NOPASSWD for {self.user} in sudoers "
+                f"(is {self.user} in sudoers at all?)"
+            )
         if "\n" in self.password.reveal() or "\r" in self.password.reveal():
             raise self._fail("ansible_become_password holds a line break: sudo reads one line")
         rc, out, err = await exec_([*PASSWORD_PREFIX, "true"], (self.password.reveal() + "\n").encode())
@@ -136,6 +140,8 @@ class Become:
         if "sudoers" in low or "may not run sudo" in low or "not allowed" in low:
             raise self._fail(f"sudo refuses it ({said}): add {self.user} to sudoers, or log in as root")
         if "incorrect password" in low or "no password was provided" in low or "authentication" in low:
-            raise self._fail(f"sudo rejected the become password (ansible_become_password) ({said}); "
-                             "it was tried once and is not retried")
+            raise self._fail(
+                f"sudo rejected the become password (ansible_become_password) ({said}); "
+                "it was tried once and is not retried"
+            )
         raise self._fail(f"`sudo -S true` with the become password failed (rc={rc}): {said}")

@@ -26,9 +26,11 @@ def client_keys(host: str, key_files: list[str], env_key: Secret | None) -> tupl
             if _needs_passphrase(e):
                 raise HostUnreachable(
                     f"{host}: TUNNELSPEC_SSH_KEY holds an encrypted private key; tunnelspec never asks for a "
-                    "passphrase: store an unencrypted deploy key in your CI secret store, or use ssh-agent") from None
-            raise HostUnreachable(f"{host}: TUNNELSPEC_SSH_KEY is not a readable OpenSSH/PEM private key "
-                                  f"({type(e).__name__})") from None
+                    "passphrase: store an unencrypted deploy key in your CI secret store, or use ssh-agent"
+                ) from None
+            raise HostUnreachable(
+                f"{host}: TUNNELSPEC_SSH_KEY is not a readable OpenSSH/PEM private key ({type(e).__name__})"
+            ) from None
     encrypted = []
     for path in key_files:
         try:
@@ -45,5 +47,6 @@ def client_keys(host: str, key_files: list[str], env_key: Secret | None) -> tupl
         raise HostUnreachable(
             f"{host}: private key {encrypted[0]} is encrypted and no ssh-agent is available (SSH_AUTH_SOCK "
             "is unset); tunnelspec never prompts for a passphrase: `ssh-add` the key to an agent, or pass an "
-            "unencrypted deploy key in TUNNELSPEC_SSH_KEY")
+            "unencrypted deploy key in TUNNELSPEC_SSH_KEY"
+        )
     return keys, encrypted

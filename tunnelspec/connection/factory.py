@@ -51,8 +51,10 @@ def check_known_hosts(inventory, hosts, opts: ConnectOptions) -> None:
         seen.add((spec, pin))
         load_known_hosts_text(spec)
         if opts.accept_new_host_keys and pin and not os.path.isdir(os.path.dirname(os.path.abspath(pin)) or "."):
-            raise UsageError(f"{name}: --accept-new-host-keys would pin to {pin}, but its directory "
-                             f"{os.path.dirname(os.path.abspath(pin))} does not exist; create it first")
+            raise UsageError(
+                f"{name}: --accept-new-host-keys would pin to {pin}, but its directory "
+                f"{os.path.dirname(os.path.abspath(pin))} does not exist; create it first"
+            )
 
 
 def ssh_target(name: str, host_vars: dict) -> tuple[str, int]:
@@ -63,8 +65,9 @@ def is_ssh(host_vars: dict) -> bool:
     return str(host_vars.get("ansible_connection", "ssh")) in ("ssh", "smart")
 
 
-async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None,
-                  session: ConnectSession | None = None) -> Connection:
+async def connect(
+    name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None, session: ConnectSession | None = None
+) -> Connection:
     """`session`: shared by the connections of one run (a fresh one when not given)."""
     kind = str(host_vars.get("ansible_connection", "ssh"))
     become = truthy(host_vars.get("ansible_become", False))
@@ -82,5 +85,15 @@ async def connect(name: str, host_vars: dict, opts: ConnectOptions, inventory_di
     key = expand_user_path(host_vars.get("ansible_ssh_private_key_file"), inventory_dir)
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
     local_opts = dataclasses.replace(opts, known_hosts=spec)
-    return await SSHConnection.open(name, address, port, user, [key] if key else [], become, local_opts, pin,
-                                    session if session is not None else ConnectSession(), become_password=password)
+    return await SSHConnection.open(
+        name,
+        address,
+        port,
+        user,
+        [key] if key else [],
+        become,
+        local_opts,
+        pin,
+        session if session is not None else ConnectSession(),
+        become_password=password,
+    )

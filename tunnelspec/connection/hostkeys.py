@@ -38,8 +38,9 @@ def load_known_hosts_text(spec: str | None) -> str:
         p = Path(spec).expanduser()
         where = f"known_hosts file {p}"
         if p.is_dir():
-            raise UsageError(f"{where} is a directory; tunnelspec_known_hosts (or TUNNELSPEC_KNOWN_HOSTS) "
-                             "must name a file")
+            raise UsageError(
+                f"{where} is a directory; tunnelspec_known_hosts (or TUNNELSPEC_KNOWN_HOSTS) must name a file"
+            )
         try:
             text = p.read_text()
         except FileNotFoundError:
@@ -49,8 +50,10 @@ def load_known_hosts_text(spec: str | None) -> str:
     try:
         parsed_known_hosts(text)
     except (ValueError, asyncssh.Error) as e:
-        raise UsageError(f"{where}: not a known_hosts file ({e}); fix or remove the line, "
-                         "or let `tunnelspec hostkeys scan` print the lines to use") from None
+        raise UsageError(
+            f"{where}: not a known_hosts file ({e}); fix or remove the line, "
+            "or let `tunnelspec hostkeys scan` print the lines to use"
+        ) from None
     return text
 
 
@@ -82,8 +85,9 @@ def keys_for(text: str, address: str, port: int) -> list[asyncssh.SSHKey]:
 class HostKeyPolicy:
     """Validates keys not matched by asyncssh's own known_hosts check."""
 
-    def __init__(self, host_name: str, address: str, port: int, known_text: str, accept_new: bool,
-                 pin_path: str | None):
+    def __init__(
+        self, host_name: str, address: str, port: int, known_text: str, accept_new: bool, pin_path: str | None
+    ):
         self.host_name, self.address, self.port = host_name, address, port
         self._text = known_text
         self._match = match_for(known_text, address, port)
@@ -122,8 +126,10 @@ class HostKeyPolicy:
             pinned = ", ".join(fingerprint(k) for k in self.known)
             return HostKeyError(
                 f"{where}: HOST KEY CHANGED. Pinned {pinned}, host presented {fp}. This may be an attack; "
-                "if the host was really reinstalled, remove the old line from known_hosts and re-verify.")
+                "if the host was really reinstalled, remove the old line from known_hosts and re-verify."
+            )
         into = f"add the line it prints to {self.pin_path}" if self.pin_path else "add its line to known_hosts"
         return HostKeyError(
             f"{where}: unknown host key {fp}. Run `tunnelspec hostkeys scan`, verify the fingerprint out of band, "
-            f"then {into}; or pass --accept-new-host-keys to pin it on first use.")
+            f"then {into}; or pass --accept-new-host-keys to pin it on first use."
+        )

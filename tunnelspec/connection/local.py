@@ -21,8 +21,12 @@ class LocalConnection(Connection):
 
     async def _exec(self, argv, input, timeout):
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+            *argv,
+            stdin=asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             out, err = await proc.communicate(input)
         except asyncio.CancelledError:
@@ -35,12 +39,16 @@ class LocalConnection(Connection):
         from collections import deque
 
         proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         tail: deque[str] = deque(maxlen=60)
         if stdin is not None:
             proc.stdin.write(stdin)
-            proc.stdin.close()       # EOF after the password line, as over SSH
+            proc.stdin.close()  # EOF after the password line, as over SSH
         try:
             async for raw in proc.stdout:
                 line = raw.decode(errors="replace").rstrip("\n")
@@ -57,9 +65,13 @@ class LocalConnection(Connection):
         # Its own session, so a signal to the controller's group does not reach it; it still ends
         # with the controller: its stdin is a pipe from this process, EOF when the controller dies.
         real, prefix = await self._as_root(reveal_argv(argv))
-        proc = await asyncio.create_subprocess_exec(*real,
-                                                    stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        proc = await asyncio.create_subprocess_exec(
+            *real,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
         if prefix:
             proc.stdin.write(prefix)
         return _LocalSpawned(proc)
@@ -87,6 +99,6 @@ class _LocalSpawned(Spawned):
             self._proc.stdin.close()
         try:
             await asyncio.wait_for(self._proc.wait(), 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._proc.kill()
             await self._proc.wait()

@@ -25,8 +25,11 @@ import re
 import select
 import socket
 
-_REROUTING = re.compile(r"^\s*(hostname|port|proxyjump|proxycommand|match|include|bindaddress|bindinterface|"
-                        r"addressfamily)\b", re.I | re.M)
+_REROUTING = re.compile(
+    r"^\s*(hostname|port|proxyjump|proxycommand|match|include|bindaddress|bindinterface|"
+    r"addressfamily)\b",
+    re.I | re.M,
+)
 
 
 def ssh_config_may_reroute(path: str = "~/.ssh/config") -> bool:
@@ -36,7 +39,7 @@ def ssh_config_may_reroute(path: str = "~/.ssh/config") -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        return True     # unreadable: cannot tell, so assume it might
+        return True  # unreadable: cannot tell, so assume it might
 
 
 class Preconnect:
@@ -65,7 +68,7 @@ class Preconnect:
         s = self._socks.pop((address, port), None)
         if s is None:
             return None
-        poller = select.poll()              # not select(): descriptors above 1023 are fine
+        poller = select.poll()  # not select(): descriptors above 1023 are fine
         poller.register(s, select.POLLOUT)
         ready = poller.poll(0)
         if not ready or s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 # Positional parameters: BOUNDARY, then for every probe its argv length followed by its argv.
 # Each probe runs in a subshell that rebuilds "$@" as just its own argv (POSIX sh has no arrays:
@@ -52,10 +52,11 @@ class Merge:
     `split(rc, stdout, args)` returns, per arg, exactly the stdout the probe alone prints (and that
     probe's rc is then 0), or None when the combined output cannot be trusted: then none is served and
     each probe runs on its own when its check asks."""
+
     prefix: tuple[str, ...]
     accepts: Callable[[str], bool]
     command: Callable[[list[str]], list[str]]
-    split: Callable[[int, bytes, list[str]], "list[bytes] | None"]
+    split: Callable[[int, bytes, list[str]], list[bytes] | None]
 
 
 _MERGES: list[Merge] = []
@@ -82,12 +83,12 @@ def plan(argvs: list[list[str]]):
 
     def expand(results: list[tuple[int, bytes]]) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = [(-1, b"")] * len(argvs)
-        for i, r in zip(alone, results):
+        for i, r in zip(alone, results, strict=False):
             out[i] = r
-        for (m_i, idx), (rc, stdout) in zip(groups.items(), results[len(alone):]):
+        for (m_i, idx), (rc, stdout) in zip(groups.items(), results[len(alone) :], strict=False):
             parts = _MERGES[m_i].split(rc, stdout, [argvs[i][-1] for i in idx])
             if parts is not None and len(parts) == len(idx):
-                for i, part in zip(idx, parts):
+                for i, part in zip(idx, parts, strict=False):
                     out[i] = (0, part)
         return out
 
@@ -112,7 +113,7 @@ def parse_batch(out: bytes, boundary: str, count: int) -> list[tuple[int, bytes]
         if at < 0:
             return None
         end = out.find(b"\n", at + len(marker))
-        rc = out[at + len(marker):end if end >= 0 else len(out)]
+        rc = out[at + len(marker) : end if end >= 0 else len(out)]
         if not rc.isdigit():
             return None
         results.append((int(rc), out[pos:at]))
@@ -128,13 +129,18 @@ class ProbeCache:
 
     def __init__(self) -> None:
         self._results: dict[tuple, list] = {}
-        self.tried: set[tuple] = set()     # every probe a batch ran since the host last changed
+        self.tried: set[tuple] = set()  # every probe a batch ran since the host last changed
 
     def fill(self, argvs: list[list[str]], results: list[tuple[int, bytes]], wanted: dict | None = None) -> None:
         """Adds one batch's results to what earlier batches (since the last change) left."""
         self.tried.update(tuple(a) for a in argvs)
-        self._results.update({tuple(a): [out, (wanted or {}).get(tuple(a), 1)]
-                              for a, (rc, out) in zip(argvs, results) if rc == 0})
+        self._results.update(
+            {
+                tuple(a): [out, (wanted or {}).get(tuple(a), 1)]
+                for a, (rc, out) in zip(argvs, results, strict=False)
+                if rc == 0
+            }
+        )
 
     def take(self, argv) -> bytes | None:
         key = tuple(str(a) for a in argv)

@@ -19,9 +19,9 @@ import errno
 
 from tunnelspec.core.errors import TaskFailed
 
-RELAY_LIMIT_S = 30          # the relay's own connect timeout (callers usually give up sooner)
+RELAY_LIMIT_S = 30  # the relay's own connect timeout (callers usually give up sooner)
 _MARK = "tunnelspec-relay: "
-_MAX_NOISE = 20             # lines of other stderr (sudo's) kept for an error message
+_MAX_NOISE = 20  # lines of other stderr (sudo's) kept for an error message
 
 # Python 3.5+ stdlib only (python3 is a prerequisite on every host). Unbuffered os.read/os.write.
 RELAY = r"""
@@ -96,7 +96,7 @@ async def handshake(stderr_readline, host: str, port: int, where: str) -> None:
             if len(noise) < _MAX_NOISE and line:
                 noise.append(line)
             continue
-        status = line[len(_MARK):]
+        status = line[len(_MARK) :]
         if status == "connected":
             return
         if status == "timeout":
@@ -161,7 +161,7 @@ class RelayWriter:
         self.close()
         try:
             await asyncio.wait_for(self._wait_exit(), 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._kill()
         except Exception:  # noqa: BLE001 - a lost connection ended it already
             pass
@@ -175,7 +175,7 @@ async def open_ssh(conn, command: str, stdin_prefix: bytes, where: str, host: st
             proc.stdin.write(stdin_prefix)
         await handshake(proc.stderr.readline, host, port, where)
     except BaseException:
-        proc.close()          # the channel closes: the relay sees EOF and exits
+        proc.close()  # the channel closes: the relay sees EOF and exits
         raise
 
     def send_eof():
@@ -189,9 +189,13 @@ async def open_ssh(conn, command: str, stdin_prefix: bytes, where: str, host: st
 
 async def open_local(argv: list[str], stdin_prefix: bytes, where: str, host: str, port: int):
     """The relay as a local subprocess (ansible_connection=local with become)."""
-    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.PIPE,
-                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-                                                start_new_session=True)
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
 
     def kill():
         try:
@@ -208,7 +212,7 @@ async def open_local(argv: list[str], stdin_prefix: bytes, where: str, host: str
             proc.stdin.write(stdin_prefix)
         await handshake(proc.stderr.readline, host, port, where)
     except BaseException:
-        send_eof()            # EOF: the relay exits (it runs as root: a kill may not be allowed)
+        send_eof()  # EOF: the relay exits (it runs as root: a kill may not be allowed)
         kill()
         raise
     return proc.stdout, RelayWriter(proc.stdin, send_eof, proc.wait, kill, (host, port))

@@ -7,8 +7,7 @@ import errno
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
-_TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH,
-                     errno.ETIMEDOUT}
+_TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
 
 
 def _is_transient_connect_error(exc: BaseException) -> bool:
@@ -41,5 +40,9 @@ def poll_retrying(deadline: float, interval: float = 0.5) -> AsyncRetrying:
 
     from tunnelspec.core.errors import TaskFailed
 
-    return AsyncRetrying(stop=stop_after_delay(deadline), wait=wait_fixed(interval),
-                         retry=retry_if_exception_type(TaskFailed), reraise=True)
+    return AsyncRetrying(
+        stop=stop_after_delay(deadline),
+        wait=wait_fixed(interval),
+        retry=retry_if_exception_type(TaskFailed),
+        reraise=True,
+    )

@@ -18,8 +18,14 @@ from tunnelspec.core.errors import HostKeyError, HostUnreachable
 # never extended; the server's preferences still decide nothing weaker than these. Key exchange stays
 # asyncssh's default order (post-quantum hybrids first where the server has them): with OpenSSH 9.2
 # it settles on curve25519-sha256 already, and the hybrid costs far less than a round trip elsewhere.
-_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "chacha20-poly1305@openssh.com",
-            "aes256-ctr", "aes192-ctr", "aes128-ctr")
+_CIPHERS = (
+    "aes128-gcm@openssh.com",
+    "aes256-gcm@openssh.com",
+    "chacha20-poly1305@openssh.com",
+    "aes256-ctr",
+    "aes192-ctr",
+    "aes128-ctr",
+)
 
 
 class _Client(asyncssh.SSHClient):
@@ -31,8 +37,7 @@ class _Client(asyncssh.SSHClient):
 
 
 class SSHConnection(Connection):
-    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, user: str, become: bool,
-                 become_password=None):
+    def __init__(self, name: str, conn: asyncssh.SSHClientConnection, user: str, become: bool, become_password=None):
         self.name = name
         self._conn = conn
         self.user = user
@@ -42,24 +47,40 @@ class SSHConnection(Connection):
             self._becomer = Become(name, user, become_password)
 
     @classmethod
-    async def open(cls, name: str, address: str, port: int, user: str, key_files: list[str],
-                   become: bool, opts: ConnectOptions, pin_path: str | None,
-                   session: ConnectSession, become_password=None) -> "SSHConnection":
+    async def open(
+        cls,
+        name: str,
+        address: str,
+        port: int,
+        user: str,
+        key_files: list[str],
+        become: bool,
+        opts: ConnectOptions,
+        pin_path: str | None,
+        session: ConnectSession,
+        become_password=None,
+    ) -> SSHConnection:
         known_text = load_known_hosts_text(opts.known_hosts)
         policy = HostKeyPolicy(name, address, port, known_text, opts.accept_new_host_keys, pin_path)
         client_keys, encrypted = credentials.client_keys(name, key_files, opts.private_key)
         kwargs = dict(
-            port=port, username=user,
+            port=port,
+            username=user,
             known_hosts=policy.asyncssh_known_hosts(),
             client_factory=lambda: _Client(policy),
             # Encrypted files stay in the list (asyncssh skips them, ignore_encrypted): an empty list would
             # fall back to ~/.ssh keys, None would disable the agent too.
             client_keys=(client_keys + encrypted) or (),
-            connect_timeout=opts.connect_timeout, login_timeout=opts.login_timeout,
-            keepalive_interval=opts.keepalive_interval, keepalive_count_max=3,
-            compression_algs=None, encryption_algs=list(_CIPHERS),
+            connect_timeout=opts.connect_timeout,
+            login_timeout=opts.login_timeout,
+            keepalive_interval=opts.keepalive_interval,
+            keepalive_count_max=3,
+            compression_algs=None,
+            encryption_algs=list(_CIPHERS),
             # Never prompt: no password or keyboard-interactive, and encrypted keys are skipped.
-            password_auth=False, kbdint_auth=False, ignore_encrypted=True,
+            password_auth=False,
+            kbdint_auth=False,
+            ignore_encrypted=True,
         )
         if not opts.use_ssh_config:
             kwargs["config"] = None
@@ -67,7 +88,7 @@ class SSHConnection(Connection):
         try:
             async for attempt in connect_retrying():
                 with attempt:
-                    if sock is not None:          # first attempt only: a retry connects afresh
+                    if sock is not None:  # first attempt only: a retry connects afresh
                         first, sock = sock, None
                         conn = await asyncssh.connect(address, sock=first, **kwargs)
                     else:
@@ -75,10 +96,16 @@ class SSHConnection(Connection):
         except asyncssh.HostKeyNotVerifiable:
             raise policy.error() from None
         except asyncssh.PermissionDenied as e:
-            raise HostUnreachable(f"{name} ({user}@{address}:{port}): authentication failed: {e.reason}. "
-                                  "Check ansible_user, ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or the agent."
-                                  + (f" Skipped encrypted key(s) {', '.join(encrypted)}: tunnelspec never asks for a "
-                                     "passphrase; load them into ssh-agent." if encrypted else "")) from None
+            raise HostUnreachable(
+                f"{name} ({user}@{address}:{port}): authentication failed: {e.reason}. "
+                "Check ansible_user, ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or the agent."
+                + (
+                    f" Skipped encrypted key(s) {', '.join(encrypted)}: tunnelspec never asks for a "
+                    "passphrase; load them into ssh-agent."
+                    if encrypted
+                    else ""
+                )
+            ) from None
         except HostKeyError:
             raise
         except (OSError, asyncssh.Error, TimeoutError) as e:
@@ -101,14 +128,15 @@ class SSHConnection(Connection):
         tail: deque[str] = deque(maxlen=60)
         try:
             # stderr merged into stdout so progress and errors arrive in order.
-            proc = await self._conn.create_process(quote(argv), stderr=asyncssh.STDOUT,
-                                                   encoding="utf-8", errors="replace")
+            proc = await self._conn.create_process(
+                quote(argv), stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace"
+            )
             if stdin is not None:
                 proc.stdin.write(stdin.decode())
                 proc.stdin.write_eof()
             async for line in proc.stdout:
                 if not line:
-                    break        # asyncssh's iterator yields "" once when EOF comes while it waits
+                    break  # asyncssh's iterator yields "" once when EOF comes while it waits
                 line = line.rstrip("\n")
                 tail.append(line)
                 on_line(line)
@@ -135,8 +163,9 @@ class SSHConnection(Connection):
     async def spawn(self, argv):
         real, prefix = await self._as_root(reveal_argv(argv))
         try:
-            proc = await self._conn.create_process(quote(real), stderr=asyncssh.STDOUT,
-                                                   encoding="utf-8", errors="replace")
+            proc = await self._conn.create_process(
+                quote(real), stderr=asyncssh.STDOUT, encoding="utf-8", errors="replace"
+            )
             if prefix:
                 proc.stdin.write(prefix.decode())
         except (asyncssh.ConnectionLost, asyncssh.DisconnectError, OSError) as e:

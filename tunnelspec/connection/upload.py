@@ -6,7 +6,7 @@ temp file is removed whatever happens."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tunnelspec.core.errors import TaskFailed
 
@@ -19,8 +19,9 @@ async def remote_sha256(conn, path: str) -> str | None:
     return res.stdout.split()[0] if res.rc == 0 and res.stdout.strip() else None
 
 
-async def upload_file(conn, local: Path, dest: str, sha256: str, mode: int = 0o644,
-                      progress: Callable[[str, int], None] | None = None) -> None:
+async def upload_file(
+    conn, local: Path, dest: str, sha256: str, mode: int = 0o644, progress: Callable[[str, int], None] | None = None
+) -> None:
     tmp = dest + SUFFIX
     await conn.run(["sh", "-c", 'umask 077; mkdir -p -- "$(dirname -- "$1")" && : > "$1"', "sh", tmp], check=True)
     size = max(1, local.stat().st_size)
@@ -38,7 +39,8 @@ async def upload_file(conn, local: Path, dest: str, sha256: str, mode: int = 0o6
         got = await remote_sha256(conn, tmp)
         if got != sha256:
             raise TaskFailed(f"upload of {local} to {dest}: sha256 {got} != {sha256}")
-        await conn.run(["sh", "-c", 'chmod "$3" "$1" && mv -f -- "$1" "$2"', "sh", tmp, dest, format(mode, "o")],
-                       check=True)
+        await conn.run(
+            ["sh", "-c", 'chmod "$3" "$1" && mv -f -- "$1" "$2"', "sh", tmp, dest, format(mode, "o")], check=True
+        )
     finally:
         await conn.run(["rm", "-f", "--", tmp])

@@ -39,5 +39,4 @@ class CheckPlan:
     def message(after: list[str], reason: str) -> str:
         shown = ", ".join(after[-3:]) + (f" (and {len(after) - 3} earlier)" if len(after) > 3 else "")
         first = reason.strip().splitlines()[0] if reason.strip() else ""
-        return (f"would run after what earlier steps would create ({shown}); "
-                f"its check cannot see that yet: {first}")
+        return f"would run after what earlier steps would create ({shown}); its check cannot see that yet: {first}"

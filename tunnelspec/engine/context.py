@@ -22,9 +22,9 @@ class RunOptions:
     verbose: int = 0
     extra_vars: dict = field(default_factory=dict)
     allow_vulnerable_llama: bool = False
-    lock: str = ""                 # the command taking the run lock ("" = none: read-only, --check)
-    lock_timeout: float = 1800     # seconds to wait for another run's lock
-    lock_wait: bool = True         # False: --no-wait, exit 5 at once when locked
+    lock: str = ""  # the command taking the run lock ("" = none: read-only, --check)
+    lock_timeout: float = 1800  # seconds to wait for another run's lock
+    lock_wait: bool = True  # False: --no-wait, exit 5 at once when locked
 
 
 async def _no_other_hosts(name: str):
@@ -38,14 +38,14 @@ class HostContext:
     start there), other hosts' connections, and a memo shared by the run's tasks."""
 
     host: str
-    conn: Any                      # tunnelspec.connection.Connection
-    vars: dict                     # templating variables for this host (host vars + hostvars + groups + facts)
-    facts: dict                    # registered facts of this host (shared with hostvars[host])
+    conn: Any  # tunnelspec.connection.Connection
+    vars: dict  # templating variables for this host (host vars + hostvars + groups + facts)
+    facts: dict  # registered facts of this host (shared with hostvars[host])
     options: RunOptions
     emit: Callable[[dict], None]
     task_name: str = ""
     secrets: list = field(default_factory=list)
-    cluster: Any = None            # tunnelspec.cluster.model.Cluster, when the inventory is a cluster
+    cluster: Any = None  # tunnelspec.cluster.model.Cluster, when the inventory is a cluster
     inventory_dir: Path = field(default_factory=Path.cwd)
     connect: Callable[[str], Awaitable[Any]] = _no_other_hosts  # the run's (opened once, reused)
     # One dict per run, the same for every host and task: what tasks must agree on across hosts

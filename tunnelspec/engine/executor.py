@@ -16,9 +16,9 @@ from tunnelspec.engine import pending
 from tunnelspec.core import testhooks
 from tunnelspec.engine.context import HostContext, RunOptions
 from tunnelspec.engine.checkplan import CheckPlan
-from tunnelspec.engine.gates import GATES
+from tunnelspec.modules.gates import GATES
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
-from tunnelspec.engine.templating import TemplateError, evaluate, render_value
+from tunnelspec.core.templating import TemplateError, evaluate, render_value
 from tunnelspec.core.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError
 from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
@@ -57,18 +57,19 @@ class HostVars(Mapping):
 class Run:
     """One invocation: an inventory, options, and the hosts' connections (opened once, reused)."""
 
-    def __init__(self, inventory, options: RunOptions, emit, connect_options: ConnectOptions | None = None,
-                 cluster=None):
+    def __init__(
+        self, inventory, options: RunOptions, emit, connect_options: ConnectOptions | None = None, cluster=None
+    ):
         # The run's one view of every variable: inventory layers with -e on top (Inventory.host_vars);
         # the caller's cluster, when given, was built from the same view (runner.py).
         inventory = inventory.with_extra_vars(options.extra_vars)
         self.inventory = inventory
         self.options = options
         self.emit_raw = emit
-        self.connect_options = connect_options or ConnectOptions()   # never changed by the run
-        self.session = ConnectSession()    # what the run's connections share (pre-opened sockets, pinned keys)
+        self.connect_options = connect_options or ConnectOptions()  # never changed by the run
+        self.session = ConnectSession()  # what the run's connections share (pre-opened sockets, pinned keys)
         self.cluster = cluster
-        self.memo: dict = {}           # HostContext.memo: one per run
+        self.memo: dict = {}  # HostContext.memo: one per run
         self.summary = Summary(check=options.check)
         self.check_plan = CheckPlan()  # --check: what earlier tasks would change (engine/checkplan.py)
         self.hosts: dict[str, HostState] = {}
@@ -107,8 +108,7 @@ class Run:
         lock = self._conn_locks.setdefault(name, asyncio.Lock())
         async with lock:
             if st.conn is None:
-                st.conn = await connect(name, st.vars, self.connect_options, self.inventory.path.parent,
-                                        self.session)
+                st.conn = await connect(name, st.vars, self.connect_options, self.inventory.path.parent, self.session)
         return st.conn
 
     async def close(self) -> None:
@@ -134,9 +134,14 @@ class Run:
     def template_vars(self, name: str, play: Play | None = None) -> dict:
         st = self.hosts[name]
         v = {**st.vars, **(play.vars if play else {}), **st.facts}
-        v.update(inventory_hostname=name, hostvars=self._hostvars, groups=self.groups(),
-                 check_mode=self.options.check, cluster=self.cluster,
-                 unreachable_hosts=sorted(h for h, s in self.hosts.items() if s.unreachable))
+        v.update(
+            inventory_hostname=name,
+            hostvars=self._hostvars,
+            groups=self.groups(),
+            check_mode=self.options.check,
+            cluster=self.cluster,
+            unreachable_hosts=sorted(h for h, s in self.hosts.items() if s.unreachable),
+        )
         return v
 
     def _spared(self, host: str) -> bool:
@@ -157,17 +162,20 @@ class Run:
         from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
 
         opts = self.connect_options
-        if not playbook.plays or self.session.preconnect is not None or (opts.use_ssh_config and
-                                                                         ssh_config_may_reroute()):
+        if (
+            not playbook.plays
+            or self.session.preconnect is not None
+            or (opts.use_ssh_config and ssh_config_may_reroute())
+        ):
             return
         targets = []
-        for h in self.select(playbook.plays[0].hosts)[:max(1, self.options.forks)]:
+        for h in self.select(playbook.plays[0].hosts)[: max(1, self.options.forks)]:
             hv = self.hosts[h].vars
             if is_ssh(hv):
                 try:
                     targets.append(ssh_target(h, hv))
                 except (TypeError, ValueError):
-                    continue             # a bad ansible_port is reported by the real connect
+                    continue  # a bad ansible_port is reported by the real connect
         pre = Preconnect()
         if pre.start(targets):
             self.session.preconnect = pre
@@ -185,11 +193,15 @@ class Run:
             if self.options.lock and not self.options.check:
                 from tunnelspec.engine.runlock import RunLock
 
-                hosts = [h for play in playbook.plays for h in self.select(play.hosts)
-                         if not (self.hosts[h].failed or self.hosts[h].unreachable)]
+                hosts = [
+                    h
+                    for play in playbook.plays
+                    for h in self.select(play.hosts)
+                    if not (self.hosts[h].failed or self.hosts[h].unreachable)
+                ]
                 lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
                 await lock.acquire(hosts)
-            for play in playbook.plays[len(preflight):]:
+            for play in playbook.plays[len(preflight) :]:
                 await self.run_play(play)
         finally:
             if lock is not None:
@@ -206,8 +218,11 @@ class Run:
         if not hosts:
             return
         watched = play.gate.get("earlier_failures") if play.gate else None
-        earlier = sorted(h for h in (self.select(watched) if watched else ())
-                         if (self.hosts[h].failed or self.hosts[h].unreachable) and not self._spared(h))
+        earlier = sorted(
+            h
+            for h in (self.select(watched) if watched else ())
+            if (self.hosts[h].failed or self.hosts[h].unreachable) and not self._spared(h)
+        )
         if earlier:
             # A gate that must see every host of a pattern (`earlier_failures: rpc`): one that failed
             # earlier in the run stops the others before this play does anything.
@@ -240,8 +255,13 @@ class Run:
             except TaskFailed as e:
                 if self.options.check and self.check_plan.any():
                     # --check: the values compared are what the planned changes would produce.
-                    self.emit(events.gate(play.name, "planned", "would be compared after the planned changes: "
-                                          + str(e).splitlines()[0]))
+                    self.emit(
+                        events.gate(
+                            play.name,
+                            "planned",
+                            "would be compared after the planned changes: " + str(e).splitlines()[0],
+                        )
+                    )
                     return
                 self.emit(events.gate(play.name, "failed", str(e)))
                 for h in live:
@@ -275,7 +295,7 @@ class Run:
             st.unreachable = True
             self.emit(events.unreachable(host, play.name, str(e)))
             return
-        quiet_since = conn.changes_started         # no command that may change the host ran since
+        quiet_since = conn.changes_started  # no command that may change the host ran since
         for i, spec in enumerate(play.tasks):
             if conn.changes_started == quiet_since:
                 await self._prefetch_rest(play, i, host, conn, named)
@@ -289,7 +309,7 @@ class Run:
             try:
                 await pending.clear(conn, st.vars, play.name)
             except TunnelspecError:
-                pass                     # kept: the handlers run once more next time, no harm
+                pass  # kept: the handlers run once more next time, no harm
 
     def _task_probes(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
         """The read-only commands task j's check names (`Task.probes()`); None when its args cannot be
@@ -311,7 +331,7 @@ class Run:
         of the tasks after it, in one more batch: a no-op play stays a few round trips however many
         of its tasks depend on registered facts. `named`: per task, the probes the first batch named
         (None: its args could not be rendered then); only those are rendered again."""
-        variables: dict = {}                        # rendered now: facts registered since the first batch
+        variables: dict = {}  # rendered now: facts registered since the first batch
 
         def probes_of(j: int) -> list[list[str]]:
             got = named[j] if named[j] is not None else self._task_probes(play, j, host, variables)
@@ -356,8 +376,9 @@ class Run:
         if not self._tag_selected(spec):
             return True
         st = self.hosts[host]
-        result = functools.partial(events.task_result, host, spec.name, play.name, module=spec.module,
-                                   no_log=spec.no_log)
+        result = functools.partial(
+            events.task_result, host, spec.name, play.name, module=spec.module, no_log=spec.no_log
+        )
         variables = self.template_vars(host, play)
         started = time.monotonic()
         try:
@@ -387,7 +408,7 @@ class Run:
             st.failed = True
             self.emit(result("failed", f"{e} ({spec.file}:{spec.line})"))
             return False
-        except TunnelspecError as e:      # the task failed (TaskFailed) or refused its input (UsageError)
+        except TunnelspecError as e:  # the task failed (TaskFailed) or refused its input (UsageError)
             if isinstance(e, TaskFailed) and self._planned(result, spec, host, e, started):
                 return True
             st.failed = True
@@ -406,16 +427,34 @@ class Run:
         if not after:
             return False
         self.check_plan.record(host, spec.name)
-        self.emit(result("changed", CheckPlan.message(after, str(e)), duration=time.monotonic() - started,
-                         would_change=True, after=after))
+        self.emit(
+            result(
+                "changed",
+                CheckPlan.message(after, str(e)),
+                duration=time.monotonic() - started,
+                would_change=True,
+                after=after,
+            )
+        )
         if spec.register:
             self.hosts[host].facts[spec.register] = {"changed": True, "msg": "planned"}
         return True
 
     def _context(self, host: str, conn, variables: dict, spec: TaskSpec) -> HostContext:
-        return HostContext(host=host, conn=conn, vars=variables, facts=self.hosts[host].facts, options=self.options,
-                           emit=self.emit, task_name=spec.name, secrets=self.secrets, cluster=self.cluster,
-                           inventory_dir=self.inventory.path.parent, connect=self.connection, memo=self.memo)
+        return HostContext(
+            host=host,
+            conn=conn,
+            vars=variables,
+            facts=self.hosts[host].facts,
+            options=self.options,
+            emit=self.emit,
+            task_name=spec.name,
+            secrets=self.secrets,
+            cluster=self.cluster,
+            inventory_dir=self.inventory.path.parent,
+            connect=self.connection,
+            memo=self.memo,
+        )
 
     async def _converge(self, task: Task, ctx: HostContext, spec: TaskSpec, play: Play) -> tuple[str, Change]:
         """check → (unless --check) apply → check again, which must then be clean. The handlers a
@@ -440,11 +479,22 @@ class Run:
     def _result(self, result, spec: TaskSpec, status: str, ch: Change, duration: float) -> dict:
         changed = status == "changed"
         show_diff = changed and ch.diff is not None and (self.options.diff or self.options.check) and not spec.no_log
-        return result(status, ch.msg, duration=duration, diff=ch.diff if show_diff else None,
-                      would_change=changed and self.options.check)
+        return result(
+            status,
+            ch.msg,
+            duration=duration,
+            diff=ch.diff if show_diff else None,
+            would_change=changed and self.options.check,
+        )
 
 
-async def run_playbook(inventory, playbook: Playbook, options: RunOptions, emit,
-                       connect_options: ConnectOptions | None = None, cluster=None) -> Summary:
+async def run_playbook(
+    inventory,
+    playbook: Playbook,
+    options: RunOptions,
+    emit,
+    connect_options: ConnectOptions | None = None,
+    cluster=None,
+) -> Summary:
     run = Run(inventory, options, emit, connect_options, cluster)
     return await run.run_playbook(playbook)

@@ -47,4 +47,3 @@ class Heartbeat:
                 await self._task
             except asyncio.CancelledError:
                 pass
-

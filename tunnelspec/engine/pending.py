@@ -17,7 +17,7 @@ import json
 from tunnelspec.core.constants import STATE_DIR
 
 PENDING_DIR = f"{STATE_DIR}/pending"
-PENDING_DIR_VAR = "tunnelspec_pending_dir"   # inventory override (tests running hosts on one machine)
+PENDING_DIR_VAR = "tunnelspec_pending_dir"  # inventory override (tests running hosts on one machine)
 
 
 def _path(hostvars: dict, play: str) -> str:
@@ -51,5 +51,7 @@ async def mark(conn, hostvars: dict, play: str, notified: list[str]) -> None:
 
 async def clear(conn, hostvars: dict, play: str) -> None:
     # The directory goes when empty: a teardown prunes an empty /var/lib/tunnelspec.
-    await conn.run(["sh", "-c", 'rm -f -- "$1" && { rmdir -- "${1%/*}" 2>/dev/null || :; }', "sh",
-                    _path(hostvars, play)], check=True)
+    await conn.run(
+        ["sh", "-c", 'rm -f -- "$1" && { rmdir -- "${1%/*}" 2>/dev/null || :; }', "sh", _path(hostvars, play)],
+        check=True,
+    )

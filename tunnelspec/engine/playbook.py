@@ -84,18 +84,28 @@ def _task(d, file: str, play_tags: list, is_handler: bool, list_line: int | None
     if extra:
         bad = extra[0]
         bline = args.key_lines.get(bad, mline) if isinstance(args, LineDict) else mline
-        raise PlaybookError(f"unknown argument {bad!r} for module {module!r}; known: {', '.join(sorted(cls.args))}",
-                            file, bline)
+        raise PlaybookError(
+            f"unknown argument {bad!r} for module {module!r}; known: {', '.join(sorted(cls.args))}", file, bline
+        )
     missing = [n for n, a in cls.args.items() if a.required and n not in args]
     if missing:
         raise PlaybookError(f"module {module!r} needs argument {missing[0]!r}", file, mline)
     if cls.is_handler_only(args) and not is_handler:
         raise PlaybookError(f"module {module!r} is not idempotent and may only be used as a handler", file, mline)
     name = str(d.get("name") or module)
-    return TaskSpec(name=name, module=module, args=dict(args), file=file, line=line or 0,
-                    when=_as_list(d.get("when")), tags=_as_list(d.get("tags")) + play_tags,
-                    notify=[str(n) for n in _as_list(d.get("notify"))], register=d.get("register"),
-                    listen=[str(x) for x in _as_list(d.get("listen"))], no_log=bool(d.get("no_log", False)))
+    return TaskSpec(
+        name=name,
+        module=module,
+        args=dict(args),
+        file=file,
+        line=line or 0,
+        when=_as_list(d.get("when")),
+        tags=_as_list(d.get("tags")) + play_tags,
+        notify=[str(n) for n in _as_list(d.get("notify"))],
+        register=d.get("register"),
+        listen=[str(x) for x in _as_list(d.get("listen"))],
+        no_log=bool(d.get("no_log", False)),
+    )
 
 
 def load_playbook(path: str | Path) -> Playbook:
@@ -141,11 +151,12 @@ def load_playbook(path: str | Path) -> Playbook:
                     raise PlaybookError(f"task {t.name!r} notifies unknown handler {n!r}", file, t.line)
         gate = p.get("gate")
         if gate is not None:
-            from tunnelspec.engine.gates import GATES
+            from tunnelspec.modules.gates import GATES
 
             if not isinstance(gate, dict) or gate.get("kind") not in GATES:
-                raise PlaybookError(f"gate must be a mapping with kind one of {sorted(GATES)}", file,
-                                    p.key_lines.get("gate", line))
+                raise PlaybookError(
+                    f"gate must be a mapping with kind one of {sorted(GATES)}", file, p.key_lines.get("gate", line)
+                )
         preflight = p.get("preflight", False)
         if not isinstance(preflight, bool):
             raise PlaybookError("preflight must be true or false", file, p.key_lines.get("preflight", line))
@@ -153,9 +164,20 @@ def load_playbook(path: str | Path) -> Playbook:
             raise PlaybookError("a preflight play is read-only: no handlers, no notify", file, line)
         if preflight and plays and not plays[-1].preflight:
             raise PlaybookError("a preflight play must come before every other play", file, line)
-        plays.append(Play(name=str(p.get("name") or p["hosts"]), hosts=str(p["hosts"]), tasks=tasks,
-                          handlers=handlers, vars=dict(p.get("vars") or {}), tags=tags, gate=gate,
-                          file=file, line=line or 0, preflight=preflight))
+        plays.append(
+            Play(
+                name=str(p.get("name") or p["hosts"]),
+                hosts=str(p["hosts"]),
+                tasks=tasks,
+                handlers=handlers,
+                vars=dict(p.get("vars") or {}),
+                tags=tags,
+                gate=gate,
+                file=file,
+                line=line or 0,
+                preflight=preflight,
+            )
+        )
     return Playbook(str(path), plays)
 
 

@@ -24,17 +24,17 @@ import os
 import secrets
 import socket
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from tunnelspec.core.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
 from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.reporting import events
 
 LOCK_DIR = "/run/tunnelspec"
-LOCK_DIR_VAR = "tunnelspec_lock_dir"     # inventory override (tests on one machine, non-root hosts)
-BUSY_EVERY_S = 30                        # how often a waiting run repeats who holds the lock
-_STEP_S = 5                              # the remote script re-reads the holder this often
-_EXIT_BUSY = 75                          # EX_TEMPFAIL: locked and not waiting, or waited out
+LOCK_DIR_VAR = "tunnelspec_lock_dir"  # inventory override (tests on one machine, non-root hosts)
+BUSY_EVERY_S = 30  # how often a waiting run repeats who holds the lock
+_STEP_S = 5  # the remote script re-reads the holder this often
+_EXIT_BUSY = 75  # EX_TEMPFAIL: locked and not waiting, or waited out
 
 # $1 lock dir, $2 holder line (JSON), $3 this run's token, $4 seconds to wait (0: do not), $5 step,
 # $6 "default" when $1 is the default (a login that is not root and has no `become` then locks in its
@@ -92,8 +92,10 @@ def describe(holder: dict) -> str:
     """`tunnelspec deploy (pid 4242 on ci-3) since 2026-12-01T09:30:00Z` from a holder record."""
     if not holder:
         return "another run (holder not recorded yet)"
-    return (f"tunnelspec {holder.get('command', '?')} (pid {holder.get('pid', '?')} on "
-            f"{holder.get('controller', '?')}) since {holder.get('since', '?')}")
+    return (
+        f"tunnelspec {holder.get('command', '?')} (pid {holder.get('pid', '?')} on "
+        f"{holder.get('controller', '?')}) since {holder.get('since', '?')}"
+    )
 
 
 def _parse_holder(text: str) -> dict:
@@ -105,9 +107,10 @@ def _parse_holder(text: str) -> dict:
 
 
 def holder_record(command: str, token: str) -> str:
-    since = datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-    return json.dumps({"command": command, "pid": os.getpid(), "controller": socket.gethostname(),
-                       "since": since, "token": token})
+    since = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return json.dumps(
+        {"command": command, "pid": os.getpid(), "controller": socket.gethostname(), "since": since, "token": token}
+    )
 
 
 class RunLock:
@@ -133,10 +136,10 @@ class RunLock:
         # Connect in parallel (the run reuses these connections); lock one by one, in order.
         conns = await asyncio.gather(*(self.run.connection(h) for h in order), return_exceptions=True)
         started = time.monotonic()
-        for host, conn in zip(order, conns):
+        for host, conn in zip(order, conns, strict=False):
             if isinstance(conn, BaseException):
                 if isinstance(conn, TunnelspecError):
-                    continue       # unreachable or refused: the run reports it for that host
+                    continue  # unreachable or refused: the run reports it for that host
                 raise conn
             left = self.timeout - (time.monotonic() - started) if self.wait else 0
             await self._lock_one(host, conn, max(1, int(left)) if self.wait else 0)
@@ -144,8 +147,18 @@ class RunLock:
     async def _lock_one(self, host: str, conn, wait_s: int) -> None:
         me = holder_record(self.command, self.token)
         chosen = self.run.hosts[host].vars.get(LOCK_DIR_VAR)
-        argv = ["sh", "-c", _SCRIPT, "sh", str(chosen or LOCK_DIR), me, self.token, str(wait_s),
-                str(min(_STEP_S, max(1, wait_s))), "" if chosen else "default"]
+        argv = [
+            "sh",
+            "-c",
+            _SCRIPT,
+            "sh",
+            str(chosen or LOCK_DIR),
+            me,
+            self.token,
+            str(wait_s),
+            str(min(_STEP_S, max(1, wait_s))),
+            "" if chosen else "default",
+        ]
         try:
             proc = await conn.spawn(argv)
         except HostUnreachable:
@@ -164,27 +177,38 @@ class RunLock:
             if word == "BUSY":
                 if not self.wait:
                     await proc.close()
-                    raise RunLocked(f"{host} is locked by {describe(holder)}: another run is changing this "
-                                    "cluster; not waiting (--no-wait)")
+                    raise RunLocked(
+                        f"{host} is locked by {describe(holder)}: another run is changing this "
+                        "cluster; not waiting (--no-wait)"
+                    )
                 now = time.monotonic()
                 if holder != last_holder or now - last_said >= BUSY_EVERY_S:
                     last_said, last_holder = now, holder
-                    self.run.emit(events.run_lock_waiting(host, holder, f"waiting for {describe(holder)} to finish "
-                                                          f"(up to {wait_s}s, --lock-timeout)"))
+                    self.run.emit(
+                        events.run_lock_waiting(
+                            host, holder, f"waiting for {describe(holder)} to finish (up to {wait_s}s, --lock-timeout)"
+                        )
+                    )
                 continue
             await proc.close()
             if word == "NOFLOCK":
                 system, _, path = rest.partition(" ")
                 where = f" ({system})" if system and system != "Linux" else ""
-                raise TaskFailed(f"cannot take the run lock on {host}: flock not found (util-linux) on {host}{where}, "
-                                 f"{path or 'PATH unknown'}: tunnelspec holds its run lock with flock(1); "
-                                 "install util-linux")
+                raise TaskFailed(
+                    f"cannot take the run lock on {host}: flock not found (util-linux) on {host}{where}, "
+                    f"{path or 'PATH unknown'}: tunnelspec holds its run lock with flock(1); "
+                    "install util-linux"
+                )
             if word == "TIMEOUT":
-                raise RunLocked(f"{host} is still locked by {describe(holder)} after {wait_s}s (--lock-timeout); "
-                                "nothing was changed by this run")
+                raise RunLocked(
+                    f"{host} is still locked by {describe(holder)} after {wait_s}s (--lock-timeout); "
+                    "nothing was changed by this run"
+                )
             # No LOCKED line and the process ended: no flock, no /run, no root.
-            raise TaskFailed(f"cannot take the run lock on {host}: {line or 'the lock process ended'} "
-                             f"(needs flock(1) and a writable {LOCK_DIR_VAR}, default {LOCK_DIR})")
+            raise TaskFailed(
+                f"cannot take the run lock on {host}: {line or 'the lock process ended'} "
+                f"(needs flock(1) and a writable {LOCK_DIR_VAR}, default {LOCK_DIR})"
+            )
 
     async def release(self) -> None:
         held, self._held = self._held, []

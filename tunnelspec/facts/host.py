@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from tunnelspec.llama.cuda_toolkit import parse_nvcc
+
 # Commands whose presence and path matter to some task; `command -v` on each, in one round trip.
 TOOLS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew",
          "git", "cmake", "make", "cc", "c++", "gcc", "g++", "ccache", "python3", "ssh", "sshd",
@@ -95,11 +97,6 @@ def _version(text: str, pattern: str = r"(\d+)\.(\d+)(?:\.(\d+))?") -> tuple[int
     if not m:
         return None
     return tuple(int(g) for g in m.groups() if g is not None)
-
-
-def parse_nvcc(text: str) -> tuple[int, ...] | None:
-    """The toolkit release `nvcc --version` reports ("Cuda compilation tools, release 12.4, V12.4.131")."""
-    return _version(text, r"release (\d+)\.(\d+)")
 
 
 @dataclass(frozen=True)

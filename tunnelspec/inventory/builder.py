@@ -65,8 +65,7 @@ class InventoryBuilder:
                 target.priority = int(value)
             except (TypeError, ValueError, OverflowError):  # OverflowError: .inf
                 raise self.error(
-                    f"ansible_group_priority must be an integer (e.g. ansible_group_priority=10), "
-                    f"got {value!r}"
+                    f"ansible_group_priority must be an integer (e.g. ansible_group_priority=10), got {value!r}"
                 ) from None
             return
         target.vars[key] = value

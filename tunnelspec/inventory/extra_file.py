@@ -13,8 +13,9 @@ def read_extra_vars_file(path: str) -> dict:
     except OSError as e:
         raise UsageError(f"-e @{path}: cannot read: {e.strerror}") from None
     except UnicodeDecodeError as e:
-        raise UsageError(f"-e @{path}: not a text file (byte {e.start} is not UTF-8); give a YAML or JSON "
-                         "mapping") from None
+        raise UsageError(
+            f"-e @{path}: not a text file (byte {e.start} is not UTF-8); give a YAML or JSON mapping"
+        ) from None
     try:
         data = yaml.safe_load(text) if text.strip() else {}
     except yaml.YAMLError as e:

@@ -60,17 +60,21 @@ class _Parser(InventoryBuilder):
                     group, state = "ungrouped", "skip"
         for name, pending in self.pending.items():
             if pending.kind == "vars":
-                self._record(self.error(
-                    f"section [{name}:vars] is for group '{name}', which is never declared: "
-                    f"add a [{name}] section (or fix the group name)",
-                    pending.line,
-                ))
+                self._record(
+                    self.error(
+                        f"section [{name}:vars] is for group '{name}', which is never declared: "
+                        f"add a [{name}] section (or fix the group name)",
+                        pending.line,
+                    )
+                )
                 continue
-            self._record(self.error(
-                f"section [{pending.parents[-1]}:children] includes group '{name}', which is never "
-                f"declared: add a [{name}] section (children must be groups, not hosts)",
-                pending.line,
-            ))
+            self._record(
+                self.error(
+                    f"section [{pending.parents[-1]}:children] includes group '{name}', which is never "
+                    f"declared: add a [{name}] section (children must be groups, not hosts)",
+                    pending.line,
+                )
+            )
         self._reconcile()
         return self.inv
 
@@ -136,9 +140,7 @@ class _Parser(InventoryBuilder):
         entry = tokens[0]
         name, port = split_port(entry)
         if entry.strip().endswith(":") and port is None:
-            raise self.error(
-                f"host '{entry}' ends with ':'; after ':' comes a port number (host:2222)"
-            )
+            raise self.error(f"host '{entry}' ends with ':'; after ':' comes a port number (host:2222)")
         try:
             names = expand_range(name)
         except RangeError as err:
@@ -146,14 +148,15 @@ class _Parser(InventoryBuilder):
         if not names:
             raise self.error(f"host range '{name}' expands to no host; check begin, end and step")
         if "---" in (n.strip() for n in names):
-            raise self.error("'---' is not a host: this looks like a YAML inventory in a file named .ini; "
-                             "rename it to .yml (tunnelspec reads both formats)")
+            raise self.error(
+                "'---' is not a host: this looks like a YAML inventory in a file named .ini; "
+                "rename it to .yml (tunnelspec reads both formats)"
+            )
         variables = []
         for token in tokens[1:]:
             if "=" not in token:
                 raise self.error(
-                    f"expected key=value after host '{entry}', got '{token}': quote values with "
-                    "spaces (key=\"a b\")"
+                    f"expected key=value after host '{entry}', got '{token}': quote values with spaces (key=\"a b\")"
                 )
             key, value = token.split("=", 1)
             if not key:
@@ -180,8 +183,7 @@ class _Parser(InventoryBuilder):
         m = _GROUP_NAME.match(line)
         if not m:
             raise self.error(
-                f"expected a group name in [{group}:children], got '{line}': one group per line, "
-                "no host variables here"
+                f"expected a group name in [{group}:children], got '{line}': one group per line, no host variables here"
             )
         child = m.group(1)
         if child in self.inv.groups:
@@ -190,6 +192,7 @@ class _Parser(InventoryBuilder):
             self.pending[child].parents.append(group)
         else:
             self.pending[child] = _Pending("children", self.line, [group])
+
 
 def read_bytes(path: pathlib.Path) -> bytes:
     try:
@@ -231,8 +234,9 @@ def read_lines(path: pathlib.Path, data: bytes | None = None) -> list[str]:
     return lines
 
 
-def load_ini(path: str | pathlib.Path, lines: list[str] | None = None,
-             errors: list[InventoryError] | None = None) -> Inventory:
+def load_ini(
+    path: str | pathlib.Path, lines: list[str] | None = None, errors: list[InventoryError] | None = None
+) -> Inventory:
     """Parse an Ansible INI inventory. Raises InventoryError(message, file, line); with `errors`, every
     error is appended there instead and the lines after it are read all the same."""
     path = pathlib.Path(path)

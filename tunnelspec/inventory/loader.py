@@ -50,7 +50,7 @@ def yaml_text(path: pathlib.Path, data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = len(_YAML_BREAKS.findall(data[:err.start].decode("utf-8"))) + 1
+        line = len(_YAML_BREAKS.findall(data[: err.start].decode("utf-8"))) + 1
         raise InventoryError("line is not valid UTF-8; save the file as UTF-8", str(path), line) from None
 
 

@@ -20,14 +20,39 @@ Origin = tuple[str, int]
 # Variables Ansible computes itself; `ansible-inventory --list` drops them from hostvars.
 ANSIBLE_INTERNAL_VARS = frozenset(
     {
-        "ansible_async_path", "ansible_collection_name", "ansible_config_file",
-        "ansible_dependent_role_names", "ansible_diff_mode", "ansible_facts", "ansible_forks",
-        "ansible_inventory_sources", "ansible_limit", "ansible_play_batch", "ansible_play_hosts",
-        "ansible_play_hosts_all", "ansible_play_role_names", "ansible_playbook_python",
-        "ansible_role_name", "ansible_role_names", "ansible_run_tags", "ansible_skip_tags",
-        "ansible_verbosity", "ansible_version", "inventory_dir", "inventory_file",
-        "inventory_hostname", "inventory_hostname_short", "groups", "group_names", "hostvars",
-        "playbook_dir", "play_hosts", "role_name", "role_names", "role_path", "role_uuid",
+        "ansible_async_path",
+        "ansible_collection_name",
+        "ansible_config_file",
+        "ansible_dependent_role_names",
+        "ansible_diff_mode",
+        "ansible_facts",
+        "ansible_forks",
+        "ansible_inventory_sources",
+        "ansible_limit",
+        "ansible_play_batch",
+        "ansible_play_hosts",
+        "ansible_play_hosts_all",
+        "ansible_play_role_names",
+        "ansible_playbook_python",
+        "ansible_role_name",
+        "ansible_role_names",
+        "ansible_run_tags",
+        "ansible_skip_tags",
+        "ansible_verbosity",
+        "ansible_version",
+        "inventory_dir",
+        "inventory_file",
+        "inventory_hostname",
+        "inventory_hostname_short",
+        "groups",
+        "group_names",
+        "hostvars",
+        "playbook_dir",
+        "play_hosts",
+        "role_name",
+        "role_names",
+        "role_path",
+        "role_uuid",
     }
 )
 
@@ -74,7 +99,7 @@ class Inventory:
     # apart from the parsed layers so `inventory list` shows the file and errors can say "-e".
     extra_vars: dict[str, Any] = field(default_factory=dict)
 
-    def with_extra_vars(self, extra_vars: dict[str, Any]) -> "Inventory":
+    def with_extra_vars(self, extra_vars: dict[str, Any]) -> Inventory:
         """The same inventory seen with a run's extra vars on top (the parsed layers are shared)."""
         if not extra_vars:
             return self

@@ -45,8 +45,10 @@ def _yaml_hint(err: yaml.MarkedYAMLError, text: str) -> str:
         return "; indent with spaces, YAML does not allow tabs there"
     if "invalid Unicode character escape" in problem:
         # libyaml refuses "\ud800" (a surrogate half) and escapes past U+10FFFF; so does Ansible.
-        return ("; a \\u or \\U escape must name a character (not a surrogate half, nothing past "
-                "U+10FFFF): write the character itself")
+        return (
+            "; a \\u or \\U escape must name a character (not a surrogate half, nothing past "
+            "U+10FFFF): write the character itself"
+        )
     if "mapping values are not allowed" in problem:
         return "; quote a value that holds ': ' (\"a: b\"), or check the indentation of this line"
     if "quoted scalar" in context:
@@ -105,8 +107,12 @@ class _YamlParser(InventoryBuilder):
             position = len(self.text.encode("utf-8")[:position].decode("utf-8", "ignore"))
         line = len(_BREAKS.findall(self.text, 0, position)) + 1 if position is not None else 1
         char = err.character if isinstance(err.character, str) else chr(err.character)
-        return InventoryError(f"invalid YAML: character {char!r} (U+{ord(char):04X}) is not allowed in YAML; "
-                              "remove it or write it as an escape in a double-quoted string", self.file, line)
+        return InventoryError(
+            f"invalid YAML: character {char!r} (U+{ord(char):04X}) is not allowed in YAML; "
+            "remove it or write it as an escape in a double-quoted string",
+            self.file,
+            line,
+        )
 
     # ---- nodes -----------------------------------------------------------------------------
     def _value(self, node: yaml.Node) -> Any:
@@ -116,8 +122,12 @@ class _YamlParser(InventoryBuilder):
             raise self._yaml_error(err) from None
         if not _is_text(value):
             # "\ud800" escapes make strings that are not Unicode text; Ansible fails on them.
-            raise InventoryError("a string holds a lone surrogate (an escape like \"\\ud800\"), which is not "
-                                 "Unicode text; write the character itself", self.file, _line(node))
+            raise InventoryError(
+                'a string holds a lone surrogate (an escape like "\\ud800"), which is not '
+                "Unicode text; write the character itself",
+                self.file,
+                _line(node),
+            )
         return value
 
     def _pairs(self, node: yaml.MappingNode) -> dict[Any, tuple[yaml.Node, yaml.Node]]:
@@ -137,8 +147,10 @@ class _YamlParser(InventoryBuilder):
             if not isinstance(key, Hashable):
                 raise self.error("a mapping key must be a plain value (a name), not a list or mapping")
             if key in pairs and id(key_node) in own and id(pairs[key][0]) in own:
-                raise self.error(f"'{key}' is written twice in the same mapping (first on line "
-                                 f"{_line(pairs[key][0])}); merge the two entries into one")
+                raise self.error(
+                    f"'{key}' is written twice in the same mapping (first on line "
+                    f"{_line(pairs[key][0])}); merge the two entries into one"
+                )
             pairs[key] = (key_node, value_node)
         self._seen[id(node)] = pairs
         return pairs
@@ -157,16 +169,20 @@ class _YamlParser(InventoryBuilder):
     def _check_value(self, name: Any, value: Any) -> None:
         if isinstance(value, bytes):
             # ansible-inventory --list fails on it ("not JSON serializable"), no deploy can use it.
-            raise self.error(f"variable '{name}' is a !!binary value, which Ansible cannot show or template; "
-                             "write the text itself, or the base64 as a plain string")
+            raise self.error(
+                f"variable '{name}' is a !!binary value, which Ansible cannot show or template; "
+                "write the text itself, or the base64 as a plain string"
+            )
         if isinstance(value, (set, frozenset)):
             # Ansible keeps a set in no particular order: the same file would give different lists.
             raise self.error(f"variable '{name}' is a !!set, which has no order; write a list ([a, b])")
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, (str, int, float, bool, type(None))):
-                    raise self.error(f"variable '{name}' has a mapping key {key!r} of type {type(key).__name__}; "
-                                     "Ansible cannot show it (ansible-inventory fails): quote the key")
+                    raise self.error(
+                        f"variable '{name}' has a mapping key {key!r} of type {type(key).__name__}; "
+                        "Ansible cannot show it (ansible-inventory fails): quote the key"
+                    )
                 self._check_value(name, item)
         elif isinstance(value, (list, tuple)):
             for item in value:
@@ -183,10 +199,15 @@ class _YamlParser(InventoryBuilder):
         if err.context_mark is not None and err.problem and ("end of stream" in err.problem or at_end):
             # The end of the file is no place to fix: point at what was left open.
             mark = err.context_mark
-        elif err.context_mark is not None and err.problem_mark is not None and \
-                err.context_mark.line != err.problem_mark.line:
-            what += f" (the {err.context.split()[-1] if err.context else 'construct'} opened on line " \
-                    f"{err.context_mark.line + 1})"
+        elif (
+            err.context_mark is not None
+            and err.problem_mark is not None
+            and err.context_mark.line != err.problem_mark.line
+        ):
+            what += (
+                f" (the {err.context.split()[-1] if err.context else 'construct'} opened on line "
+                f"{err.context_mark.line + 1})"
+            )
         what += _yaml_hint(err, self.text)
         # The end of a file without a final newline is still its last line.
         last = len(_BREAKS.findall(self.text)) + 1
@@ -206,18 +227,23 @@ class _YamlParser(InventoryBuilder):
         if root is None or self._is_null(root):
             # Ansible refuses it too ("Parsed empty YAML file"); line 1 is where the inventory goes.
             raise InventoryError(
-                "the YAML inventory is empty; start with 'all:' and put groups under 'children:'", self.file,
+                "the YAML inventory is empty; start with 'all:' and put groups under 'children:'",
+                self.file,
                 _line(root) if root is not None else 1,
             )
         self.line = _line(root)
         if not isinstance(root, yaml.MappingNode):
-            raise self.error("a YAML inventory is a mapping of group names ('all:', then 'hosts:', "
-                             "'children:', 'vars:'), not a list or a single value")
+            raise self.error(
+                "a YAML inventory is a mapping of group names ('all:', then 'hosts:', "
+                "'children:', 'vars:'), not a list or a single value"
+            )
         pairs = self._pairs(root)
         if "plugin" in pairs:
             self.line = _line(pairs["plugin"][0])
-            raise self.error("this is an inventory plugin configuration ('plugin:'), not a YAML inventory; "
-                             "tunnelspec reads static inventories only")
+            raise self.error(
+                "this is an inventory plugin configuration ('plugin:'), not a YAML inventory; "
+                "tunnelspec reads static inventories only"
+            )
         for name, (key_node, value_node) in pairs.items():
             self._group(name, key_node, value_node)
         self._reconcile()
@@ -228,8 +254,9 @@ class _YamlParser(InventoryBuilder):
         if not isinstance(name, str) or not name:
             raise self.error(f"group name {name!r} must be a non-empty string; quote it if it is a number")
         if not (isinstance(node, yaml.MappingNode) or self._is_null(node)):
-            raise self.error(f"group '{name}' must be a mapping (with hosts:, children: or vars:) or empty, "
-                             f"not {self._kind(node)}")
+            raise self.error(
+                f"group '{name}' must be a mapping (with hosts:, children: or vars:) or empty, not {self._kind(node)}"
+            )
         self._add_group(name)
         if self._is_null(node):
             return name
@@ -237,8 +264,10 @@ class _YamlParser(InventoryBuilder):
         for key, (skey, snode) in sections.items():
             self.line = _line(skey)
             if key not in _SECTIONS:
-                raise self.error(f"unexpected key '{key}' in group '{name}': a group holds only 'hosts:', "
-                                 "'children:' and 'vars:' (a host's variables go under its name in 'hosts:')")
+                raise self.error(
+                    f"unexpected key '{key}' in group '{name}': a group holds only 'hosts:', "
+                    "'children:' and 'vars:' (a host's variables go under its name in 'hosts:')"
+                )
             if isinstance(snode, yaml.ScalarNode) and not self._is_null(snode):
                 # Ansible accepts `hosts: web1` (one name) for `hosts: {web1: }`.
                 self._section(name, key, {self._value(snode): (snode, None)})
@@ -246,8 +275,10 @@ class _YamlParser(InventoryBuilder):
             if self._is_null(snode):
                 continue
             if not isinstance(snode, yaml.MappingNode):
-                raise self.error(f"'{key}' of group '{name}' must be a mapping of names, not {self._kind(snode)}; "
-                                 f"write each entry as 'name:' on its own line under '{key}:'")
+                raise self.error(
+                    f"'{key}' of group '{name}' must be a mapping of names, not {self._kind(snode)}; "
+                    f"write each entry as 'name:' on its own line under '{key}:'"
+                )
             self._section(name, key, self._pairs(snode))
         return name
 
@@ -259,8 +290,13 @@ class _YamlParser(InventoryBuilder):
                 self._set_var(self.inv.groups[group], var, value)
         elif key == "children":
             for child, (ckey, cnode) in pairs.items():
-                child = self._group(child, ckey, cnode if cnode is not None else yaml.ScalarNode(
-                    "tag:yaml.org,2002:null", "", ckey.start_mark, ckey.end_mark))
+                child = self._group(
+                    child,
+                    ckey,
+                    cnode
+                    if cnode is not None
+                    else yaml.ScalarNode("tag:yaml.org,2002:null", "", ckey.start_mark, ckey.end_mark),
+                )
                 self.line = _line(ckey)
                 self._add_child(group, child)
         else:
@@ -281,8 +317,9 @@ class _YamlParser(InventoryBuilder):
         variables: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
         if node is not None and not self._is_null(node):
             if not isinstance(node, yaml.MappingNode):
-                raise self.error(f"the variables of host '{pattern}' must be a mapping (name: value), "
-                                 f"not {self._kind(node)}")
+                raise self.error(
+                    f"the variables of host '{pattern}' must be a mapping (name: value), not {self._kind(node)}"
+                )
             variables = self._pairs(node)
         values = []
         for var, (vkey, vnode) in variables.items():

@@ -23,7 +23,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tunnelspec.facts.host import parse_nvcc  # noqa: F401  (one parser of nvcc's line, shared with the facts)
+
+
+
+def parse_nvcc(text: str) -> tuple[int, ...] | None:
+    """The toolkit release `nvcc --version` reports ("Cuda compilation tools, release 12.4, V12.4.131");
+    the one parser of that line (the host facts read it too)."""
+    m = re.search(r"release (\d+)\.(\d+)", text or "")
+    return tuple(int(g) for g in m.groups()) if m else None
+
 
 CMAKELISTS = "ggml/src/ggml-cuda/CMakeLists.txt"
 

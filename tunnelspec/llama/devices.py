@@ -631,3 +631,14 @@ if __name__ == "__main__":
     import sys
 
     raise SystemExit(_main(sys.argv[1:]))
+
+
+def served_text(names: list[str], served: list[dict] | None) -> str:
+    """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
+    (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
+    if not names:
+        return "?"
+    if not served:
+        return ",".join(names)
+    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
+                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from tunnelspec.engine.templating import TemplateError, render_file
+from tunnelspec.core.templating import TemplateError, render_file
 from tunnelspec.facts.files import FileState, file_state, norm_mode
 from tunnelspec.facts.files import command as file_state_argv
 from tunnelspec.modules.base import Arg, Change, Diff, Task, change, ok, register_task

@@ -14,7 +14,7 @@ import shlex
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.llama.server_args import UNIT
+from tunnelspec.components.server.args import UNIT
 
 # Flags (every spelling across builds) that carry the RPC placement, each with a value.
 # -sm/-ts/-ngl describe the deployed devices (-ngl: main's CPU share of a split): kept with them

@@ -32,7 +32,7 @@ from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed, UsageError
 from tunnelspec.facts import sockets
 from tunnelspec.core import http
-from tunnelspec.llama.server_args import UNIT
+from tunnelspec.components.server.args import UNIT
 from tunnelspec.components.server.verify import read_api_key, start_timeout
 from tunnelspec.components.server.fit import gguf_facts
 from tunnelspec.components.tls.reach import ApiTls, api_opener

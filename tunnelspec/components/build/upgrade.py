@@ -12,7 +12,7 @@ new build once every tunnel answers HELLO with main's protocol version (its Exec
 
 from __future__ import annotations
 
-from tunnelspec.llama.server_args import UNIT
+from tunnelspec.components.server.args import UNIT
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 
 # One round trip: the running main PID's executable and the build `binary` resolves to now.

@@ -108,12 +108,7 @@ def metrics_fact(cluster) -> dict | None:
 
 def skippable_draft(cluster):
     """The draft node when serving can go on without it (it holds no target layers), else None."""
-    d = cluster.draft_node
-    if d is None or d in cluster.target_nodes:
-        return None
-    if cluster.placement.weights is not None and (cluster.placement.weight_of(d.name) or 0) > 0:
-        return None
-    return d
+    return cluster.skippable_draft
 
 
 def modes_document(cluster, speculative: dict, degraded: dict | None, expect: str | None,
@@ -152,7 +147,7 @@ def draftwatch_exec() -> str:
 def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_timeout: int) -> None:
     """Complete the `llama_server` fact (the speculative plan) with what the launcher, the watcher
     and the front need. `degraded_plan(absent)` builds the plan with those nodes left out."""
-    from tunnelspec.llama.server_args import tunnel_unit
+    from tunnelspec.components.server.args import tunnel_unit
 
     draft = skippable_draft(cluster)
     degraded = degraded_plan(frozenset({draft.name})).as_fact() if draft is not None else None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.facts import sockets, units
-from tunnelspec.llama.server_args import UNIT
+from tunnelspec.components.server.args import UNIT
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.modules.systemd import STARTED_FACT
 

@@ -15,8 +15,9 @@ from tunnelspec.connection.base import read_argv
 from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts import units
-from tunnelspec.llama import flags, preflight
-from tunnelspec.llama.server_args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
+from tunnelspec.llama import flags
+from tunnelspec.components.server import preflight
+from tunnelspec.components.server.args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
 from tunnelspec.components.server.verify import model_paths, model_sizes, start_timeout, verify_server
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.components.server.mtp_draft import check_mtp_draft
@@ -418,7 +419,7 @@ class LlamaVerify(Task):
         """After a failed proof: has llama-server left speculation because the draft node went away?
         The launcher writes its mode within seconds of the restart; wait up to `settle` for it."""
         from tunnelspec.components.front import model as front
-        from tunnelspec.commands.status import serving_state
+        from tunnelspec.components.front.serving import serving_state
 
         if not _has_degraded_mode(plan):
             return False
@@ -436,7 +437,7 @@ class LlamaVerify(Task):
         target alone, with a warning — the run already fails for that node. Degraded otherwise: wait
         up to `rejoin_wait` for the watcher to bring the draft back, else fail with the reason."""
         from tunnelspec.components.front import model as front
-        from tunnelspec.commands.status import serving_state
+        from tunnelspec.components.front.serving import serving_state
 
         plan = self.p["plan"]
         if not _has_degraded_mode(plan):
@@ -477,12 +478,12 @@ def _has_degraded_mode(plan: dict) -> bool:
 def _served_devices(ctx, plan: dict) -> str:
     """What each node in llama-server's --rpc serves, as main names it: `RPC0 = rpc-a Vulkan0 (llvmpipe …,
     23272/24105 MiB free)` — from the rpc nodes' start banners this run read (`rpc_served`)."""
-    from tunnelspec.commands.status import _served_text
+    from tunnelspec.llama.devices import served_text
 
     hostvars = ctx.vars.get("hostvars", {})
     out = []
     for node, names in (plan.get("nodes") or {}).items():
         served = (hostvars.get(node) or {}).get("rpc_served")
         if served:
-            out.append(f"{node}: {_served_text(names, served)}")
+            out.append(f"{node}: {served_text(names, served)}")
     return "; ".join(out)

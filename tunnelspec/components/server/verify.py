@@ -9,8 +9,9 @@ import asyncio
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core import http
-from tunnelspec.llama import props, server_death, split_proof
-from tunnelspec.llama.server_args import UNIT, draft_placement
+from tunnelspec.llama import props, split_proof
+from tunnelspec.components.server import death as server_death
+from tunnelspec.components.server.args import UNIT, draft_placement
 from tunnelspec.core.secrets import Secret
 from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
 from tunnelspec.components.tls.reach import summary as tls_summary

@@ -14,6 +14,7 @@ import os
 import subprocess
 import tempfile
 from pathlib import Path
+from tunnelspec.cluster.fields import cluster_error
 
 PREFIX = "controller:"
 # Refs the bundle carries; the host fetches them into the same names.
@@ -153,3 +154,16 @@ async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list
     finally:
         await conn.run(["rm", "-f", "--", dest])
     return size, len(basis)
+
+
+def check_controller_source(inv, main_name: str, source) -> None:
+    """llama_repo=controller:PATH: the controller's repository holds the pinned commit and every
+    patch commit (the hosts get them from it). Local git only; no network. The cluster model's
+    `source_check` for the commands that send the source."""
+    if not is_controller_repo(source.repo):
+        return
+    try:
+        check(path_of(source.repo, inv.path.parent), source.commit,
+              [p.pinned for p in source.patches if p.kind != "file"])
+    except ControllerRepoError as err:
+        raise cluster_error(inv, main_name, "llama_repo", str(err)) from None

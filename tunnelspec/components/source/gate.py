@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tunnelspec.engine.gates import register_gate
+from tunnelspec.modules.gates import register_gate
 from tunnelspec.core.errors import TaskFailed
 
 

@@ -7,7 +7,7 @@ import fnmatch
 import hashlib
 
 from tunnelspec.core.constants import LOOPBACK
-from tunnelspec.engine.templating import render_file
+from tunnelspec.core.templating import render_file
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.files import file_state
 from tunnelspec.facts.sshd import effective_settings, sshd_includes

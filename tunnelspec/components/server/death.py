@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from tunnelspec.llama.server_args import UNIT
+from tunnelspec.components.server.args import UNIT
 
 # Most specific first: the line that names the cause beats the generic signal report.
 _CAUSES = (

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama.flags import ServerHelp, DRAFT_SIMPLE
-from tunnelspec.llama.preflight import check_settings
+from tunnelspec.components.server.preflight import check_settings
 from tunnelspec.llama.speculative import SpecError, spec_type_argv
 
 # llama-server's unit name, shared by the tasks, the verify step, status and teardown.

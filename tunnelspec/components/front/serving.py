@@ -1,0 +1,53 @@
+"""What llama-server serves now, read on main: the mode the launcher last started it in
+(docs/degraded.md), with ssh's own words when a node is away."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tunnelspec.components.front import model as front
+from tunnelspec.llama.server_args import tunnel_unit
+
+
+async def sh(conn, argv, timeout=20) -> str:
+    try:
+        res = await conn.probe(argv, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - reported in the row, other fields still gathered
+        return f"error: {e}"
+    return res.stdout.strip() if res.rc == 0 else ""
+
+
+async def unit_state(conn, unit: str) -> str:
+    res = await conn.probe(["systemctl", "is-active", unit])
+    return res.stdout.strip() or "unknown"
+
+
+def iso(t) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(t))) if t else None
+
+
+async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
+    """The mode llama-server was last started in (the launcher's file, docs/degraded.md): speculative
+    (the draft on its node's device), degraded (the target alone while a draft-only node is away, since
+    when and why), waiting (a node with target layers holds serving down), or plain (no draft)."""
+    raw = await sh(conn, ["cat", front.STATE_PATH])
+    try:
+        state = json.loads(raw) if raw and not raw.startswith("error") else {}
+    except ValueError:
+        state = {}
+    mode = state.get("mode") or "unknown"
+    draft = cluster.draft_node
+    out = {"mode": mode, "since": iso(state.get("since")), "node": state.get("node"),
+           "reason": state.get("reason") or None,
+           "watch": await unit_state(conn, front.WATCH_UNIT) if front.skippable_draft(cluster) else None,
+           "draft_node": draft.name if draft else None,
+           "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else []}
+    if mode in (front.DEGRADED, front.WAITING) and state.get("node"):
+        # Why the tunnel is down, in ssh's own words (e.g. "connect to host … Connection timed out").
+        j = await sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u",
+                             tunnel_unit(state["node"])], timeout=20)
+        said = [l.strip() for l in j.splitlines() if l.strip().startswith("ssh:") or "Connection" in l
+                or "Permission denied" in l or "Host key" in l]
+        out["detail"] = said[-1] if said else None
+    return out
