@@ -1,4 +1,4 @@
-"""Build times per llama.cpp tree (issue 13): cold (an empty ccache) and with a warm ccache.
+"""Build times per llama.cpp tree: cold (an empty ccache) and with a warm ccache.
 
     flock /tmp/tunnelspec-lab.lock python benchmarks/builds.py                 # b11434 and b9093
     flock /tmp/tunnelspec-lab.lock python benchmarks/builds.py --trees b9093 --json

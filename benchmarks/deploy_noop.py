@@ -1,5 +1,5 @@
 """The real `tunnelspec deploy`, converged (no-op), on the lab, against the raw asyncssh floor for the
-same number of remote commands per host (issue 8).
+same number of remote commands per host.
 
     python benchmarks/deploy_noop.py [--lab lab] [--runs 5] [--json]
 

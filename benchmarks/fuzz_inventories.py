@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Differential fuzzer: tunnelspec's inventory readers against Ansible's own (issue 26).
+"""Differential fuzzer: tunnelspec's inventory readers against Ansible's own.
 
     python benchmarks/fuzz_inventories.py --cases 3000 --seed 1 --format both
 

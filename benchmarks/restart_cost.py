@@ -1,4 +1,4 @@
-"""What a switch costs (issue 22): llama-server's restart-to-first-token with a draft of at least 500 MB,
+"""What a switch costs: llama-server's restart-to-first-token with a draft of at least 500 MB,
 its weights sent through the tunnel (the node's RPC tensor cache empty), with the cache warm (the
 node already holds them: hashes are sent instead), and the same draft on main's own CPU (no RPC).
 

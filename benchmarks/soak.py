@@ -1,4 +1,4 @@
-"""Soak (issue 15): completions through the remote draft, every few seconds, while faults are
+"""Soak: completions through the remote draft, every few seconds, while faults are
 injected on a schedule; no manual step, no deploy during the soak. Not part of CI (it is long).
 
     python benchmarks/soak.py --duration 1500            # against a deployed lab (reused)

@@ -1,4 +1,4 @@
-"""Tunnel benchmarks on the lab (issue 8): what the SSH tunnel costs the remote draft.
+"""Tunnel benchmarks on the lab: what the SSH tunnel costs the remote draft.
 
     python benchmarks/tunnel.py [--lab lab] [--rounds 5] [--json] [--only rtt,bulk,decode,reload]
     python benchmarks/tunnel.py --only decode --decode-model small --decode-rounds 3

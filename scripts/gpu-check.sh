@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check (issue 24), for a machine with one NVIDIA GPU and ~16 cores; under 10 minutes:
+# The GPU check, for a machine with one NVIDIA GPU and ~16 cores; under 10 minutes:
 #   1. detect the GPU's architecture with nvidia-smi (tunnelspec's own parser: llama/devices.py);
 #   2. build the lab's pinned llama.cpp tree (b11434) with CUDA for that architecture only
 #      (llama-server and ggml-rpc-server, tunnelspec's own build options: llama/build_plan.py);

@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite: unit tests, real sshd tests, and the lab (systemd-nspawn) tests.
+# The whole test suite: unit tests, real sshd tests, llama.cpp build tests and the lab (systemd-nspawn)
+# tests. `--fast`: the unit tier alone (pure tests, no set-up beyond the virtualenv; docs/ci.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
 export NO_COLOR=1
+if [ "${1:-}" = "--fast" ]; then
+  shift
+  if [ ! -x .venv/bin/python ]; then bash scripts/setup.sh; fi
+  exec .venv/bin/python -m pytest -q -m unit -p no:cacheprovider "$@" tests
+fi
+bash scripts/setup.sh
 exec .venv/bin/python -m pytest -q -rs --durations=15 "$@" tests

@@ -24,9 +24,42 @@ def pytest_collection_modifyitems(config, items):
         for i in items:
             if i.get_closest_marker("extended"):
                 i.add_marker(skip)
+    for i in items:
+        i.add_marker(getattr(pytest.mark, tier_of(i)))
     last = [i for i in items if i.get_closest_marker("upstream_builds")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("upstream_builds")] + last
+
+
+# --- test tiers -------------------------------------------------------------------------------
+# Every test gets one tier marker, from what it uses (docs/ci.md, "Test tiers"): `lab` (the
+# systemd-nspawn hosts), `build` (a llama.cpp build on this machine), `sshd` (real sshd/sudo on
+# 127.0.0.1), else `unit` (pure: no process of its own beyond short-lived tools).
+# `bash scripts/test.sh --fast` runs the unit tier alone.
+LAB_FIXTURES = {"lab", "lab_tools"}
+BUILD_FIXTURES = {"llama_bin", "rpc_server", "llama_fixtures"}
+SSHD_FIXTURES = {"sshd_cluster", "user_cluster", "sudo_user"}
+_SSHD_SOURCE = ("sshd_harness", "start_sshd", "sudo_users", "SshdCluster")
+_module_text: dict[str, str] = {}
+
+
+def tier_of(item) -> str:
+    names = set(getattr(item, "fixturenames", ()))
+    if item.get_closest_marker("lab") or names & LAB_FIXTURES:
+        return "lab"
+    if item.get_closest_marker("llama") or names & BUILD_FIXTURES:
+        return "build"
+    path = str(getattr(item, "path", "") or item.fspath)
+    if path not in _module_text:
+        try:
+            with open(path, encoding="utf-8") as f:
+                _module_text[path] = f.read()
+        except OSError:
+            _module_text[path] = ""
+    if names & SSHD_FIXTURES or any(w in _module_text[path] for w in _SSHD_SOURCE):
+        return "sshd"
+    return "unit"
+# --- end of test tiers ---------------------------------------------------------------------------
 
 
 LAB_TEST_DIR = os.environ.get("TUNNELSPEC_LAB_DIR", "/var/tmp/tunnelspec-test-lab")

@@ -1,4 +1,4 @@
-"""The docs agree with the tool (issue 36), checked offline:
+"""The docs agree with the tool, checked offline:
 
 - inventory.example.ini documents every variable tunnelspec reads (fields.KNOWN_VARS), and names no
   variable the code does not read: the two lists cannot drift;
@@ -33,7 +33,7 @@ EXAMPLE_INI = REPO / "inventory.example.ini"
 HELP = REPO / "tests/server/data/llama-server-help.txt"
 JSON_ARG = ["--chat-template-kwargs", '{"preserve_thinking": true}']
 
-# Variables only tunnelspec's own commands set (with -e, cli.py): not for an inventory to hold.
+# Variables only tunnelspec's own commands set (with -e, cli/main.py): not for an inventory to hold.
 SET_BY_COMMANDS = {"tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge"}
 
 

@@ -1,5 +1,5 @@
 """docs/first-cluster.md's inventories, and the example files it sends readers to, go through the real
-`tunnelspec check` (offline: the inventory, the cluster, the plan) as the page gives them (issue 36).
+`tunnelspec check` (offline: the inventory, the cluster, the plan) as the page gives them.
 Each inventory block is the one after its `<!-- doctest: first-cluster … -->` marker; the only change
 is the placeholder the page asks the reader to fill (the commit SHA). The seed 000 example's Mac main
 is refused, as the page says. Deploying these needs their hardware (CUDA GPUs); the README's

@@ -1,4 +1,4 @@
-"""A newcomer follows only the README, docs/, the example inventories and SECURITY.md (issue 28):
+"""A newcomer follows only the README, docs/, the example inventories and SECURITY.md:
 what those pages promise is checked here against the code, so a page cannot drift from it.
 
 - README "What each host needs" is exactly the code's prerequisites table (no row more or less);

@@ -24,7 +24,7 @@ SPECULATIVE = shlex.split(
     "/b/llama-server --rpc 127.0.0.1:15052,127.0.0.1:15053 -dev RPC1 -m /t --spec-type draft-simple "
     "--spec-draft-model /d --spec-draft-device RPC0 --spec-draft-ngl all --spec-draft-n-max 4 "
     "--host 127.0.0.1 --port 8080 --metrics -lv 4")
-# A target split over two nodes and main's CPU, no draft (issue 28, seed 003).
+# A target split over two nodes and main's CPU, no draft (seed 003).
 SPLIT = shlex.split("/b/llama-server --rpc 127.0.0.1:15052,127.0.0.1:15053 -dev RPC0,RPC1 -ts 1,3 -ngl 8 "
                     "-m /m/big.gguf --host 127.0.0.1 --port 8080 --metrics -c 4096")
 

@@ -1,4 +1,4 @@
-"""Root never runs what a service chose (issue 37): llama-server rewrites its own argv[0] (bash's
+"""Root never runs what a service chose: llama-server rewrites its own argv[0] (bash's
 `exec -a`, what any process can do to its /proc cmdline) to point at a program in a place its user
 writes. `tunnelspec bench` reads the running command line, and used to run `<argv[0]> --list-devices`
 as root; now it works only with the deploy's root-owned plan, refuses a command line that is not one

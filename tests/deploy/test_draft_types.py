@@ -5,7 +5,7 @@ The models come from tests/support/gguf_drafts.py: a target that always predicts
 EAGLE-3 / DFlash / DSpark drafts built to predict the same one, so acceptance is the proof that the
 type's own path (feature extraction from the target, the head on RPC0) ran. draft-mtp has its own
 module, tests/deploy/test_mtp_lab.py: an MTP head reads the target's `h_nextn` hidden state, which
-the tiny llama target does not feed it, so it runs with its own pair (lab/gguf_mtp.py), in seed
+the tiny llama target does not feed it, so it runs with its own pair (tests/support/gguf_mtp.py), in seed
 000's topology.
 """
 

@@ -1,4 +1,4 @@
-"""Only what tunnelspec created is changed or removed (issue 37): an inventory naming an existing
+"""Only what tunnelspec created is changed or removed: an inventory naming an existing
 login account as a service user (`llama_user=<it>`) is refused on the host before anything is
 touched there — the account keeps its shell, nothing else changes — and a teardown (in --check here,
 so the lab stays deployed) leaves the account alone instead of deleting it. The lab's own service

@@ -1,4 +1,4 @@
-"""Progress on the /health wait, in the lab (issue 36): a deploy that restarts llama-server with a draft
+"""Progress on the /health wait, in the lab: a deploy that restarts llama-server with a draft
 that takes seconds to load says, while it waits, how long it has waited, the budget, and llama-server's
 newest journal line — a `progress` event with `waiting_for: "/health"`.
 

@@ -1,4 +1,4 @@
-"""Hosts as users have them (issue 23): three Debian releases in one cluster — main on trixie
+"""Hosts as users have them: three Debian releases in one cluster — main on trixie
 (OpenSSH 10, systemd 257, gcc 14), rpc-a on bullseye (OpenSSH 8.4, systemd 247, gcc 10), rpc-b on
 bookworm —, bare (no build toolchain in the images), logged in as a sudoer whose sudo asks for a
 password given with `-e @FILE`. The deploy installs each host's prerequisites from the lab's

@@ -1,4 +1,4 @@
-"""Isolation survives Debian's nftables.service (issue 37): its start, reload and restart run
+"""Isolation survives Debian's nftables.service: its start, reload and restart run
 `nft -f /etc/nftables.conf`, which begins with `flush ruleset`; its stop flushes everything.
 
 After a deploy, /etc/nftables.conf includes tunnelspec's rules (one marked line after the flush: one

@@ -1,4 +1,4 @@
-"""Port squatting in the lab (issue 37): while a guarded port's own service is down, `nobody` binds it
+"""Port squatting in the lab: while a guarded port's own service is down, `nobody` binds it
 — the draft node's RPC port, llama-server's internal port behind the front, the draft's tunnel port on
 main. The services around it keep talking to that port (the tunnel, the front's health check and a
 client's request with its API key, llama-server's launcher and the draft watch), and the squatter

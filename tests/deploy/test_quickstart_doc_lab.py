@@ -1,4 +1,4 @@
-"""The README's "Quickstart on real hardware" runs in the lab as written, step by step (issue 36).
+"""The README's "Quickstart on real hardware" runs in the lab as written, step by step.
 
 Each step is the fenced block after its `<!-- doctest: quickstart step N -->` marker in README.md,
 read from the Markdown itself (tests/support/docblocks.py): rename a subcommand, break the inventory

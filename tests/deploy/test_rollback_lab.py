@@ -29,7 +29,7 @@ from support.labdeploy import converge, deploy, failures, inventory_copy
 
 pytestmark = pytest.mark.lab
 
-ABORT_LINE = "tunnelspec-test: deliberate abort while loading the model (issue 38)"
+ABORT_LINE = "tunnelspec-test: deliberate abort while loading the model"
 ANCHOR = "        if (!ctx_server.load_model(params)) {\n"
 
 # Runs on main (llama-server and its front listen on main's loopback): a completion every 2 s through
@@ -239,7 +239,7 @@ def test_a_deploy_whose_llama_server_aborts_returns_to_the_last_generation(lab, 
         converge(lab.inventory)
 
 
-RPC_ABORT_LINE = "tunnelspec-test: rpc-server refuses to serve (issue 38)"
+RPC_ABORT_LINE = "tunnelspec-test: rpc-server refuses to serve"
 RPC_ANCHOR = "    start_server_fn(endpoint.c_str(), cache_dir, params.n_threads, devices.size(), devices.data());\n"
 
 

@@ -1,4 +1,4 @@
-"""Seed 003 in the lab (issue 28): examples/seed003-layers-on-two-nodes.ini as written — no draft
+"""Seed 003 in the lab: examples/seed003-layers-on-two-nodes.ini as written — no draft
 model, both nodes rpc_role=target 1:3, main's CPU a share (CPU=2,rpc-a=1,rpc-b=3) — on the lab's
 hosts and source, with an 11-block tiny llama as the model (12 layer slots: llama.cpp's rule gives
 main's CPU 4, rpc-a 2, rpc-b 6, exactly the asked 2:1:3).

@@ -1,4 +1,4 @@
-"""A run SIGKILLed between a task's apply and its handler (TUNNELSPEC_TEST_KILL_AT, engine/testhooks.py)
+"""A run SIGKILLed between a task's apply and its handler (TUNNELSPEC_TEST_KILL_AT, core/testhooks.py)
 against real sshd hosts: the next run sees the file converged and still runs the handler the
 killed run owed (engine/pending.py); --check in between reports it as drift; the run after changes
 nothing. Also the hook itself: a kill after the N-th command of an apply leaves that apply half done."""

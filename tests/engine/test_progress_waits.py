@@ -1,4 +1,4 @@
-"""Progress on long waits (issue 36), pure: the /health wait's report line and its event, as the human
+"""Progress on long waits, pure: the /health wait's report line and its event, as the human
 output and `--format json` render them; when wait_health reports (at the first unhealthy answer, then
 on a fixed schedule, never once healthy) against a real local HTTP server; the heartbeat of a command
 that says nothing while it runs."""

@@ -1,4 +1,4 @@
-"""Templates next to the inventory (issue 37): a file with the name of a shipped template used to
+"""Templates next to the inventory: a file with the name of a shipped template used to
 replace it silently — the draft watch's root unit included. Now a root-run or root-read one (unit
 files, the draft watch, the sshd configuration) is refused naming the file; the few that run as a
 service user (the front's configuration, the rpc-wait helper) still may, with a warning on every run."""

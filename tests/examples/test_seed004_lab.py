@@ -1,10 +1,10 @@
-"""Seed 004's example inventory through `deploy --check` in the lab (issue 28: each seed's quickstart
+"""Seed 004's example inventory through `deploy --check` in the lab (each seed's quickstart
 inventory is checked there; seed 003's is in test_examples.py, seed 000 is deployed whole by
 tests/deploy/test_mtp_lab.py).
 
 What the lab cannot have is swapped, and only that: the hosts (the CUDA box and the AMD box become
 the lab's CPU hosts `main` and `rpc-a`: their hardware variables — backend, devices, the tensor split
-over two GPUs — go with them), the models (a tiny target and a tiny DFlash draft, lab/gguf_drafts.py)
+over two GPUs — go with them), the models (a tiny target and a tiny DFlash draft, tests/support/gguf_drafts.py)
 and [all:vars] (the lab's login and its offline source; the example's patch stack is commented out
 as shipped). Kept as written: the speculative type (draft-dflash), the draft node's role, the
 sections. The check reads the lab's built llama-server --help, so the plan proves draft-dflash on

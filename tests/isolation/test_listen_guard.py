@@ -1,4 +1,4 @@
-"""Port squatting (issue 37): the listen guards of tunnelspec's nftables table (facts/nft.py) keep
+"""Port squatting: the listen guards of tunnelspec's nftables table (facts/nft.py) keep
 anyone but root and a port's own service user from answering connections on it.
 
 Pure: the rules render, parse back, and a changed or partial guard is foreign. Real kernel (a

@@ -1,5 +1,5 @@
 """The tunnel's ssh host (ansible_host / tunnel_ssh_host) is ssh's last argument and part of a unit
-file (issue 37): one starting with '-' is refused (it would be an ssh option, -oProxyCommand=… runs a
+file: one starting with '-' is refused (it would be an ssh option, -oProxyCommand=… runs a
 command), and a '%' (an IPv6 zone, fe80::1%eth0) reaches ssh as written, not as a systemd specifier."""
 
 from __future__ import annotations

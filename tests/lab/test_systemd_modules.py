@@ -67,7 +67,7 @@ def test_systemd_and_user_modules_converge(lab, tmp_path):
         first = tunnelspec("play", inv, str(pb), "-e", "flavour=one", "--format", "json")
         assert first.rc == 0, failed_report(first)
         # The service task started the unit from its new file: the restart handler does not start it a
-        # second time (service_restart, tasks/systemd.py).
+        # second time (service_restart, modules/systemd.py).
         assert _statuses(first) == {"service user": "changed", "unit file": "changed", "service running": "changed",
                                     "reload": "changed", "restart": "ok"}
         assert lab.exec(HOST, ["systemctl", "is-active", UNIT]).stdout.strip() == "active"

@@ -57,7 +57,7 @@ def test_a_mode_file_from_before_the_counters(tmp_path):
 
 
 def test_the_generation_and_its_rollbacks_from_the_deploys_status_file(tmp_path):
-    """What tasks/generation.py writes (through tunnelspec.components.generation.record.next_status) is what is shown:
+    """What components/generation/tasks.py writes (through tunnelspec.components.generation.record.next_status) is what is shown:
     generation 4 current since a deploy, then a failed deploy's return to it is counted."""
     from tunnelspec.components.generation import record as gen
 

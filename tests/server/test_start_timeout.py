@@ -1,4 +1,4 @@
-"""verify's wait for /health (issue 28, point 5): from the inventory's llama_server_start_timeout, else
+"""verify's wait for /health: from the inventory's llama_server_start_timeout, else
 from the size of the models llama-server loads — never the old fixed 180 s for a 40 GiB model."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Secrets in what tunnelspec prints or bundles (issue 37): `inventory list` masks secret-named
+"""Secrets in what tunnelspec prints or bundles: `inventory list` masks secret-named
 variables at any depth unless --show-secrets; the logs bundle's inventory masks nested ones too,
 and its files (directory or .tar.gz) are 0600 from creation."""
 

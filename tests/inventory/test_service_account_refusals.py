@@ -1,7 +1,7 @@
-"""Inventory refusals of issue 37 (offline, each at file:line): service users must be distinct (the
+"""Inventory refusals about service accounts and tunnel hosts (offline, each at file:line): service users must be distinct (the
 isolation rules tell services apart by uid), tunnelspec_root must be a directory of tunnelspec's own
 (teardown --purge empties it), rpc_env may not name a variable that loads a library. And the rule
-that tells an account tunnelspec created from one it must leave alone (tasks/users.py)."""
+that tells an account tunnelspec created from one it must leave alone (modules/users.py)."""
 
 from __future__ import annotations
 
