@@ -58,6 +58,7 @@ def _vars_of(inv: Inventory, layer: tuple[str, str | None]) -> dict:
     kind, name = layer
     if kind == "-e":
         return inv.extra_vars
+    assert name is not None  # _layer() names the host or group of every layer but -e
     return inv.hosts[name].vars if kind == "host" else inv.groups[name].vars
 
 
@@ -75,7 +76,8 @@ class _SetAside:
         self.ports = (p for p in range(40000, 65000) if p not in used)
 
     def consequence(self, err: ClusterError) -> bool:
-        return (err.host, err.var) in self.affected
+        # .host/.var: set by fields.cluster_error(); ClusterError (core/errors.py) does not declare them
+        return (err.host, err.var) in self.affected  # type: ignore[attr-defined]  # see above
 
     def neutral(self, host: str, var: str) -> Any:
         if var in PORT_VARS:
@@ -137,8 +139,9 @@ def collect_cluster_errors(
             seen.add(key)
             if not work.consequence(err):
                 out.errors.append(err)
-                if err.var:
-                    out.set_aside.append((err.host, err.var))
+                # .host/.var: set by fields.cluster_error(); ClusterError (core/errors.py) does not declare them
+                if err.var:  # type: ignore[attr-defined]  # see above
+                    out.set_aside.append((err.host, err.var))  # type: ignore[attr-defined]  # see above
             if not work.apply(err):
                 break
     out.complete = False

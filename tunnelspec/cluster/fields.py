@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 import shlex
-from typing import Any
+from typing import Any, overload
 
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory.model import Inventory
@@ -121,8 +121,9 @@ def cluster_error(
     if var:
         parts.append(f"variable {var}:")
     err = ClusterError(" ".join(parts + [message]))
-    err.host, err.var = host, var
-    err.file, err.line = origin if origin else ("-e" if from_cli else str(inv.path), None)
+    # ClusterError (core/errors.py) declares none of these four attributes; they are set here only.
+    err.host, err.var = host, var  # type: ignore[attr-defined]  # undeclared in core/errors.py
+    err.file, err.line = origin if origin else ("-e" if from_cli else str(inv.path), None)  # type: ignore[attr-defined]  # undeclared in core/errors.py
     return err
 
 
@@ -154,6 +155,15 @@ class HostVars:
             raise self.fail(var, "is required; set it in the inventory (see inventory.example.ini or .yml)")
         return default
 
+    # The overloads state what callers rely on: no default (required) or a text default gives
+    # text, a None default may give None. (A variable written as None itself also comes back as
+    # None, whatever the default: the overloads do not model that case.)
+    @overload
+    def string(self, var: str) -> str: ...
+    @overload
+    def string(self, var: str, default: str) -> str: ...
+    @overload
+    def string(self, var: str, default: str | None) -> str | None: ...
     def string(self, var: str, default: Any = _MISSING) -> str | None:
         value = self.raw(var, default)
         if value is None or value is default:
@@ -165,6 +175,13 @@ class HostVars:
             raise self.fail(var, "is empty; give a value or remove the line")
         return text
 
+    # As for string(): no default or a number as default gives a number, a None default may give None.
+    @overload
+    def integer(self, var: str, *, minimum: int | None = None) -> int: ...
+    @overload
+    def integer(self, var: str, default: int, minimum: int | None = None) -> int: ...
+    @overload
+    def integer(self, var: str, default: int | None, minimum: int | None = None) -> int | None: ...
     def integer(self, var: str, default: Any = _MISSING, minimum: int | None = None) -> int | None:
         value = self.raw(var, default)
         if value is None or value is default:
@@ -180,8 +197,9 @@ class HostVars:
 
     def boolean(self, var: str, default: bool) -> bool:
         value = self.raw(var, default)
-        if parse_bool(value) is not None:
-            return parse_bool(value)
+        parsed = parse_bool(value)
+        if parsed is not None:
+            return parsed
         raise self.fail(var, f"must be true or false, got {value!r}")
 
     def port(self, var: str, default: int) -> int:

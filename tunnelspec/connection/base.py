@@ -7,11 +7,16 @@ import asyncio
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tunnelspec.core import testhooks
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.core.secrets import Secret, display_argv
+
+if TYPE_CHECKING:
+    from tunnelspec.connection.become import Become
+    from tunnelspec.connection.preconnect import Preconnect
 
 # Writes go to a temp file in the target's directory, then a rename: readers never see half a file
 # and a failure leaves the old file in place.
@@ -58,7 +63,7 @@ class ConnectSession:
     """What the connections of one run share, apart from the options (which a run never changes):
     the TCP sockets opened ahead (connection/preconnect.py) and the host keys pinned on first use."""
 
-    preconnect: object = None  # connection/preconnect.Preconnect, if any
+    preconnect: Preconnect | None = None
     new_host_keys: list = field(default_factory=list)  # (host, known_hosts line) pinned this run
 
 
@@ -88,7 +93,7 @@ class Connection(abc.ABC):
     async def close(self) -> None: ...
 
     # ---- become (connection/become.py): set by a subclass when the login is not root ----------
-    _becomer = None  # become.Become, or None: commands run as the login
+    _becomer: Become | None = None  # None: commands run as the login
 
     @property
     def become_user(self) -> str | None:

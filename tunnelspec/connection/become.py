@@ -80,6 +80,7 @@ class Become:
         """What goes to the wrapped command's stdin before anything else (sudo reads it, the command
         never sees it): the password line, or nothing."""
         if self.mode == "password":
+            assert self.password is not None  # _decide() chooses "password" only with a password
             return (self.password.reveal() + "\n").encode()
         return b""
 

@@ -28,7 +28,9 @@ def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tup
     if path:
         # Absolute: `known_hosts` next to an inventory given as `inventory.ini` would otherwise be the
         # bare word "known_hosts", which is neither clearly a path nor known_hosts content.
-        p = os.path.abspath(expand_user_path(str(path), inventory_dir))
+        expanded = expand_user_path(str(path), inventory_dir)
+        assert expanded is not None  # None only for "", and str() of a non-empty value is not ""
+        p = os.path.abspath(expanded)
         return p, p
     p = os.path.expanduser("~/.ssh/known_hosts")
     return p, p

@@ -46,7 +46,9 @@ class LocalConnection(Connection):
             start_new_session=True,
         )
         tail: deque[str] = deque(maxlen=60)
+        assert proc.stdout is not None  # stdout=PIPE
         if stdin is not None:
+            assert proc.stdin is not None  # stdin=PIPE when there is stdin to write
             proc.stdin.write(stdin)
             proc.stdin.close()  # EOF after the password line, as over SSH
         try:
@@ -73,6 +75,7 @@ class LocalConnection(Connection):
             start_new_session=True,
         )
         if prefix:
+            assert proc.stdin is not None  # stdin=PIPE
             proc.stdin.write(prefix)
         return _LocalSpawned(proc)
 

@@ -196,6 +196,7 @@ async def open_local(argv: list[str], stdin_prefix: bytes, where: str, host: str
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
     )
+    assert proc.stdin is not None and proc.stderr is not None  # both PIPE
 
     def kill():
         try:
@@ -204,6 +205,7 @@ async def open_local(argv: list[str], stdin_prefix: bytes, where: str, host: str
             pass
 
     def send_eof():
+        assert proc.stdin is not None  # stdin=PIPE
         if not proc.stdin.is_closing():
             proc.stdin.close()
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.reporting import events
+
+if TYPE_CHECKING:
+    from tunnelspec.cluster.model import Cluster
+    from tunnelspec.connection.base import Connection
 
 
 @dataclass
@@ -27,7 +31,7 @@ class RunOptions:
     lock_wait: bool = True  # False: --no-wait, exit 5 at once when locked
 
 
-async def _no_other_hosts(name: str):
+async def _no_other_hosts(name: str) -> NoReturn:
     raise TaskFailed(f"this task needs a connection to {name}, and runs without a playbook run")
 
 
@@ -38,16 +42,16 @@ class HostContext:
     start there), other hosts' connections, and a memo shared by the run's tasks."""
 
     host: str
-    conn: Any  # tunnelspec.connection.Connection
+    conn: Connection
     vars: dict  # templating variables for this host (host vars + hostvars + groups + facts)
     facts: dict  # registered facts of this host (shared with hostvars[host])
     options: RunOptions
     emit: Callable[[dict], None]
     task_name: str = ""
     secrets: list = field(default_factory=list)
-    cluster: Any = None  # tunnelspec.cluster.model.Cluster, when the inventory is a cluster
+    cluster: Cluster | None = None  # when the inventory is a cluster
     inventory_dir: Path = field(default_factory=Path.cwd)
-    connect: Callable[[str], Awaitable[Any]] = _no_other_hosts  # the run's (opened once, reused)
+    connect: Callable[[str], Awaitable[Connection]] = _no_other_hosts  # the run's (opened once, reused)
     # One dict per run, the same for every host and task: what tasks must agree on across hosts
     # (e.g. which controller file goes to which upload path). Keys are the task module's name.
     memo: dict = field(default_factory=dict)
@@ -56,11 +60,11 @@ class HostContext:
     def check_mode(self) -> bool:
         return self.options.check
 
-    async def connection_to(self, host: str):
+    async def connection_to(self, host: str) -> Connection:
         """The run's connection to another inventory host (for cross-host checks)."""
         return await self.connect(host)
 
-    def require_cluster(self):
+    def require_cluster(self) -> Cluster:
         if self.cluster is None:
             raise TaskFailed(f"{self.task_name or 'this task'} needs a cluster inventory ([main] and [rpc] groups)")
         return self.cluster

@@ -8,8 +8,9 @@ import asyncio
 import functools
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tunnelspec.connection import ConnectOptions, ConnectSession, connect
 from tunnelspec.engine import pending
@@ -25,13 +26,17 @@ from tunnelspec.reporting.summary import Summary
 from tunnelspec.core.secrets import mask_value, secret_values
 from tunnelspec.modules import TASKS, Change, Task
 
+if TYPE_CHECKING:
+    from tunnelspec.cluster.model import Cluster
+    from tunnelspec.connection import Connection
+
 
 @dataclass
 class HostState:
     name: str
     vars: dict
     facts: dict = field(default_factory=dict)
-    conn: object = None
+    conn: Connection | None = None
     failed: bool = False
     unreachable: bool = False
 
@@ -58,7 +63,12 @@ class Run:
     """One invocation: an inventory, options, and the hosts' connections (opened once, reused)."""
 
     def __init__(
-        self, inventory, options: RunOptions, emit, connect_options: ConnectOptions | None = None, cluster=None
+        self,
+        inventory,
+        options: RunOptions,
+        emit,
+        connect_options: ConnectOptions | None = None,
+        cluster: Cluster | None = None,
     ):
         # The run's one view of every variable: inventory layers with -e on top (Inventory.host_vars);
         # the caller's cluster, when given, was built from the same view (runner.py).
@@ -103,7 +113,7 @@ class Run:
             hosts = [h for h in hosts if h in allowed]
         return hosts
 
-    async def connection(self, name: str):
+    async def connection(self, name: str) -> Connection:
         st = self.hosts[name]
         lock = self._conn_locks.setdefault(name, asyncio.Lock())
         async with lock:
@@ -227,6 +237,7 @@ class Run:
             # A gate that must see every host of a pattern (`earlier_failures: rpc`): one that failed
             # earlier in the run stops the others before this play does anything.
             msg = f"not all hosts reached the gate: {', '.join(earlier)} failed earlier in this run"
+            assert play.gate is not None  # `earlier` is empty without a gate
             self.emit(events.gate(play.name, "failed", msg))
             for h in hosts:
                 self._fail(h, play.gate.get("name", f"gate {play.gate['kind']}"), msg, play)
@@ -346,7 +357,7 @@ class Run:
         except Exception:  # noqa: BLE001 - the checks run their commands themselves
             pass
 
-    async def _prefetch(self, play: Play, host: str, conn, extra: list[list[str]] = ()) -> list:
+    async def _prefetch(self, play: Play, host: str, conn, extra: Sequence[list[str]] = ()) -> list:
         """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
         trip instead of one each; the connection serves them until anything changes on the host
         (connection/probes.py). Best effort: a task whose args cannot be rendered yet (they use a

@@ -126,6 +126,7 @@ def load_playbook(path: str | Path) -> Playbook:
         line = getattr(p, "line", None)
         if not isinstance(p, dict):
             raise PlaybookError("a play must be a mapping", file, line)
+        assert isinstance(p, LineDict)  # load_yaml builds every mapping as a LineDict
         if "import_playbook" in p:
             # Plays of another file, in place (paths relative to this playbook).
             if set(p) - {"import_playbook", "name"}:

@@ -260,6 +260,7 @@ class _YamlParser(InventoryBuilder):
         self._add_group(name)
         if self._is_null(node):
             return name
+        assert isinstance(node, yaml.MappingNode)  # a mapping or null, checked above
         sections = self._pairs(node)
         for key, (skey, snode) in sections.items():
             self.line = _line(skey)
