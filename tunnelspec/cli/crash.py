@@ -15,6 +15,8 @@ import time
 import traceback
 from pathlib import Path
 
+from tunnelspec import __version__
+
 
 def _mask(value: str) -> str:
     return value if value.startswith("@") else value.split("=", 1)[0] + "=***"
@@ -46,8 +48,6 @@ def _candidates() -> list[Path]:
 
 def write_report(exc: BaseException, argv: list[str] | None = None) -> str | None:
     """Writes the traceback; returns the file's path, or None when no directory took it."""
-    from tunnelspec import __version__
-
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     text = (f"tunnelspec {__version__}, Python {platform.python_version()}, {platform.platform()}\n"
             f"command: {' '.join(masked_argv(list(argv if argv is not None else sys.argv[1:])))}\n\n"

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import json
+import os
 import sys
+from pathlib import Path
 
 import click
 
 from tunnelspec import __version__
-from tunnelspec.core.errors import EXIT_CLOSED_OUTPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, TunnelspecError
+from tunnelspec.core.errors import (EXIT_CLOSED_OUTPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_UNREACHABLE, EXIT_USAGE,
+                                    TunnelspecError)
+from tunnelspec.core.secrets import masked
+from tunnelspec.reporting import events
 
 
 def _wants_json(args: list[str]) -> bool:
@@ -24,10 +31,6 @@ def _fail_with(msg: str, code: int, as_json: bool = False) -> None:
         click.echo(f"ERROR: {msg}", err=True)
         if as_json:
             # With --format json, stdout stays machine-readable: the error is one event (docs/output.md).
-            import json
-
-            from tunnelspec.reporting import events
-
             click.echo(json.dumps(events.error(msg, code), sort_keys=True))
     except OSError:  # stdout (or stderr) closed: the exit code still says what happened
         _silence_stdout()
@@ -37,8 +40,6 @@ def _fail_with(msg: str, code: int, as_json: bool = False) -> None:
 def _silence_stdout() -> None:
     """stdout was closed by its reader (`| head`): point it at /dev/null so that Python's flush at
     exit does not raise BrokenPipeError again."""
-    import os
-
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -48,13 +49,11 @@ def _silence_stdout() -> None:
 
 
 def _is_closed_output(err: BaseException) -> bool:
-    import errno
-
     return isinstance(err, BrokenPipeError) or (isinstance(err, OSError) and err.errno == errno.EPIPE)
 
 
 def _internal_error(err: BaseException, as_json: bool) -> None:
-    from tunnelspec.cli.crash import one_line, write_report
+    from tunnelspec.cli.crash import one_line, write_report  # lazy: CLI startup (only a crash needs it)
 
     where = write_report(err)
     tail = (f"the traceback is in {where}" if where else "no directory could hold the traceback")
@@ -109,14 +108,14 @@ def main() -> None:
 
 
 def _run_options(check, diff, limit, tags, skip_tags, forks, verbose, extra_vars=(), **kw):
-    from tunnelspec.engine.context import RunOptions
+    from tunnelspec.engine.context import RunOptions  # lazy: CLI startup
 
     return RunOptions(check=check, diff=diff, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags),
                       forks=forks, verbose=verbose, extra_vars=_extra_vars(extra_vars), **kw)
 
 
 def _extra_vars(extra_vars) -> dict:
-    from tunnelspec.inventory.extra_file import read_extra_vars_file
+    from tunnelspec.inventory.extra_file import read_extra_vars_file  # lazy: CLI startup
 
     ev = {}
     for item in extra_vars:
@@ -211,10 +210,10 @@ def playbook_options(f):
 def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
           preflight=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False,
           rollback=None, **kw):
-    from tunnelspec.commands.runner import connect_options_from_env, run_playbook_file
+    from tunnelspec.commands.runner import connect_options_from_env, run_playbook_file  # lazy: CLI startup
 
     if list_hosts or list_tags:
-        from tunnelspec.commands.runner import list_playbook
+        from tunnelspec.commands.runner import list_playbook  # lazy: CLI startup
 
         click.echo(list_playbook(inventory_file, playbook, _extra_vars(kw.get("extra_vars", ())), kw.get("limit"),
                                  hosts=list_hosts, tags=list_tags, fmt=fmt))
@@ -236,8 +235,6 @@ def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=F
 @run_options
 def play_cmd(inventory_option, paths, **kw):
     """Run any playbook against INVENTORY (like ansible-playbook; `play -i INVENTORY PLAYBOOK` too)."""
-    from pathlib import Path
-
     if inventory_option is not None:
         if len(paths) != 1:
             raise click.UsageError(f"the inventory is given twice (-i {inventory_option!r} and {paths[0]!r}): with "
@@ -254,7 +251,7 @@ def play_cmd(inventory_option, paths, **kw):
 
 
 def _builtin(name: str) -> str:
-    from tunnelspec.engine.playbook import builtin_playbook
+    from tunnelspec.engine.playbook import builtin_playbook  # lazy: CLI startup
 
     return str(builtin_playbook(name))
 
@@ -282,8 +279,8 @@ def deploy_cmd(inventory_file, allow_vulnerable_llama, no_rollback, **kw):
 @lock_options
 def rollback_cmd(inventory_file, to, fmt, extra_vars, lock_timeout, no_wait):
     """Return every host to a kept generation (its build, files and source; no compile, no download) and verify."""
-    from tunnelspec.commands.rollback import rollback
-    from tunnelspec.commands.runner import reporter
+    from tunnelspec.commands.rollback import rollback  # lazy: CLI startup
+    from tunnelspec.commands.runner import reporter  # lazy: CLI startup
 
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     options = _run_options(False, False, None, (), (), 20, 0, extra_vars=extra_vars,
@@ -312,14 +309,14 @@ def verify_cmd(inventory_file, **kw):
 
 
 def _cluster_and_opts(inventory_file, accept_new_host_keys=False, extra_vars=(), connects=True):
-    from tunnelspec.inventory import load_inventory
-    from tunnelspec.cluster.model import Cluster
-    from tunnelspec.commands.runner import connect_options_from_env
+    from tunnelspec.inventory import load_inventory  # lazy: CLI startup
+    from tunnelspec.cluster.model import Cluster  # lazy: CLI startup
+    from tunnelspec.commands.runner import connect_options_from_env  # lazy: CLI startup
 
     inv = load_inventory(inventory_file).with_extra_vars(_extra_vars(extra_vars))
     cluster, opts = Cluster.from_inventory(inv), connect_options_from_env(accept_new_host_keys)
     if connects:  # a known_hosts that cannot be read is exit 2 before any host is contacted
-        from tunnelspec.connection.factory import check_known_hosts
+        from tunnelspec.connection.factory import check_known_hosts  # lazy: CLI startup
 
         check_known_hosts(inv, cluster.hosts, opts)
     return inv, cluster, opts
@@ -331,10 +328,9 @@ def _cluster_and_opts(inventory_file, accept_new_host_keys=False, extra_vars=(),
 @_extra_vars_option
 def status_cmd(inventory_file, fmt, extra_vars):
     """One screen: sources, builds, services, tunnels, RPC versions/devices, llama-server health, draft acceptance."""
-    import asyncio
-    import json
+    import asyncio  # lazy: CLI startup
 
-    from tunnelspec.commands import status
+    from tunnelspec.commands import status  # lazy: CLI startup
 
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     report = asyncio.run(status.gather(inv, cluster, opts))
@@ -353,15 +349,13 @@ def status_cmd(inventory_file, fmt, extra_vars):
 def logs_cmd(inventory_file, output, since, extra_vars):
     """Read-only bug-report bundle: every host's tunnelspec journals, unit files, llama-server version
     and devices, load/placement lines, status; secrets masked. Unreachable hosts are listed."""
-    from tunnelspec.commands import logs
+    from tunnelspec.commands import logs  # lazy: CLI startup
 
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     where, hosts = logs.run(inv, cluster, opts, output, since)
     click.echo(logs.summary(hosts, where), nl=False)
     unreachable = [b.name for b in hosts if b.unreachable]
     if unreachable:  # the bundle holds what could be collected; the exit code says it is not everything
-        from tunnelspec.core.errors import EXIT_UNREACHABLE
-
         click.echo(f"ERROR: unreachable: {', '.join(unreachable)} (the bundle {where} has the other hosts)",
                    err=True)
         sys.exit(EXIT_UNREACHABLE)
@@ -385,9 +379,7 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
     """The cluster as deployed vs. the same model on main alone (when it fits main; else why, with both
     figures): load time, prompt and generation tokens/s, draft accepted, time waiting on the network.
     Read-only unless --same-placement (docs/cli.md, "tunnelspec bench")."""
-    import json
-
-    from tunnelspec.commands.bench import command as bench
+    from tunnelspec.commands.bench import command as bench  # lazy: CLI startup
 
     if same_placement:
         bench.refuse_same_placement(yes)  # before anything is read or contacted
@@ -408,9 +400,7 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
 def check_cmd(inventory_file, fmt, extra_vars):
     """Offline: every inventory mistake at once (file:line), then what systemd will run on each host.
     Contacts nothing. Exit 2 on errors, 0 otherwise (warnings alone are fine)."""
-    import json
-
-    from tunnelspec.commands.check import check_inventory
+    from tunnelspec.commands.check import check_inventory  # lazy: CLI startup
 
     report = check_inventory(inventory_file, _extra_vars(extra_vars))
     click.echo(json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render())
@@ -431,10 +421,7 @@ def inventory() -> None:
 def inventory_list(inventory_file: str, show_secrets: bool) -> None:
     """Print the inventory as JSON, in the structure of `ansible-inventory --list` (secret-named
     variables masked unless --show-secrets)."""
-    import json
-
-    from tunnelspec.inventory import load_inventory
-    from tunnelspec.core.secrets import masked
+    from tunnelspec.inventory import load_inventory  # lazy: CLI startup
 
     inv = load_inventory(inventory_file)
     data = inv.to_ansible_list()
@@ -466,7 +453,7 @@ _lab_dir = click.option("--dir", "lab_dir", default="lab", show_default=True,
 def lab_up(hosts: str, lab_dir: str, subnet: str | None, bridge: str | None, release: str,
            login_user: str | None, login_password_file: str | None) -> None:
     """Build the images (once), boot the hosts, write inventory, known_hosts, key, ssh_config."""
-    from tunnelspec.lab import Lab
+    from tunnelspec.lab import Lab  # lazy: CLI startup
 
     releases = {}
     for item in (x for x in release.split(",") if x.strip()):
@@ -476,7 +463,6 @@ def lab_up(hosts: str, lab_dir: str, subnet: str | None, bridge: str | None, rel
         releases[name.strip()] = rel.strip()
     if login_password_file and not login_user:
         raise click.UsageError("--login-password-file needs --login-user")
-    from pathlib import Path
 
     password = Path(login_password_file).read_text().rstrip("\n") if login_password_file else None
     Lab(lab_dir, subnet=subnet, bridge=bridge).up([h for h in hosts.split(",") if h], releases=releases,
@@ -487,7 +473,7 @@ def lab_up(hosts: str, lab_dir: str, subnet: str | None, bridge: str | None, rel
 @_lab_dir
 def lab_status(lab_dir: str) -> None:
     """Each host: address, nspawn PID, link and `systemctl is-system-running`."""
-    from tunnelspec.lab import Lab
+    from tunnelspec.lab import Lab  # lazy: CLI startup
 
     rows = Lab(lab_dir).status()
     if not rows:
@@ -504,7 +490,7 @@ def lab_status(lab_dir: str) -> None:
 @_lab_dir
 def lab_down(lab_dir: str) -> None:
     """Power off the hosts and remove overlays, mounts, cgroups, namespaces, veths, bridge."""
-    from tunnelspec.lab import Lab
+    from tunnelspec.lab import Lab  # lazy: CLI startup
 
     Lab(lab_dir).down()
 
@@ -515,7 +501,7 @@ def lab_down(lab_dir: str) -> None:
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
 def lab_exec(lab_dir: str, host: str, argv: tuple[str, ...]) -> None:
     """Run a command inside a lab host: tunnelspec lab exec HOST -- CMD..."""
-    from tunnelspec.lab import Lab
+    from tunnelspec.lab import Lab  # lazy: CLI startup
 
     sys.exit(Lab(lab_dir).exec(host, list(argv), capture=False).returncode)
 
@@ -526,7 +512,7 @@ def lab_exec(lab_dir: str, host: str, argv: tuple[str, ...]) -> None:
 @click.argument("state", type=click.Choice(["up", "down"]))
 def lab_link(lab_dir: str, host: str, state: str) -> None:
     """Cut (down) or restore (up) a host's network link."""
-    from tunnelspec.lab import Lab
+    from tunnelspec.lab import Lab  # lazy: CLI startup
 
     Lab(lab_dir).link(host, up=(state == "up"))
 
@@ -544,8 +530,8 @@ def hostkeys() -> None:
 def hostkeys_scan(inventory_file: str, limit: str | None, fmt: str) -> None:
     """Print each host's keys and SHA256 fingerprints, marked pinned / not pinned / CHANGED against
     known_hosts. Trusts nothing and writes nothing; exit 4 when a host fails or a key changed."""
-    from tunnelspec.commands.hostkeys_scan import run_scan
-    from tunnelspec.commands.runner import connect_options_from_env
+    from tunnelspec.commands.hostkeys_scan import run_scan  # lazy: CLI startup
+    from tunnelspec.commands.runner import connect_options_from_env  # lazy: CLI startup
 
     sys.exit(run_scan(inventory_file, limit, fmt, connect_options_from_env(), sys.stdout))
 
@@ -556,7 +542,7 @@ def hostkeys_scan(inventory_file: str, limit: str | None, fmt: str) -> None:
               help="Check one llama.cpp build number (bNNNN) instead of printing the table.")
 def advisories_cmd(build_number: int | None) -> None:
     """Known-vulnerable llama.cpp build ranges touching RPC."""
-    from tunnelspec.llama import advisories
+    from tunnelspec.llama import advisories  # lazy: CLI startup
 
     if build_number is None:
         click.echo(advisories.format_table())
@@ -616,11 +602,10 @@ def tunnel_close(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
 @_extra_vars_option
 def tunnel_status_cmd(inventory_file, nodes, fmt, extra_vars):
     """Per tunnel: unit state, local port, remote RPC version and devices (or busy)."""
-    import asyncio
-    import json
+    import asyncio  # lazy: CLI startup
 
-    from tunnelspec.commands.runner import connect_options_from_env
-    from tunnelspec.commands.tunnel_status import format_status, tunnel_status
+    from tunnelspec.commands.runner import connect_options_from_env  # lazy: CLI startup
+    from tunnelspec.commands.tunnel_status import format_status, tunnel_status  # lazy: CLI startup
 
     rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env(),
                                      extra_vars=_extra_vars(extra_vars)))
@@ -640,7 +625,7 @@ def keys() -> None:
 @lock_options
 def keys_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
     """Replace the tunnel key on main and its authorized_keys line on every node; restart tunnels."""
-    from tunnelspec.components.tunnel.keypair import new_rotation_token
+    from tunnelspec.components.tunnel.keypair import new_rotation_token  # lazy: CLI startup
 
     _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"],
                  "keys rotate", lock_timeout, no_wait, extra_vars)
@@ -661,7 +646,7 @@ def certs_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
     """A new CA for this inventory (the old key is deleted), main's certificate re-issued by it and
     the front reloaded (llama-server keeps running); clients must pin the new ca.crt (the old one no
     longer validates)."""
-    from tunnelspec.commands import certs as certs_mod
+    from tunnelspec.commands import certs as certs_mod  # lazy: CLI startup
 
     _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     old, new = certs_mod.rotate(cluster)
@@ -675,9 +660,7 @@ def certs_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
 @_extra_vars_option
 def certs_show(inventory_file, fmt, extra_vars):
     """The CA clients pin (subject, end, fingerprint) and where main's certificate and key are. No key is shown."""
-    import json
-
-    from tunnelspec.commands import certs as certs_mod
+    from tunnelspec.commands import certs as certs_mod  # lazy: CLI startup
 
     _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     d = certs_mod.show(cluster)
@@ -691,10 +674,8 @@ def certs_show(inventory_file, fmt, extra_vars):
 def client_config_cmd(inventory_file, fmt, extra_vars):
     """What a client needs: the base URL (https://…/v1), the CA file to pin, where the API key lives
     on main (never the key itself)."""
-    import json
-
-    from tunnelspec.commands import certs as certs_mod
-    from tunnelspec.commands.client_config import render
+    from tunnelspec.commands import certs as certs_mod  # lazy: CLI startup
+    from tunnelspec.commands.client_config import render  # lazy: CLI startup
 
     _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     cfg = certs_mod.config_for(cluster)

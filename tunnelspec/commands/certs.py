@@ -8,6 +8,8 @@ from tunnelspec.commands.client_config import client_config
 from tunnelspec.core.errors import UsageError
 from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.components.tls import ca as C
+from tunnelspec.cluster.fields import cluster_error
+from tunnelspec.components.tls.own import load_own
 
 
 def _tls(cluster, what: str):
@@ -24,12 +26,9 @@ def preflight(cluster) -> None:
     tls = cluster.main.tls
     if tls is None:
         return
-    from tunnelspec.cluster.fields import cluster_error
 
     try:
         if tls.own:
-            from tunnelspec.components.tls.own import load_own
-
             load_own(tls.own_cert, tls.own_key, tls.own_ca, tls.names)
         elif (tls.ca_dir / C.CA_KEY).exists() or (tls.ca_dir / C.CA_CERT).exists():
             C.load_ca(tls.ca_dir)

@@ -22,6 +22,11 @@ from pathlib import Path
 from tunnelspec.core.errors import ClusterError, EXIT_OK, EXIT_USAGE, InventoryError, SourceError
 from tunnelspec.cluster.fields import KNOWN_VARS, USER_VAR_PREFIX, cluster_error, is_unknown_var, nearest_var
 from tunnelspec.components.source.controller_repo import check_controller_source
+from tunnelspec.inventory import load_inventory
+from tunnelspec.cluster.collect import collect_cluster_errors
+from tunnelspec.commands.plan import build_plan
+from tunnelspec.components.source import controller_repo
+from tunnelspec.llama import versions
 
 TUNNELSPEC_GROUPS = ("main", "rpc")
 SCHEMA = 1
@@ -115,9 +120,6 @@ def _by_host(commands: list[dict]) -> dict[str, list[dict]]:
 def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git: bool = True) -> Report:
     """Everything that can be told about the inventory without a connection. `controller_git`:
     read the controller's llama.cpp repository when llama_repo names one (deploy and check)."""
-    from tunnelspec.inventory import load_inventory
-    from tunnelspec.cluster.collect import collect_cluster_errors
-
     report = Report(str(path))
     parse_errors: list[InventoryError] = []
     try:
@@ -142,7 +144,6 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     _check_extra_args(cluster, report)
     if controller_git and ("llama_patches" not in {v for _, v in collected.set_aside}):
         _check_patches_apply(cluster, report)
-    from tunnelspec.commands.plan import build_plan
 
     report.plan = build_plan(cluster, _rpc_server_name(cluster) if controller_git else None)
     return report
@@ -151,9 +152,6 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
 def _rpc_server_name(cluster) -> str | None:
     """The RPC server's binary name in the pinned tree, when the controller holds it (renamed
     ≈b98xx); None: not known offline."""
-    from tunnelspec.components.source import controller_repo
-    from tunnelspec.llama import versions
-
     source = cluster.source
     if not controller_repo.is_controller_repo(source.repo):
         return None
@@ -233,8 +231,6 @@ def _check_patches_apply(cluster, report: Report) -> None:
     """`git apply --check` of the file patches, in order, on the pinned tree: only when the
     controller holds the tree (llama_repo=controller:PATH) and no commit patch comes first (its
     changes would be needed under the files'). Skipped quietly otherwise."""
-    from tunnelspec.components.source import controller_repo
-
     source = cluster.source
     files = [p for p in source.patches if p.kind == "file"]
     if not files or not controller_repo.is_controller_repo(source.repo):

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 import asyncssh
 
 from tunnelspec.connection.base import ConnectOptions
-from tunnelspec.connection.factory import known_hosts_for
+from tunnelspec.connection.factory import check_known_hosts, known_hosts_for
 from tunnelspec.connection.hostkeys import fingerprint, host_patterns, keys_for, load_known_hosts_text
-from tunnelspec.core.errors import EXIT_OK, EXIT_UNREACHABLE
+from tunnelspec.core.errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
 from tunnelspec.inventory.addresses import ssh_address
+from tunnelspec.inventory import load_inventory
+from tunnelspec.reporting import events
 
 # One connection per algorithm: a server shows one host key per key exchange.
 ALGORITHMS = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "rsa-sha2-512")
@@ -118,21 +120,15 @@ def format_human(results: list[HostScan]) -> str:
 
 def run_scan(inventory_path: str, limit: str | None, fmt: str, opts: ConnectOptions, stream) -> int:
     """The CLI's entry point: prints the scan, returns the exit code (4 if a host failed or changed)."""
-    from tunnelspec.core.errors import UsageError
-    from tunnelspec.inventory import load_inventory
-
     inv = load_inventory(inventory_path)
     hosts = inv.match(limit or "all")
     if not hosts:
         raise UsageError(f"--limit {limit!r} matches no host in {inventory_path}" if limit
                          else f"{inventory_path}: no hosts")
-    from tunnelspec.connection.factory import check_known_hosts
 
     check_known_hosts(inv, hosts, opts)
     results = asyncio.run(scan(inv, hosts, opts))
     if fmt == "json":
-        from tunnelspec.reporting import events
-
         for r in results:
             stream.write(json.dumps(events.host_keys(**r.as_dict()), sort_keys=True) + "\n")
     else:

@@ -31,6 +31,10 @@ from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.components.server.args import UNIT as SERVER_UNIT
 from tunnelspec.components.server.args import last_acceptance
 from tunnelspec.core.secrets import mask_text, masked, secret_values
+from tunnelspec.commands import status
+from tunnelspec.components.front import model as front
+from tunnelspec.components.tls.ca import CA_KEY, ca_dir_for
+from tunnelspec.core.errors import UsageError
 
 CMD_TIMEOUT = 30.0  # one remote command
 HOST_TIMEOUT = 240.0  # everything from one host (journals can be long)
@@ -170,10 +174,6 @@ async def _collect_units(conn, b: HostBundle, since: str | None) -> None:
 
 async def _collect_server(conn, b: HostBundle) -> None:
     """What the deployed llama-server binary says about itself, without touching the rpc-servers."""
-    from tunnelspec.commands import status  # its DEVICES_CACHE: where deploy records the RPC devices
-
-    from tunnelspec.components.front import model as front
-
     # The unit starts llama-server through its launcher: the command lines, the mode it chose and the
     # front's configuration are files (no secret in them: the API key file is named, never read).
     for path, name in ((front.MODES_PATH, "llama-server.json"), (front.STATE_PATH, "mode.json"),
@@ -214,8 +214,6 @@ def _pem_secrets(text: str) -> list[str]:
 
 def _ca_key_secrets(inventory) -> list[str]:
     """The inventory CA's key is never on a host; masked all the same, should a path ever lead to it."""
-    from tunnelspec.components.tls.ca import CA_KEY, ca_dir_for
-
     try:
         return _pem_secrets((ca_dir_for(inventory.path) / CA_KEY).read_text())
     except OSError:
@@ -256,8 +254,6 @@ def summary(hosts: list[HostBundle], where: str) -> str:
 
 
 async def collect(inventory, cluster, opts: ConnectOptions, since: str | None = None) -> tuple[list[HostBundle], dict]:
-    from tunnelspec.commands import status
-
     names = cluster.hosts
 
     async def one(name: str) -> HostBundle:
@@ -281,10 +277,6 @@ async def collect(inventory, cluster, opts: ConnectOptions, since: str | None = 
 def check_output(path: Path) -> None:
     """--output names a directory (new, or existing and a directory) or a .tar.gz/.tgz file (new, or a
     file to replace) whose nearest existing parent is a writable directory; else UsageError."""
-    import os
-
-    from tunnelspec.core.errors import UsageError
-
     archive = path.name.endswith((".tar.gz", ".tgz"))
     if path.exists():
         if archive and path.is_dir():

@@ -18,6 +18,8 @@ from tunnelspec.llama import flags
 from tunnelspec.components.server.preflight import load_record
 from tunnelspec.components.server.args import UNIT, build_server_argv
 from tunnelspec.components.tunnel.units import KEY_PATH, KNOWN_HOSTS, node_ssh_target, ssh_argv, unit_name
+from tunnelspec.components.models import hub
+from tunnelspec.components.rpc import rpc_argv
 
 RPC_UNIT = "tunnelspec-rpc.service"
 # The planned spelling: the newest one of each flag tunnelspec sets (server_args.py lists it first),
@@ -96,9 +98,6 @@ def planned_devices(cluster) -> dict[int, list[str]]:
 def build_plan(cluster, rpc_server_name: str | None = None) -> Plan:
     """`rpc_server_name`: the pinned tree's RPC server binary, when known offline (else the current
     name, and a note)."""
-    from tunnelspec.components.models import hub
-    from tunnelspec.components.rpc import rpc_argv
-
     plan = Plan()
     help_, plan.spelling = server_help(cluster)
     main = cluster.main

@@ -13,12 +13,11 @@ from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import builtin_playbook, load_playbook
 from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
+from tunnelspec.inventory import load_inventory
 
 
 def _run(inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int,
          event: str | None = None) -> Summary:
-    from tunnelspec.inventory import load_inventory
-
     extra = {**options.extra_vars, "rollback_to": to, **({"rollback_event": event} if event else {})}
     opts = dataclasses.replace(options, extra_vars=extra, tags=[], skip_tags=[], limit=None)
     inv = load_inventory(inventory_path).with_extra_vars(extra)

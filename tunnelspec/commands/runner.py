@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,11 @@ from tunnelspec.core.errors import EXIT_FAILED, ClusterError, UsageError
 from tunnelspec.reporting.human import HumanReporter
 from tunnelspec.reporting.jsonl import JsonReporter
 from tunnelspec.core.secrets import Secret
+from tunnelspec.cluster.model import Cluster
+from tunnelspec.inventory import load_inventory
+from tunnelspec.connection.factory import check_known_hosts
+# What only a deploy needs is imported inside run_playbook_file (`# lazy: deploy only`): the light
+# commands (status, logs, certs, client-config, …) import this module for connect_options_from_env.
 
 
 def reporter(fmt: str, verbose: int = 0, stream=None):
@@ -37,8 +43,6 @@ def load_cluster(inv):
     """The typed cluster view when the inventory describes one (main + rpc), else None."""
     if "main" not in inv.groups and "rpc" not in inv.groups:
         return None
-    from tunnelspec.cluster.model import Cluster
-
     return Cluster.from_inventory(inv)
 
 
@@ -49,11 +53,9 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     """`rollback`: a deploy — True returns every host to the last verified generation when the run
     fails (docs/generations.md); False (--no-rollback) leaves them as the failure left them, and says
     so; None: not a deploy."""
-    from tunnelspec.inventory import load_inventory
-
     if preflight:
         # deploy: every mistake of the inventory at once (`tunnelspec check`), before any connection.
-        from tunnelspec.commands.check import check_inventory
+        from tunnelspec.commands.check import check_inventory  # lazy: deploy only
 
         report = check_inventory(inventory_path, options.extra_vars)
         if report.errors:
@@ -65,8 +67,7 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
     cluster = load_cluster(inv) if not require_cluster else None
     if require_cluster:
-        from tunnelspec.cluster.model import Cluster
-        from tunnelspec.components.source.controller_repo import check_controller_source
+        from tunnelspec.components.source.controller_repo import check_controller_source  # lazy: deploy only
 
         # The controller's llama.cpp repository matters to the deploy, which sends the source from it.
         cluster = Cluster.from_inventory(inv, source_check=check_controller_source if require_models else None)
@@ -77,7 +78,6 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     if options.limit and not inv.match(options.limit):
         raise UsageError(f"--limit {options.limit!r} matches no host in {inventory_path}")
     connect_options = connect_options or connect_options_from_env()
-    from tunnelspec.connection.factory import check_known_hosts
 
     check_known_hosts(inv, inv.match(options.limit or "all"), connect_options)
     emit = reporter(fmt, options.verbose, stream or sys.stdout)
@@ -96,12 +96,12 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
                 # spec_type, split mode and extra args against the pinned build's --help: a setting the
                 # build lacks stops here (exit 2), before any play changes a host. Main's connection is
                 # the run's own (with its pre-opened socket): the run goes on over it.
-                from tunnelspec.components.server.preflight import preflight as check_build
+                from tunnelspec.components.server.preflight import preflight as check_build  # lazy: deploy only
 
                 run.preconnect(playbook)
                 note = await check_build(cluster, lambda: run.connection(cluster.main.name))
                 # Public bind = TLS: your own certificate files, or the inventory's CA key, usable (tls/).
-                from tunnelspec.commands.certs import preflight as check_tls
+                from tunnelspec.commands.certs import preflight as check_tls  # lazy: deploy only
 
                 check_tls(cluster)
             except BaseException:
@@ -114,7 +114,7 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     summary = asyncio.run(go())
     code = summary.exit_code()
     if rollback is not None and code == EXIT_FAILED and not options.check:
-        from tunnelspec.commands.rollback import after_failed_deploy
+        from tunnelspec.commands.rollback import after_failed_deploy  # lazy: deploy only
 
         after_failed_deploy(inventory_path, options, emit, connect_options, cluster, failures, enabled=rollback)
     return code
@@ -124,10 +124,6 @@ def list_playbook(inventory_path: str, playbook_path: str | Path, extra_vars: di
                   hosts: bool = True, tags: bool = False, fmt: str = "human") -> str:
     """`--list-hosts` / `--list-tags` (ansible-playbook's): each play's hosts after --limit and its tasks'
     tags, from the inventory and the playbook alone; nothing is contacted."""
-    import json
-
-    from tunnelspec.inventory import load_inventory
-
     inv = load_inventory(inventory_path).with_extra_vars(extra_vars)
     playbook = load_playbook(playbook_path)
     allowed = set(inv.match(limit)) if limit else None

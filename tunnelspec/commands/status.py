@@ -13,12 +13,15 @@ from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.core.errors import EXIT_UNREACHABLE, HostUnreachable
 from tunnelspec.facts import nft, port_owners, sockets
 from tunnelspec.core import http
-from tunnelspec.llama import props, rpc, split_proof
+from tunnelspec.llama import devices as dv, props, rpc, split_proof
 from tunnelspec.components.server.args import UNIT, last_acceptance, tunnel_unit
 from tunnelspec.components.rpc import RPC_UNIT, START_OF_RUN_SCRIPT
 from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
 from tunnelspec.components.front.serving import serving_state, sh, unit_state
 from tunnelspec.llama.devices import served_text
+from tunnelspec.components.generation import record as gen
+from tunnelspec.components.generation.tasks import read_records
+from tunnelspec.components.host.host import gather as gather_facts
 
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
 
@@ -70,9 +73,6 @@ async def _main_status(conn, cluster) -> dict:
 
 async def _generations(conn, shown: int = 4) -> dict:
     """The current generation and the previous few kept on main (docs/generations.md)."""
-    from tunnelspec.components.generation import record as gen
-    from tunnelspec.components.generation.tasks import read_records
-
     records, current = await read_records(conn)
     rows = [{"n": n, "current": n == current, "summary": gen.summary(r)}
             for n, r in sorted(records.items(), reverse=True)[:shown]]
@@ -109,8 +109,6 @@ async def _split_status(conn, cluster, devices: dict) -> dict:
 
 
 async def _rpc_status(conn, node) -> dict:
-    from tunnelspec.llama import devices as dv
-
     out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await unit_state(conn, RPC_UNIT)}
     result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
     # What the server serves, as its start banner says (device, description, memory): main's RPC<n>.
@@ -187,8 +185,6 @@ def _isolation_rules(seen, hv: dict, groups, label: str, listeners) -> dict:
 
 async def _facts(conn, root: str) -> dict:
     """The host's facts (facts/host.py) with their one-line summary; an error is a value."""
-    from tunnelspec.components.host.host import gather as gather_facts
-
     try:
         f = await gather_facts(conn, root)
     except Exception as e:  # noqa: BLE001 - a row, not a crash

@@ -10,18 +10,17 @@ from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.facts.sockets import clients_of
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.components.tunnel.units import probe_tunnel, selected_nodes, unit_name
+from tunnelspec.connection import connect
+from tunnelspec.inventory import load_inventory
+from tunnelspec.cluster.model import Cluster
+from tunnelspec.connection.factory import check_known_hosts
 
 
 async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeout: float = 3.0,
                         extra_vars: dict | None = None) -> list[dict]:
     """One row per selected tunnel (see the module's docstring)."""
-    from tunnelspec.connection import connect
-    from tunnelspec.inventory import load_inventory
-    from tunnelspec.cluster.model import Cluster
-
     inv = load_inventory(inventory_path).with_extra_vars(extra_vars or {})
     cluster = Cluster.from_inventory(inv)
-    from tunnelspec.connection.factory import check_known_hosts
 
     check_known_hosts(inv, [cluster.main.name], connect_options)
     conn = await connect(cluster.main.name, inv.host_vars(cluster.main.name), connect_options, inv.path.parent)

@@ -16,6 +16,9 @@ from tunnelspec.facts.sockets import COMMAND as SOCKETS_COMMAND
 from tunnelspec.facts.sockets import clients_of, established_command, listening_sockets, on_port
 from tunnelspec.llama.rpc import ProbeStatus, poll, probe_until
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task, wait_budget
+from tunnelspec.modules.systemd import SystemdUnit
+from tunnelspec.components.server.death import last_words
+from tunnelspec.llama import devices
 
 RPC_SERVER_NAMES = ("ggml-rpc-server", "rpc-server")  # renamed ≈b98xx (PR #25045)
 # GPU runtimes and the video/render groups the RPC unit needs for each backend.
@@ -108,7 +111,7 @@ async def connect_refused_from(conn, address: str, port: int, timeout: float = 5
     except asyncio.TimeoutError:
         return None  # dropped by a firewall: unreachable
     except Exception as exc:  # noqa: BLE001 - refused/unreachable in any form is the expected outcome
-        import asyncssh
+        import asyncssh  # lazy: slow import (~0.1 s), error path only
 
         if isinstance(exc, (OSError, asyncssh.ChannelOpenError)):
             return None
@@ -189,8 +192,6 @@ class RpcUnit(Task):
     }
 
     async def _unit(self, ctx):
-        from tunnelspec.modules.systemd import SystemdUnit
-
         node = ctx.require_cluster().node(ctx.host)
         if node.bind != LOOPBACK:  # the cluster model already refuses this; never render it
             raise TaskFailed(f"rpc bind {node.bind!r} is not {LOOPBACK}")
@@ -225,8 +226,6 @@ async def existing_groups(conn, wanted: list[str]) -> tuple[list[str], list[str]
 async def _last_words(conn, lines: int = 8) -> str:
     """The RPC unit's last journal lines (a server that exits at start says why there: an unknown
     device, a GPU runtime's exception), for a failure message."""
-    from tunnelspec.components.server.death import last_words
-
     res = await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-u", RPC_UNIT, "-n", "200"], timeout=30)
     # A server killed by a signal in a restart loop: its own last line (an abort's message) is far
     # above systemd's restart lines, so it is named first.
@@ -262,8 +261,6 @@ async def _run_as(ctx, user: str, argv: list[str], env=(), timeout: float = 60):
 async def node_device_list(ctx, node, binary: str):
     """Every device the node's build finds, as its RPC server user: `-d` with a name no device has
     makes the server print them all and exit before it binds (llama/devices.py)."""
-    from tunnelspec.llama import devices
-
     res = await _run_as(ctx, node.users.rpc, devices.merged_output_argv(devices.list_devices_argv(binary)), node.env)
     return devices.node_devices(res.stdout + "\n" + res.stderr)
 
@@ -279,8 +276,6 @@ class RpcRequestedDevices(Task):
     args = {"binary": Arg(str, required=True, help="The RPC server binary the unit will run.")}
 
     async def check(self, ctx):
-        from tunnelspec.llama import devices
-
         node = ctx.require_cluster().node(ctx.host)
         if not node.devices:
             return ok("rpc_devices unset: the server serves every non-CPU device, else the CPU")
@@ -308,8 +303,6 @@ class RpcServedDevices(Task):
                            help="Restart a server serving the wrong device once (deploy); false: refuse at once (verify).")}
 
     async def _served(self, ctx):
-        from tunnelspec.llama import devices
-
         node = ctx.require_cluster().node(ctx.host)
         backend, requested = node.build.backend, list(node.devices)
         log = devices.parse_node_log(await start_of_run(ctx.conn, RPC_UNIT))
@@ -321,8 +314,6 @@ class RpcServedDevices(Task):
         return summary, log
 
     async def check(self, ctx):
-        from tunnelspec.llama import devices
-
         try:
             summary, log = await self._served(ctx)
         except devices.DeviceError as e:
@@ -333,8 +324,6 @@ class RpcServedDevices(Task):
         return ok(summary)
 
     async def apply(self, ctx, ch):
-        from tunnelspec.llama import devices
-
         self._restarted = True
         await ctx.conn.run(["systemctl", "restart", RPC_UNIT], check=True, timeout=120)
 

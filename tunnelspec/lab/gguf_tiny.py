@@ -8,7 +8,9 @@ dependencies, so they are imported only when a model is written.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
+import tempfile
 from pathlib import Path
 
 CONTEXT = 512
@@ -38,7 +40,7 @@ def token_id(char: str) -> int:
 
 
 def _vocab():
-    import gguf
+    import gguf  # lazy: optional test dependency
 
     tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in PRINTABLE]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
@@ -47,7 +49,7 @@ def _vocab():
 
 def _tensors(n_vocab: int = N_VOCAB):
     """(name, array) in a fixed order, from one seeded generator: the bytes never change."""
-    import numpy as np
+    import numpy as np  # lazy: optional test dependency
 
     rng = np.random.default_rng(SEED)
 
@@ -117,7 +119,7 @@ def write_sparse_llama(path: str | os.PathLike, logical_bytes: int) -> int:
     """A well-formed GGUF of the tiny model's architecture whose token embedding is so large that the
     file is `logical_bytes` long — written sparse (the tensor data is a hole), so it takes no disk.
     A model that fits no lab device, for the memory-fit refusal; never loaded. Returns its size."""
-    import numpy as np
+    import numpy as np  # lazy: optional test dependency
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +136,7 @@ def write_sparse_llama(path: str | os.PathLike, logical_bytes: int) -> int:
 
 
 def _byte_vocab():
-    import gguf
+    import gguf  # lazy: optional test dependency
 
     tokens = ["<unk>", "<s>", "</s>", "\u2581"] + [f"<0x{b:02X}>" for b in range(256)]
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL, gguf.TokenType.NORMAL]
@@ -144,9 +146,6 @@ def _byte_vocab():
 def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int = 2) -> list[Path]:
     """The same model as a split GGUF (`STEM-00001-of-0000N.gguf`, …, the format llama.cpp's
     gguf-split writes: every part a GGUF with split.* keys, tensors spread over the parts)."""
-    import math
-    import tempfile
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     per_part = math.ceil(len(_tensors()) / parts)
@@ -163,7 +162,7 @@ def write_tiny_llama_split(directory: str | os.PathLike, stem: str, parts: int =
 def _writer(path: str, name: str, vocab=None, split_max_tensors: int = 0):
     """A GGUFWriter with the tiny model's metadata and tokenizer (the default vocabulary unless
     `vocab` is given); the caller adds tensors. Returns (writer, number of tokens)."""
-    import gguf
+    import gguf  # lazy: optional test dependency
 
     w = gguf.GGUFWriter(path, "llama", split_max_tensors=split_max_tensors)
     w.add_name(name)

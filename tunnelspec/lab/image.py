@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from tunnelspec.core.errors import LabError
+from tunnelspec.components.host import prereqs
+from tunnelspec.lab import aptrepo
 
 CACHE_DIR = Path("/var/cache/tunnelspec")
 IMAGES_DIR = Path("/var/lib/tunnelspec-lab/images")
@@ -50,8 +52,6 @@ LAB_DRIVER_PACKAGES = ("mesa-vulkan-drivers",)
 
 def repo_packages() -> tuple[str, ...]:
     """What the lab's repository offers: every apt package a prerequisite names, and the lab's driver."""
-    from tunnelspec.components.host import prereqs
-
     return tuple(prereqs.apt_packages_all()) + LAB_DRIVER_PACKAGES
 
 
@@ -153,8 +153,6 @@ def release_of(key_dir: Path) -> str:
 def ensure_image(log: Callable[[str], None] = print, release: str = DEFAULT_RELEASE) -> Path:
     """Return the unpacked image directory (lowerdir for the hosts' overlays), building if needed;
     its package repository (`aptrepo.repo_dir(key)`) is there too when this returns."""
-    from tunnelspec.lab import aptrepo
-
     if release not in RELEASES:
         raise LabError(f"unknown release {release!r}: the lab offers {', '.join(RELEASES)}")
     key = content_key(release)
@@ -186,8 +184,6 @@ def ensure_image(log: Callable[[str], None] = print, release: str = DEFAULT_RELE
 
 
 def _build(root: Path, tarball: Path, key: str, release: str, log: Callable[[str], None]) -> None:
-    from tunnelspec.lab import aptrepo
-
     t0 = time.monotonic()
     debs = CACHE_DIR / f"debootstrap-debs-{release}"
     debs.mkdir(parents=True, exist_ok=True)

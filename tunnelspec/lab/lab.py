@@ -23,6 +23,7 @@ from tunnelspec.lab import aptrepo, cgroups, host, network, outputs, prereq, sta
 from tunnelspec.lab.host import HostSpec, LoginUser
 from tunnelspec.lab.keys import ensure_keypair
 from tunnelspec.lab.network import LabNet
+from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_image, prune_images
 
 DEFAULT_HOSTS = ("main", "rpc-a", "rpc-b")
 DEFAULT_SUBNET = "10.77.0.0/24"
@@ -94,8 +95,6 @@ class Lab:
 
     def _up(self, hosts: list[str], deadline_s: float, releases: dict[str, str],
             login: LoginUser | None) -> dict[str, float]:
-        from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_image, prune_images
-
         self._validate_hosts(hosts)
         for name, rel in releases.items():
             if name not in hosts:
@@ -335,7 +334,7 @@ class Lab:
 
 def _fixtures():
     try:
-        from tunnelspec.lab.fixtures import ensure_fixtures
+        from tunnelspec.lab.fixtures import ensure_fixtures  # lazy: optional; an ImportError becomes a LabError
     except ImportError as err:
         raise LabError(f"lab fixtures unavailable (tunnelspec.lab.fixtures: {err})") from None
     return ensure_fixtures(str(host.FIXTURES_DIR))

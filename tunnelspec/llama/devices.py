@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import struct
+import sys
 from dataclasses import dataclass
 
 from tunnelspec.core.errors import TaskFailed
@@ -605,8 +606,6 @@ def gguf_shape(header: bytes) -> ModelShape:
 
 # ---- a command line for scripts (scripts/gpu-check.sh) ---------------------------------------------
 def _main(argv: list[str]) -> int:
-    import sys
-
     usage = ("usage: python -m tunnelspec.llama.devices cuda-arch        (nvidia-smi output on stdin)\n"
              "       python -m tunnelspec.llama.devices served BACKEND   (rpc-server output on stdin)")
     if not argv or argv[0] not in ("cuda-arch", "served"):

@@ -160,7 +160,7 @@ def _open_error(exc: BaseException) -> ProbeResult | None:
     if isinstance(exc, ConnectionRefusedError):
         return ProbeResult(ProbeStatus.REFUSED, detail="connection refused")
     try:
-        import asyncssh
+        import asyncssh  # lazy: slow import (~0.1 s), error path only
     except ImportError:  # pragma: no cover - asyncssh is a dependency
         asyncssh = None
     if asyncssh is not None and isinstance(exc, asyncssh.ChannelOpenError):

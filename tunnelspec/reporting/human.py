@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 
@@ -36,8 +37,6 @@ class HumanReporter:
             self._w(self._c(st, f"{label}: [{ev['host']}] {ev['task']}") + (f" — {msg}" if msg else ""))
             if "diff" in ev:
                 d = ev["diff"]
-                import difflib
-
                 for line in difflib.unified_diff(d["before"].splitlines(), d["after"].splitlines(),
                                                  f"before: {d.get('path', '')}", f"after: {d.get('path', '')}",
                                                  lineterm=""):

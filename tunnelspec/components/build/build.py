@@ -29,11 +29,13 @@ import shlex
 import time
 
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.llama import advisories
+from tunnelspec.llama import advisories, cuda_toolkit, vulkan
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import devices
 from tunnelspec.llama.flags import parse_version
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
+from tunnelspec.components.host.host import facts_of
+from tunnelspec.facts.host import CUDA_BIN
 
 # Per build step: a cold llama-server build on 2 shared cores takes ≈ 8 min; leave headroom.
 BUILD_TIMEOUT = 4 * 3600
@@ -120,8 +122,6 @@ class LlamaBuild(Task):
     async def _cuda_plan(self, ctx) -> tuple[list[str], str]:
         """backend cuda: the driver must answer (read-only nvidia-smi, before any configure), and the
         architectures come from the inventory or from the GPUs it reports."""
-        from tunnelspec.components.host.host import facts_of
-
         res = await ctx.conn.probe(devices.NVIDIA_SMI_PROBE)
         gpus = devices.parse_nvidia_smi(res.stdout + res.stderr, res.rc, ctx.host)
         try:
@@ -195,8 +195,6 @@ class LlamaBuild(Task):
 
     async def _vulkan_headers(self, ctx) -> None:
         """Before configuring a Vulkan build: the host's Vulkan headers have what the tree uses."""
-        from tunnelspec.llama import vulkan
-
         res = await ctx.conn.probe(vulkan.probe_argv(self.src))
         why = vulkan.refusal(ctx.host, res.stdout)
         if why:
@@ -204,10 +202,6 @@ class LlamaBuild(Task):
 
     async def _cuda_toolkit(self, ctx) -> None:
         """Before configuring a CUDA build: the host's nvcc is one the tree builds these architectures with."""
-        from tunnelspec.facts.host import CUDA_BIN
-        from tunnelspec.llama import cuda_toolkit
-        from tunnelspec.components.host.host import facts_of
-
         archs = bp.cmake_sets(self._options(), bp.CUDA_ARCH_VAR)
         if not archs:
             return

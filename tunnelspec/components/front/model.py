@@ -24,6 +24,7 @@ import json
 
 from tunnelspec.core.constants import ETC_DIR, LOOPBACK
 from tunnelspec.components.generation.record import STATUS as GENERATION_STATUS
+from tunnelspec.components.server.args import tunnel_unit
 
 FRONT_UNIT = "tunnelspec-front.service"
 FRONT_CONFIG = f"{ETC_DIR}/front.cfg"
@@ -147,8 +148,6 @@ def draftwatch_exec() -> str:
 def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_timeout: int) -> None:
     """Complete the `llama_server` fact (the speculative plan) with what the launcher, the watcher
     and the front need. `degraded_plan(absent)` builds the plan with those nodes left out."""
-    from tunnelspec.components.server.args import tunnel_unit
-
     draft = skippable_draft(cluster)
     degraded = degraded_plan(frozenset({draft.name})).as_fact() if draft is not None else None
     fact["degraded"] = degraded

@@ -7,7 +7,7 @@ import json
 import time
 
 from tunnelspec.components.front import model as front
-from tunnelspec.llama.server_args import tunnel_unit
+from tunnelspec.components.server.args import tunnel_unit
 
 
 async def sh(conn, argv, timeout=20) -> str:

@@ -25,6 +25,7 @@ from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.host import HostFacts, facts_argv, facts_from_dict, parse_facts
 from tunnelspec.reporting import events
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
+from tunnelspec.core.booleans import truthy
 
 FACTS_KEY = "host_facts"
 # llama.cpp builds as C++17 with CMake >= 3.14 (its CMakeLists.txt); GCC 9 is the first whose C++17
@@ -116,8 +117,6 @@ class HostFactsTask(Task):
     }
 
     async def check(self, ctx):
-        from tunnelspec.core.booleans import truthy
-
         f = await gather(ctx.conn, self.p["root"])
         ctx.register(FACTS_KEY, f.to_dict())
         if self.p["require"]:

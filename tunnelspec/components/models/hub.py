@@ -75,8 +75,8 @@ def _describe(err: BaseException) -> str:
 def _hub():
     """huggingface_hub, imported on first use (it is only needed for hf:// models) and quiet: its
     progress bars would interleave with tunnelspec's output; tunnelspec reports its own."""
-    import huggingface_hub
-    from huggingface_hub.utils import disable_progress_bars
+    import huggingface_hub  # lazy: slow import, hf:// models only
+    from huggingface_hub.utils import disable_progress_bars  # lazy: slow import, hf:// models only
 
     disable_progress_bars()
     return huggingface_hub
@@ -92,7 +92,7 @@ def resolve(ref: HubRef, var: str) -> list[HubFile]:
     if _offline():
         return [_cached_file(ref, p, var) for p in ref.parts]
     hub = _hub()
-    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import errors as hub_errors  # lazy: slow import, hf:// models only
 
     try:
         infos = hub.HfApi(endpoint=_endpoint()).get_paths_info(ref.repo_id, ref.parts, revision=ref.revision,
@@ -152,7 +152,7 @@ def _forget(path: Path) -> None:
 
 def _download_one(ref: HubRef, f: HubFile, var: str) -> Path:
     hub = _hub()
-    from huggingface_hub import errors as hub_errors
+    from huggingface_hub import errors as hub_errors  # lazy: slow import, hf:// models only
 
     try:
         local = Path(hub.hf_hub_download(ref.repo_id, f.path, revision=ref.revision, repo_type="model",

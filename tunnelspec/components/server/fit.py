@@ -5,6 +5,7 @@ A draft that cannot fit is refused with both figures; a tight fit is a warning. 
 
 from __future__ import annotations
 
+import base64
 import shlex
 
 from tunnelspec.llama import devices
@@ -18,8 +19,6 @@ HEADER_BYTES = (2**20, 16 * 2**20)
 async def gguf_header(conn, path: str, enough) -> tuple[int, bytes, str]:
     """(size in bytes, the first bytes, a note) of a GGUF on the host: 1 MiB, or 16 MiB when
     `enough(header, size)` says the first read was not (a big vocabulary's token list)."""
-    import base64
-
     q = shlex.quote(path)
     header, size = b"", 0
     for n in HEADER_BYTES:

@@ -28,6 +28,7 @@ from pathlib import Path
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.llama import flags
 from tunnelspec.llama.speculative import SpecError, check_extra_args, spec_support, spec_type_argv, split_modes
+from tunnelspec.cluster.fields import cluster_error
 
 RECORD_VERSION = 1
 STAMP = ".tunnelspec-stamp"
@@ -108,8 +109,6 @@ class PreflightResult:
 
 
 def _fail(cluster, e: SpecError) -> ClusterError:
-    from tunnelspec.cluster.fields import cluster_error
-
     text = str(e)
     var = next((v for v in ("llama_server_extra_args", "llama_split_mode", "spec_draft_p_min", "spec_type")
                 if text.startswith(v)), None)

@@ -10,17 +10,31 @@ import asyncio
 import hashlib
 import json
 import os
+import re
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts import units
-from tunnelspec.llama import flags
+from tunnelspec.llama import flags, known_bugs
 from tunnelspec.components.server import preflight
 from tunnelspec.components.server.args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
 from tunnelspec.components.server.verify import model_paths, model_sizes, start_timeout, verify_server
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.components.server.mtp_draft import check_mtp_draft
+from tunnelspec.components.rpc import BACKEND_GROUPS, existing_groups
+from tunnelspec.components.front.model import add_serving
+from tunnelspec.llama.speculative import spec_support
+from tunnelspec.llama.devices import gguf_shape, served_text
+from tunnelspec.llama.split_proof import slot_bytes
+from tunnelspec.components.server.fit import gguf_header
+from tunnelspec.components.models.files import MODELS_DIR
+from tunnelspec.llama.versions import format_version
+from tunnelspec.components.tunnel.tunnels import main_rpc_version
+from tunnelspec.components.tls.reach import ApiTls
+from tunnelspec.reporting import events
+from tunnelspec.components.front import model as front
+from tunnelspec.components.front.serving import serving_state
 
 
 @register_task
@@ -220,17 +234,13 @@ class LlamaServerPlan(Task):
         }
         # GPU device nodes are group-owned (hip, vulkan: video, render); groups the host lacks are
         # left out, as in the RPC unit (a missing group stops a unit from starting).
-        from tunnelspec.components.rpc import BACKEND_GROUPS, existing_groups
-
         groups, missing = await existing_groups(conn, BACKEND_GROUPS[cluster.main.build.backend])
         fact["unit"].update(supplementary_groups=groups, missing_groups=missing)
-        from tunnelspec.components.front.model import add_serving
 
         add_serving(fact, cluster, lambda absent: build_server_argv(
             cluster, help_, {int(k): v for k, v in by_port.items()}, binary, self.p["model"], None,
             absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"])
         ctx.register("llama_server", fact)
-        from tunnelspec.llama.speculative import spec_support
 
         if plan.draft_node is None:
             return ok(f"{label}: {describe_split(plan)}{_known_bug_note(cluster, help_, label)}")
@@ -256,11 +266,6 @@ async def target_layout(conn, model: str) -> tuple[int | None, list[int] | None]
     its header on main; (None, None) when unreadable. `model` may be the inventory's own path (the
     verify playbook has no upload fact): a file not on main is looked for where model_file puts
     uploads."""
-    from tunnelspec.llama.devices import gguf_shape
-    from tunnelspec.llama.split_proof import slot_bytes
-    from tunnelspec.components.server.fit import gguf_header
-    from tunnelspec.components.models.files import MODELS_DIR
-
     for path in dict.fromkeys([model, f"{MODELS_DIR}/{model.rstrip('/').rsplit('/', 1)[-1]}"]):
         size, header, note = await gguf_header(conn, path, lambda h, n: slot_bytes(h, n) is not None)
         if note or not size:
@@ -273,9 +278,6 @@ async def target_layout(conn, model: str) -> tuple[int | None, list[int] | None]
 
 
 async def _main_proto(ctx, cluster) -> str | None:
-    from tunnelspec.llama.versions import format_version
-    from tunnelspec.components.tunnel.tunnels import main_rpc_version
-
     try:
         return format_version(await main_rpc_version(ctx.conn, f"{cluster.main.root}/src/llama.cpp"))
     except TaskFailed:
@@ -286,10 +288,6 @@ async def _main_proto(ctx, cluster) -> str | None:
 
 def _known_bug_note(cluster, help_, label: str) -> str:
     """Plan-time warnings for build bugs the inventory's settings would trip (llama/known_bugs.py)."""
-    import re
-
-    from tunnelspec.llama import known_bugs
-
     np_opt = help_.pick("-np", "--parallel")
     np_default = None
     if np_opt and (m := re.search(r"\(default:\s*(-?\d+)", help_.option(np_opt).help)):
@@ -372,8 +370,6 @@ class LlamaVerify(Task):
     }
 
     def _tls(self):
-        from tunnelspec.components.tls.reach import ApiTls
-
         if not self.p["tls_ca_file"]:
             return None
         if not self.p["tls_name"]:
@@ -402,8 +398,6 @@ class LlamaVerify(Task):
         if served:
             result["summary"] += f"; devices {served}"
         if degraded_note:
-            from tunnelspec.reporting import events
-
             ctx.emit(events.message(f"WARNING: {ctx.host}: {degraded_note}"))
             return ok(f"{degraded_note}; {result['summary']}")
         return ok(result["summary"])
@@ -418,9 +412,6 @@ class LlamaVerify(Task):
     async def _went_degraded(self, ctx, plan: dict, settle: float = 20.0) -> bool:
         """After a failed proof: has llama-server left speculation because the draft node went away?
         The launcher writes its mode within seconds of the restart; wait up to `settle` for it."""
-        from tunnelspec.components.front import model as front
-        from tunnelspec.components.front.serving import serving_state
-
         if not _has_degraded_mode(plan):
             return False
         cluster = ctx.require_cluster()
@@ -436,9 +427,6 @@ class LlamaVerify(Task):
         draft. Degraded with the draft node unreachable in this run (a deploy while it is away): the
         target alone, with a warning — the run already fails for that node. Degraded otherwise: wait
         up to `rejoin_wait` for the watcher to bring the draft back, else fail with the reason."""
-        from tunnelspec.components.front import model as front
-        from tunnelspec.components.front.serving import serving_state
-
         plan = self.p["plan"]
         if not _has_degraded_mode(plan):
             return plan, ""
@@ -478,8 +466,6 @@ def _has_degraded_mode(plan: dict) -> bool:
 def _served_devices(ctx, plan: dict) -> str:
     """What each node in llama-server's --rpc serves, as main names it: `RPC0 = rpc-a Vulkan0 (llvmpipe …,
     23272/24105 MiB free)` — from the rpc nodes' start banners this run read (`rpc_served`)."""
-    from tunnelspec.llama.devices import served_text
-
     hostvars = ctx.vars.get("hostvars", {})
     out = []
     for node, names in (plan.get("nodes") or {}).items():

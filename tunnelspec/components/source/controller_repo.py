@@ -10,11 +10,14 @@ controller repository's objects (git alternates): the user's repository gets no 
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 from tunnelspec.cluster.fields import cluster_error
+from tunnelspec.connection.upload import upload_file
 
 PREFIX = "controller:"
 # Refs the bundle carries; the host fetches them into the same names.
@@ -129,11 +132,6 @@ async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list
                       progress=None) -> tuple[int, int]:
     """Build the bundle on the controller, upload it into the host's .git (atomic, sha256 checked),
     fetch its refs there and remove it. Returns (bundle size in bytes, prerequisites used)."""
-    import asyncio
-    import hashlib
-
-    from tunnelspec.connection.upload import upload_file
-
     basis = await host_basis(conn, d, path)
     with tempfile.TemporaryDirectory(prefix="tunnelspec-bundle-out-") as tmp:
         local = Path(tmp) / "source.bundle"

@@ -4,6 +4,7 @@ before anything is sent to main, with errors that name the file at fault."""
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,8 +98,6 @@ _EE_POLICY = v.ExtensionPolicy.permit_all().require_present(x509.SubjectAlternat
 
 
 def _subject(name: str):
-    import ipaddress
-
     try:
         return v.IPAddress(ipaddress.ip_address(name))
     except ValueError:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+from cryptography import x509
+
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core import http
 from tunnelspec.components.tls.ca import RENEW_MARGIN_DAYS, describe
@@ -37,7 +39,6 @@ class Seen:
     def describe(self, now: dt.datetime | None = None) -> dict | None:
         if self.der is None:
             return None
-        from cryptography import x509
 
         cert = x509.load_der_x509_certificate(self.der)
         out = describe(cert)

@@ -15,12 +15,15 @@ removed (nothing in the front's configuration names them then).
 
 from __future__ import annotations
 
+import asyncio
 import posixpath
 
 from tunnelspec.core.constants import TLS_CERT, TLS_DIR
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 from tunnelspec.components.tls import ca as C
+from tunnelspec.components.tls.own import load_own
+from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
 
 KEY_SUFFIX = ".key"  # HAProxy (ssl-load-extra-files, default all) reads `crt FILE`'s key from FILE.key
 PENDING = ".new"  # the certificate is written here first, renamed last: a leftover means "interrupted"
@@ -135,8 +138,6 @@ class ServerTls(Task):
         cert = st["cert"]
         note = ""
         if tls.own:
-            from tunnelspec.components.tls.own import load_own
-
             own = load_own(tls.own_cert, tls.own_key, tls.own_ca, tls.names)
             want = _lines(own.cert_pem) + "key: *** (your key file, 0600 on main)\n"
             if C.needs_renewal(own.cert_pem, margin_days=self.p["renew_days"]):
@@ -188,8 +189,6 @@ class ServerTls(Task):
 
     def _material(self, ctx, tls):
         if tls.own:
-            from tunnelspec.components.tls.own import load_own
-
             own = load_own(tls.own_cert, tls.own_key, tls.own_ca, tls.names)
             return own.cert_pem, own.key_pem
         ca, created = C.ensure_ca(tls.ca_dir)
@@ -211,10 +210,6 @@ class ServerTlsServed(Task):
     }
 
     async def check(self, ctx):
-        import asyncio
-
-        from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
-
         main = ctx.require_cluster().main
         if main.tls is None:
             return ok("API on 127.0.0.1: no TLS")

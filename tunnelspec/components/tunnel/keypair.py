@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives import serialization
@@ -112,6 +113,4 @@ def known_hosts_line(address: str, port: int, public_line: str) -> str:
 def new_rotation_token() -> str:
     """A fresh token for `tunnelspec keys rotate`: the tunnel_keypair task replaces the key once
     per token, so a rotation converges (the second run with the same token changes nothing)."""
-    import secrets
-
     return secrets.token_hex(8)

@@ -17,6 +17,7 @@ from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_vers
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task, wait_budget
 from tunnelspec.modules.systemd import UNIT_DIR, Service, SystemdUnit, daemon_reload
 from tunnelspec.components.tunnel.units import AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel, selected_nodes, ssh_argv, unit_name
+from tunnelspec.components.front.model import skippable_draft
 
 
 # ---- main: one unit per node ------------------------------------------------------------------------
@@ -154,8 +155,6 @@ class TunnelProbe(Task):
         cluster = ctx.require_cluster()
         nodes = selected_nodes(cluster, self.p["nodes"])
         # A draft-only node this run could not reach: serving goes on without it (docs/degraded.md).
-        from tunnelspec.components.front.model import skippable_draft
-
         spare = skippable_draft(cluster)
         away = [n for n in nodes if spare is not None and n.name == spare.name
                 and n.name in (ctx.vars.get("unreachable_hosts") or [])]
