@@ -41,12 +41,12 @@ KNOWN_VARS = frozenset(
         "llama_server_public_bind",
         "llama_server_api_key_file",
         "llama_server_extra_args",
-        "llama_server_start_timeout",  # host_sections.py: verify's wait for /health (llama/verify.py)
+        "llama_server_start_timeout",  # host_sections.py: verify's wait for /health (components/server/verify.py)
         "llama_server_tls_names",
         "llama_server_tls_cert_file",
         "llama_server_tls_key_file",
         "llama_server_tls_ca_file",
-        "tunnelspec_tls_dir",  # inventory/tls_vars.py (public bind = TLS)
+        "tunnelspec_tls_dir",  # cluster/tls_vars.py (public bind = TLS)
         "llama_target_devices",
         "spec_draft_n_max",
         "spec_draft_ngl",
@@ -62,22 +62,22 @@ KNOWN_VARS = frozenset(
         "rpc_local_isolation",  # playbooks/isolation*.yml, status
         "tunnelspec_lock_dir",  # read by the run lock (engine/runlock.py)
         "tunnelspec_pending_dir",  # read by the executor (engine/pending.py)
-        "tunnelspec_install_packages",  # playbooks/hosts.yml, prerequisites.yml (tasks/host.py)
+        "tunnelspec_install_packages",  # playbooks/hosts.yml, prerequisites.yml (components/host/host.py)
         "tunnel_ssh_host",
         "tunnel_ssh_port",  # main's tunnel ssh to a node (inventory/addresses.py)
         "llama_server_internal_port",
         "llama_server_hold_timeout",
         "draft_rejoin_after",
-        "front_user",  # inventory/front_vars.py: the front (HAProxy) and the draft's return
+        "front_user",  # cluster/front_vars.py: the front (HAProxy) and the draft's return
         "metrics",
         "metrics_port",
-        "metrics_token_file",  # inventory/front_vars.py (docs/metrics.md)
+        "metrics_token_file",  # cluster/front_vars.py (docs/metrics.md)
         "llama_keep_builds",
         "tunnel_from",  # playbooks/build.yml, tunnel.yml
-        "tunnelspec_keep_generations",  # playbooks/server.yml (tasks/generation.py, docs/generations.md)
+        "tunnelspec_keep_generations",  # playbooks/server.yml (components/generation/tasks.py, docs/generations.md)
         "tunnel_nodes",
         "tunnel_key_rotation",
-        "tunnelspec_purge",  # set by commands with -e (cli.py)
+        "tunnelspec_purge",  # set by commands with -e (cli/main.py)
     }
 )
 # The user's own variables (for their own playbooks, templates or notes): tunnelspec reads none of

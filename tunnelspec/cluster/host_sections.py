@@ -165,10 +165,10 @@ class MainHost:
     build: BuildSettings
     root: str
     users: Users
-    # llama_server_public_bind=true: TLS, always (inventory/tls_vars.py); None on loopback.
+    # llama_server_public_bind=true: TLS, always (cluster/tls_vars.py); None on loopback.
     tls: TlsSettings | None = None
     # Seconds verify waits for /health after a (re)start; None: from the models' sizes
-    # (llama/verify.py start_timeout).
+    # (components/server/verify.py start_timeout).
     start_timeout: int | None = None
     # The front (HAProxy) on llama_server_host:llama_server_port; llama-server behind it on loopback.
     front: FrontSettings | None = None

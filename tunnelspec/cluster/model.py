@@ -171,7 +171,7 @@ class Cluster:
 
 
 # The inventory alone says it (a Metal main is a Mac): refused before any connection, where the
-# host facts would refuse it only after the first login (tasks/host.py, prereqs.py).
+# host facts would refuse it only after the first login (components/host/host.py, components/host/prereqs.py).
 METAL_MAIN = (
     "metal refused on the main host: Metal exists on macOS only, and tunnelspec deploys to Linux hosts "
     "with systemd (llama-server, the tunnels and the RPC servers are systemd units). Make a Linux host "

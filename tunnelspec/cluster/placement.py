@@ -7,7 +7,7 @@ Two spellings, one meaning (choose one):
 - on the main host: `llama_tensor_split="rpc-a=1,rpc-b=3,CUDA0=2"`, where main's own devices may be
   named too, its CPU included: `CPU=2`. llama.cpp's `-dev` refuses the CPU as an offload device and
   `-ts` covers offload devices only; what stays on the CPU is set by `-ngl` (the layers that leave
-  it), so a CPU share becomes `-ngl` from the GGUF's block count (llama/server_args.py).
+  it), so a CPU share becomes `-ngl` from the GGUF's block count (components/server/args.py).
 A node with a share carries target layers, even the draft node (the draft and some target layers
 then share its rpc-server). With proportions given, every target device needs one (0 = none).
 """

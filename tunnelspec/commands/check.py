@@ -3,7 +3,7 @@ plan of what systemd will run on each host — in seconds, before anything is co
 `validate` and `plan`). `deploy` runs the same checks first.
 
 Errors come from the one set of rules the commands use (the parsers, then the cluster model read
-again past each error: inventory/collect.py); this module adds only what a run would not stop on —
+again past each error: cluster/collect.py); this module adds only what a run would not stop on —
 warnings (unknown variables, arguments that look mis-quoted) — and what needs the controller's own
 files (a patch file against the pinned tree). Errors and warnings are data; no click here.
 """

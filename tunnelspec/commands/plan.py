@@ -1,6 +1,6 @@
 """What systemd will run on each host, from the inventory alone: llama-server on main, the RPC
 server on each node, and main's tunnel ssh to each node. The same builders the deploy's tasks use
-(llama/server_args.py, tasks/rpc.py rpc_argv, tunnel_ssh.py ssh_argv); nothing is contacted.
+(components/server/args.py, components/rpc.py rpc_argv, components/tunnel/units.py ssh_argv); nothing is contacted.
 
 What only a host can say is planned, and the plan says so: the flags' spelling (the pinned build's
 `--help`, known offline only from the controller's record of the last deploy of this source), the

@@ -1,6 +1,6 @@
 """`tunnelspec tunnel status`: per tunnel, the unit's state, its local port, and the remote RPC
 server's version and device memory (or busy/refused), observed over the controller's SSH
-connection to main. Changes nothing. (The cluster-wide view is status.py.)"""
+connection to main. Changes nothing. (The cluster-wide view is commands/status.py.)"""
 
 from __future__ import annotations
 

@@ -180,7 +180,7 @@ class LocalIsolation(Task):
 
     def _guarded(self) -> list[str]:
         """The units that require the rules: `guarded`, plus main's tunnel unit of each node in
-        `guarded_tunnels` (named as tasks/tunnel.py names them)."""
+        `guarded_tunnels` (named as components/tunnel/tunnels.py names them)."""
         units = [str(u) for u in self.p["guarded"]]
         for node in self.p["guarded_tunnels"]:
             if not _UNIT_SAFE.match(str(node)):

@@ -16,5 +16,5 @@ DEVICES_CACHE = f"{STATE_DIR}/rpc-devices.json"
 TLS_DIR = f"{ETC_DIR}/tls"
 TLS_CERT = f"{TLS_DIR}/front.crt"
 TLS_KEY = f"{TLS_CERT}.key"
-# The comment (GECOS) of every account tunnelspec creates (tasks/users.py): what marks it as ours.
+# The comment (GECOS) of every account tunnelspec creates (modules/users.py): what marks it as ours.
 SERVICE_USER_MARK = "tunnelspec service user"

@@ -71,7 +71,7 @@ class Run:
         cluster: Cluster | None = None,
     ):
         # The run's one view of every variable: inventory layers with -e on top (Inventory.host_vars);
-        # the caller's cluster, when given, was built from the same view (runner.py).
+        # the caller's cluster, when given, was built from the same view (commands/runner.py).
         inventory = inventory.with_extra_vars(options.extra_vars)
         self.inventory = inventory
         self.options = options

@@ -3,7 +3,7 @@ taken, until it ends (issue 36). A command that takes minutes with no output loo
 every 10 s with the elapsed time says it is not. The lines are `progress` events (reporting/events.py),
 so the human output shows them as `.. [host] task: …` and `--format json` as events. Tasks reach
 it as `ctx.heartbeat(what)` (engine/context.py). A polling loop with news of its own (the /health
-wait, llama/http.py) reports on its own schedule instead."""
+wait, core/http.py) reports on its own schedule instead."""
 
 from __future__ import annotations
 

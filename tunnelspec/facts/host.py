@@ -4,7 +4,7 @@ tools tunnelspec runs and where they live, a GPU backend's runtime (Vulkan drive
 
 One read-only command (`FACTS_ARGV`, a POSIX sh script that runs on Linux and macOS alike, as the
 login user: no become, so a host whose sudo is broken still tells what it is) and a pure parser
-(`parse_facts`). Gathered once per run per host (tasks/host.py); everything version-dependent on a
+(`parse_facts`). Gathered once per run per host (components/host/host.py); everything version-dependent on a
 host is decided from these facts, never assumed.
 """
 

@@ -5,7 +5,7 @@ processes holding it (pid, user, command line), in one probe.
 not 0), e.g.
 `LISTEN 0 0 127.0.0.1:50052 0.0.0.0:* users:(("python3",pid=812,fd=3)) uid:65534 ino:96841 sk:3 <->`;
 `ps` gives each process's user and full command line, `getent passwd` each owner's name and comment.
-A guarded port held by another owner than its service's is a squatter (tasks/isolation.py refuses to
+A guarded port held by another owner than its service's is a squatter (components/isolation.py refuses to
 deploy through it; status names it) — unless the owner is one of tunnelspec's own service accounts
 (marked by their comment): a deploy that gives a service another user (llama_user, front_user, …)
 finds the service still running as the old one, and moves it.

@@ -2,7 +2,7 @@
 content key, each with the package repository its hosts install from.
 
 An image holds what a freshly installed server has (systemd, openssh-server, sudo) and no build
-toolchain: every lab deploy installs its prerequisites (prereqs.py) the way it does on a user's
+toolchain: every lab deploy installs its prerequisites (components/host/prereqs.py) the way it does on a user's
 bare host. Lab hosts have no route out, so the packages come from a repository served on the lab
 bridge's own address (lab/aptrepo.py): the very files of Debian's archive — its signed `InRelease`,
 its `Packages` index and the `.deb`s the prerequisites need — fetched once when the image is built,

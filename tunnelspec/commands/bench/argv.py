@@ -2,7 +2,7 @@
 llama-server runs (speculative with a remote draft, a target split over RPC nodes, or local), and
 the baseline's argv, the same model and flags on main alone (or with the deployed placement).
 
-The deployed command line is the llama-server unit's ExecStart= (rendered by llama/server_args.py);
+The deployed command line is the llama-server unit's ExecStart= (rendered by components/server/args.py);
 nothing here depends on how it was built, so a kind tunnelspec learns to deploy later is benched the
 same way as long as its flags are llama-server's own.
 """

@@ -2,7 +2,7 @@
 side by side: load time, prompt and generation speed, draft acceptance, time waiting on the network.
 
 The deployed side is the running llama-server (speculative with a remote draft, or a target split
-over RPC nodes with no draft: bench_argv.py reads which from its ExecStart=). The baseline is a
+over RPC nodes with no draft: commands/bench/argv.py reads which from its ExecStart=). The baseline is a
 temporary second llama-server on another loopback port, a transient systemd unit
 (`BENCH_UNIT`) with the deployed command line minus every draft and RPC flag: the same model on
 main's own devices, run only when it fits them (bench_figures.fit_on_main; otherwise the result
@@ -13,7 +13,7 @@ placement (`same_placement`) must stop the deployed server meanwhile: an interru
 refused unless the caller says yes.
 
 The network wait of a side with --rpc is measured on main while its completions run
-(bench_sampler.py, over this connection); a side without --rpc has no tunnel to wait on.
+(commands/bench/sampler.py, over this connection); a side without --rpc has no tunnel to wait on.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The controller's side of bench's network-wait measurement: start bench_sampler.py on main over
+"""The controller's side of bench's network-wait measurement: start commands/bench/sampler.py on main over
 the existing connection for the measured completions only, stop it, and read what it printed."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ FRONT_RUN_DIR = "/run/tunnelspec-front"
 FRONT_STATS = f"{FRONT_RUN_DIR}/stats.sock"
 FRONT_BACKEND = "llama"
 # The `hold` backup server: a privileged port (only root could listen there) on loopback, where
-# nothing listens. Deploy refuses a host where something does (tasks/front.py).
+# nothing listens. Deploy refuses a host where something does (components/front/checks.py).
 HOLD_PORT = 1
 # The front's attempts per second while it holds a request (its turn-around = timeout connect, 250 ms).
 HOLD_TRIES_PER_S = 4

@@ -4,7 +4,7 @@ stack record and the serving files (units, launcher and front configuration) by 
 copy of each file kept on its host — so that returning to it is one switch: no compile, no download.
 
 Pure: the record's shape, what differs between two states, numbering and pruning. The commands
-that read a host's state and restore it are in tasks/generation.py.
+that read a host's state and restore it are in components/generation/tasks.py.
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ class GenerationCurrent(Task):
 @register_task
 class GenerationRollbackCounted(Task):
     """Count a failed deploy's automatic return to generation `n` for the metrics (gen.STATUS), once
-    per `event` (rollback.py names each return): run again with the same event, it is counted already.
+    per `event` (commands/rollback.py names each return): run again with the same event, it is counted already.
     playbooks/rollback.yml runs it only in the real rollback after a failed deploy (`rollback_event`),
     never in `--check` or in `tunnelspec rollback` (which counts through generation_current when the
     generation changes)."""

@@ -6,7 +6,7 @@ systemd, a non-root login without working sudo, no `flock`, a compiler or cmake 
 llama.cpp, too little disk. It runs in the deploy's first play, before the run lock and before any
 host changes (engine: `preflight: true` plays).
 
-`prerequisites` compares the prerequisites table (prereqs.py) with the facts. With `plan_only` it
+`prerequisites` compares the prerequisites table (components/host/prereqs.py) with the facts. With `plan_only` it
 is read-only: it stops the run when a missing prerequisite cannot be installed (no apt-get,
 `tunnelspec_install_packages=false`, or not packaged), naming exactly what is missing; otherwise it
 installs the missing packages with the host's package manager and gathers the facts again.

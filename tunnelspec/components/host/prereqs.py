@@ -2,7 +2,7 @@
 the host's facts (facts/host.py) and its role in the cluster.
 
 Every entry names what is looked for (a command on the host, or a header file), the package that
-brings it per package manager, and why it is needed. The deploy's first plays use it (tasks/host.py):
+brings it per package manager, and why it is needed. The deploy's first plays use it (components/host/host.py):
 read-only before the run lock (what is missing, and whether it can be installed), then the install
 itself. The README's "What each host needs" is rendered from this table (`markdown_table`), and a
 test fails when the two differ. The lab's package repository holds every apt package named here

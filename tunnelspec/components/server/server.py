@@ -1,7 +1,7 @@
 """llama-server on the main host: the API key file, RPC device discovery, the command line from
 the build's own --help, starting it again after `tunnel open`, and the read-only verify step.
-(Model files: models.py; the argv rules and the journal evidence: llama/server_args.py; the proof
-itself: llama/verify.py.)
+(Model files: models.py; the argv rules and the journal evidence: components/server/args.py; the proof
+itself: components/server/verify.py.)
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class LlamaServerPlan(Task):
             raise TaskFailed(f"{binary} --help failed or shows no --rpc (built without GGML_RPC?)")
         help_ = flags.parse_help(helped.stdout, build=label)
         # The controller keeps this build's --help: the next deploy of the same source checks the
-        # inventory's llama-server settings against it before touching any host (llama/preflight.py).
+        # inventory's llama-server settings against it before touching any host (components/server/preflight.py).
         preflight.save_record(cluster, label, helped.stdout)
         by_port = ctx.vars.get("rpc_devices")
         if not by_port:
@@ -213,7 +213,7 @@ class LlamaServerPlan(Task):
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
                                  self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
         # draft-mtp: a draft file that is no MTP head of this target makes llama-server exit or abort at
-        # every start: refused here, before the unit (tasks/mtp_draft.py, issue 27).
+        # every start: refused here, before the unit (components/server/mtp_draft.py, issue 27).
         mtp_notes = (await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
                      if plan.spec_type == "draft-mtp" and self.p["draft_model"] else [])
         # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer

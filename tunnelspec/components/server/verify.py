@@ -36,7 +36,7 @@ async def invocation_journal(conn, unit: str = UNIT) -> str:
 
 
 def output_parser_failure(plan: dict, e) -> str:
-    """One clear message for a build that generated text and refused it (llama/http.py)."""
+    """One clear message for a build that generated text and refused it (core/http.py)."""
     build = plan.get("build") or "this llama-server build"
     return (f"llama-server ({build}) generated the test completion and then refused its own output "
             f"(HTTP 500 from its output parser: {e.server_message!r}). This build checks generated text "

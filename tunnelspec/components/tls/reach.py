@@ -1,6 +1,6 @@
 """How tunnelspec's own commands (verify, status, bench, logs) reach the deployed API — the front
 (HAProxy) on main, in front of llama-server: through the SSH connection to main, as plain HTTP on
-loopback, or — public bind — TLS end to end to the front inside SSH, the CA pinned (tls/client.py:
+loopback, or — public bind — TLS end to end to the front inside SSH, the CA pinned (components/tls/client.py:
 no system store, no switch to turn checks off) and the name checked the first of
 llama_server_tls_names, the one clients use."""
 

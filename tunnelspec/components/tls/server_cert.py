@@ -3,9 +3,9 @@
 TLS terminates in the front (HAProxy, tunnelspec-front.service, its own user): its `bind ... ssl crt
 <cert>` reads the certificate (and any intermediates) from `<cert>` and the key from `<cert>.key`
 beside it; llama-server stays plain HTTP on 127.0.0.1 behind it. The certificate comes from the
-inventory's CA on the controller (tls/ca.py: created on the first deploy, issued with
+inventory's CA on the controller (components/tls/ca.py: created on the first deploy, issued with
 llama_server_tls_names, renewed 30 days before its end, re-issued after `certs rotate` or when the
-names change) or from the user's own files (tls/own.py: checked, installed as they are, a warning
+names change) or from the user's own files (components/tls/own.py: checked, installed as they are, a warning
 near their end). The key is made in the controller's memory and written only on main, through stdin
 (never an argument: no process list shows it), 0600 and owned by the front's user; it is never read
 back — the decision reads main's certificate, which is public. A new pair is taken up by a reload of
