@@ -39,7 +39,7 @@ class Collected:
     errors: list[ClusterError] = field(default_factory=list)
     cluster: Cluster | None = None  # the model read with the errors' variables set aside
     complete: bool = True  # False: stopped at an error that could not be set aside
-    set_aside: list[tuple[str, str]] = field(default_factory=list)  # (host, variable)
+    set_aside: list[tuple[str | None, str]] = field(default_factory=list)  # (host, variable)
 
 
 def _layer(inv: Inventory, host: str, var: str) -> tuple[str, str | None] | None:
@@ -76,8 +76,7 @@ class _SetAside:
         self.ports = (p for p in range(40000, 65000) if p not in used)
 
     def consequence(self, err: ClusterError) -> bool:
-        # .host/.var: set by fields.cluster_error(); ClusterError (core/errors.py) does not declare them
-        return (err.host, err.var) in self.affected  # type: ignore[attr-defined]  # see above
+        return (err.host, err.var) in self.affected
 
     def neutral(self, host: str, var: str) -> Any:
         if var in PORT_VARS:
@@ -139,9 +138,8 @@ def collect_cluster_errors(
             seen.add(key)
             if not work.consequence(err):
                 out.errors.append(err)
-                # .host/.var: set by fields.cluster_error(); ClusterError (core/errors.py) does not declare them
-                if err.var:  # type: ignore[attr-defined]  # see above
-                    out.set_aside.append((err.host, err.var))  # type: ignore[attr-defined]  # see above
+                if err.var:
+                    out.set_aside.append((err.host, err.var))
             if not work.apply(err):
                 break
     out.complete = False

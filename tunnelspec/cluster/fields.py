@@ -122,8 +122,8 @@ def cluster_error(
         parts.append(f"variable {var}:")
     err = ClusterError(" ".join(parts + [message]))
     # ClusterError (core/errors.py) declares none of these four attributes; they are set here only.
-    err.host, err.var = host, var  # type: ignore[attr-defined]  # undeclared in core/errors.py
-    err.file, err.line = origin if origin else ("-e" if from_cli else str(inv.path), None)  # type: ignore[attr-defined]  # undeclared in core/errors.py
+    err.host, err.var = host, var
+    err.file, err.line = origin if origin else ("-e" if from_cli else str(inv.path), None)
     return err
 
 

@@ -55,6 +55,13 @@ class Cluster:
         return d
 
     @property
+    def optional_hosts(self) -> frozenset[str]:
+        """Hosts a run may go on without while they are unreachable: the draft-only node, since serving
+        continues with the target alone while it is away (docs/degraded.md)."""
+        d = self.skippable_draft
+        return frozenset() if d is None else frozenset({d.name})
+
+    @property
     def draft_node(self) -> RpcNode | None:
         return next((n for n in self.rpc if n.role == "draft"), None)
 

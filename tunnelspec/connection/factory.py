@@ -17,7 +17,9 @@ from tunnelspec.core.booleans import truthy
 def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:
     """(spec, pin_path): the known_hosts to check against and where new keys would be pinned."""
     if opts.known_hosts:
-        from tunnelspec.connection.hostkeys import is_known_hosts_content
+        from tunnelspec.connection.hostkeys import (
+            is_known_hosts_content,
+        )  # lazy: asyncssh (start-up cost: the first hosts are pre-connected before it loads)
 
         spec = opts.known_hosts
         if is_known_hosts_content(spec):
@@ -40,7 +42,9 @@ def check_known_hosts(inventory, hosts, opts: ConnectOptions) -> None:
     """Before any host is contacted: every known_hosts the hosts name can be read (a missing file is an
     empty one), and with --accept-new-host-keys the file to pin to can be created. Raises UsageError
     (exit 2) naming the file."""
-    from tunnelspec.connection.hostkeys import load_known_hosts_text
+    from tunnelspec.connection.hostkeys import (
+        load_known_hosts_text,
+    )  # lazy: asyncssh (start-up cost: the first hosts are pre-connected before it loads)
 
     seen = set()
     for name in hosts:
@@ -80,7 +84,9 @@ async def connect(
         raise UsageError(f"{name}: ansible_connection={kind} is not supported (use ssh or local)")
     # Imported here, not at the top: a run starts its TCP connects (connection/preconnect.py) before
     # asyncssh is imported, so the hosts' sshd start-up overlaps that import.
-    from tunnelspec.connection.ssh import SSHConnection
+    from tunnelspec.connection.ssh import (
+        SSHConnection,
+    )  # lazy: asyncssh (start-up cost: the first hosts are pre-connected before it loads)
 
     address, port = ssh_target(name, host_vars)
     user = str(host_vars.get("ansible_user", getpass.getuser()))

@@ -9,6 +9,7 @@ import os
 from tunnelspec.connection import relay
 from tunnelspec.connection.base import Connection, Spawned, reveal_argv
 from tunnelspec.connection.become import Become
+from collections import deque
 
 
 class LocalConnection(Connection):
@@ -36,8 +37,6 @@ class LocalConnection(Connection):
         return proc.returncode, out, err
 
     async def _stream(self, argv, on_line, timeout, stdin=None):
-        from collections import deque
-
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,

@@ -5,21 +5,28 @@ from __future__ import annotations
 import asyncio
 import errno
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential,
+    wait_fixed,
+)
+from tunnelspec.core.errors import HostKeyError, TaskFailed
 
 _TRANSIENT_ERRNOS = {errno.ECONNREFUSED, errno.ECONNRESET, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.ETIMEDOUT}
 
 
 def _is_transient_connect_error(exc: BaseException) -> bool:
-    from tunnelspec.core.errors import HostKeyError
-
     if isinstance(exc, HostKeyError):
         return False  # a key problem never fixes itself
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return True
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
-    import asyncssh
+    import asyncssh  # lazy: asyncssh (start-up cost), needed only once an error is judged
 
     return isinstance(exc, (asyncssh.ConnectionLost,))
 
@@ -36,10 +43,6 @@ def connect_retrying(attempts: int = 3, max_delay: float = 20.0) -> AsyncRetryin
 
 def poll_retrying(deadline: float, interval: float = 0.5) -> AsyncRetrying:
     """Policy for read-only readiness probes (a service coming up, a tunnel answering)."""
-    from tenacity import retry_if_exception_type, wait_fixed
-
-    from tunnelspec.core.errors import TaskFailed
-
     return AsyncRetrying(
         stop=stop_after_delay(deadline),
         wait=wait_fixed(interval),

@@ -10,6 +10,8 @@ from tunnelspec.connection.base import Connection, ConnectOptions, ConnectSessio
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
 from tunnelspec.core.errors import HostKeyError, HostUnreachable
+from collections import deque
+import asyncio
 
 
 # asyncssh's own default ciphers, AES-GCM moved ahead of chacha20-poly1305: both are AEAD with the
@@ -123,8 +125,6 @@ class SSHConnection(Connection):
         return rc, proc.stdout or b"", proc.stderr or b""
 
     async def _stream(self, argv, on_line, timeout, stdin=None):
-        from collections import deque
-
         tail: deque[str] = deque(maxlen=60)
         try:
             # stderr merged into stdout so progress and errors arrive in order.
@@ -191,8 +191,6 @@ class _SshSpawned(Spawned):
             return ""
 
     async def close(self) -> None:
-        import asyncio
-
         try:
             self._proc.stdin.write_eof()
             await asyncio.wait_for(self._proc.wait_closed(), 5)

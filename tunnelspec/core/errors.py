@@ -52,7 +52,13 @@ class PlaybookError(SourceError):
 
 
 class ClusterError(UsageError):
-    """The inventory parses but does not describe a valid tunnelspec cluster."""
+    """The inventory parses but does not describe a valid tunnelspec cluster. `cluster.fields.cluster_error`
+    sets where: the host, the variable, the file and line (None where not known)."""
+
+    host: str | None = None
+    var: str | None = None
+    file: str | None = None
+    line: int | None = None
 
 
 class TaskFailed(TunnelspecError):

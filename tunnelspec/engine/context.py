@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.reporting import events
+from tunnelspec.engine.heartbeat import HEARTBEAT_EVERY, Heartbeat
 
 if TYPE_CHECKING:
     from tunnelspec.cluster.model import Cluster
@@ -79,8 +80,6 @@ class HostContext:
     def heartbeat(self, what: str, every: float | None = None):
         """`async with ctx.heartbeat("git clone …"):` — a progress line now, then one every 10 s
         with the time taken, until the body ends (engine/heartbeat.py)."""
-        from tunnelspec.engine.heartbeat import HEARTBEAT_EVERY, Heartbeat
-
         return Heartbeat(self.progress, what, every or HEARTBEAT_EVERY)
 
     def add_secret(self, value: str) -> None:

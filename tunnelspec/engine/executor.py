@@ -25,6 +25,9 @@ from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
 from tunnelspec.core.secrets import mask_value, secret_values
 from tunnelspec.modules import TASKS, Change, Task
+from tunnelspec.connection.factory import is_ssh, ssh_target
+from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
+from tunnelspec.engine.runlock import RunLock
 
 if TYPE_CHECKING:
     from tunnelspec.cluster.model import Cluster
@@ -155,22 +158,16 @@ class Run:
         return v
 
     def _spared(self, host: str) -> bool:
-        """An unreachable host the others may go on without: a draft-only rpc node (serving continues
-        with the target alone while it is away, docs/degraded.md). Gates leave it out."""
+        """An unreachable host the others may go on without (the cluster says which: `optional_hosts`).
+        Gates leave it out."""
         if self.cluster is None or not self.hosts[host].unreachable or self.hosts[host].failed:
             return False
-        from tunnelspec.components.front.model import skippable_draft
-
-        d = skippable_draft(self.cluster)
-        return d is not None and d.name == host
+        return host in self.cluster.optional_hosts
 
     # ---- plays ----------------------------------------------------------------------------
     def preconnect(self, playbook: Playbook) -> None:
         """TCP connects to the first play's first --forks hosts, before asyncssh is imported
         (connection/preconnect.py says when this is skipped)."""
-        from tunnelspec.connection.factory import is_ssh, ssh_target
-        from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
-
         opts = self.connect_options
         if (
             not playbook.plays
@@ -201,8 +198,6 @@ class Run:
             for play in preflight:
                 await self.run_play(play)
             if self.options.lock and not self.options.check:
-                from tunnelspec.engine.runlock import RunLock
-
                 hosts = [
                     h
                     for play in playbook.plays

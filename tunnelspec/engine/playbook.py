@@ -8,6 +8,8 @@ from pathlib import Path
 from tunnelspec.engine.yamlload import LineDict, load_yaml
 from tunnelspec.core.errors import PlaybookError
 from tunnelspec.engine.registry import TASKS, load_all
+from difflib import get_close_matches
+from tunnelspec.modules.gates import GATES
 
 _TASK_KEYS = {"name", "when", "tags", "notify", "register", "listen", "no_log"}
 _PLAY_KEYS = {"name", "hosts", "tasks", "handlers", "vars", "tags", "gate", "serial_gate", "preflight"}
@@ -72,8 +74,6 @@ def _task(d, file: str, play_tags: list, is_handler: bool, list_line: int | None
     mline = d.key_lines.get(module, line) if isinstance(d, LineDict) else line
     cls = TASKS.get(module)
     if cls is None:
-        from difflib import get_close_matches
-
         close = get_close_matches(module, TASKS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise PlaybookError(f"unknown module {module!r}{hint}", file, mline)
@@ -152,8 +152,6 @@ def load_playbook(path: str | Path) -> Playbook:
                     raise PlaybookError(f"task {t.name!r} notifies unknown handler {n!r}", file, t.line)
         gate = p.get("gate")
         if gate is not None:
-            from tunnelspec.modules.gates import GATES
-
             if not isinstance(gate, dict) or gate.get("kind") not in GATES:
                 raise PlaybookError(
                     f"gate must be a mapping with kind one of {sorted(GATES)}", file, p.key_lines.get("gate", line)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from tunnelspec.core.errors import UsageError
+import yaml
 
 
 def read_extra_vars_file(path: str) -> dict:
-    import yaml
-
     try:
         text = open(path, encoding="utf-8").read()
     except OSError as e:

@@ -13,6 +13,7 @@ import datetime
 import pathlib
 from dataclasses import dataclass, field
 from typing import Any
+from tunnelspec.inventory.patterns import match_hosts
 
 # Where a value was written: (file, line). Kept so later validation can point at the line.
 Origin = tuple[str, int]
@@ -193,8 +194,6 @@ class Inventory:
     # ---- patterns --------------------------------------------------------------------------
     def match(self, pattern: str) -> list[str]:
         """Host names matching an Ansible host pattern; [] when nothing matches."""
-        from tunnelspec.inventory.patterns import match_hosts
-
         return match_hosts(self, pattern)
 
     # ---- ansible-inventory --list ----------------------------------------------------------

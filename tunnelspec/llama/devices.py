@@ -148,6 +148,7 @@ def parse_node_log(text: str) -> NodeLog:
     banner = unknown = None
     if last_banner is not None:
         m = _BANNER.search(lines[last_banner])
+        assert m is not None  # the line was chosen by this very pattern
         version = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
         at = next((j for j in range(last_banner + 1, min(len(lines), last_banner + 8))
                    if lines[j].strip() == "Devices:"), None)

@@ -212,7 +212,7 @@ def draft_argv(h: ServerHelp, model: str, device: str, n_max: int | None = None)
     """The argv fragment putting draft model `model` on device `device` (e.g. "RPC0"); the build's
     own number of drafted tokens unless `n_max` is given."""
     f = draft_flags(h)
-    out = [f.spec_type, f.spec_value] if f.spec_type else []
+    out = [f.spec_type, f.spec_value] if f.spec_type and f.spec_value else []  # both set or neither
     out += [f.model, model, f.device, device, f.ngl, f.ngl_all]
     return out + ([f.n_max, str(n_max)] if n_max is not None else [])
 

@@ -67,7 +67,7 @@ class PatchSpec:
             return f"pr {self.pr} head {self.commit}" if self.whole else f"pr {self.pr} @{self.commit}"
         if self.kind == "remote":
             return f"remote {self.remote} {self.ref} @{self.commit}"
-        return f"file {self.name} sha256:{self.sha256[:16]}"
+        return f"file {self.name} sha256:{(self.sha256 or '')[:16]}"  # a file patch always has its sum
 
     @property
     def fingerprint_part(self) -> str:
@@ -148,7 +148,7 @@ def pr_commits(rev_list: str, spec: PatchSpec, base: str, host: str) -> list[str
             "the other branch's commits in as if they were the PR's. Rebase the PR onto llama_commit and pin "
             "the new head, or list the commits you want as {\"pr\": N, \"commit\": SHA} entries, oldest first")
     if not rows:
-        raise TaskFailed(f"{what}: head {spec.commit[:12]} is already contained in llama_commit {base[:12]}: "
+        raise TaskFailed(f"{what}: head {(spec.commit or '')[:12]} is already contained in llama_commit {base[:12]}: "
                          "nothing to apply (the PR was merged before that commit?); remove the entry")
     if len(rows) > PR_MAX_COMMITS:
         raise TaskFailed(

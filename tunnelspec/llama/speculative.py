@@ -80,7 +80,7 @@ def spec_type_argv(h: ServerHelp, spec_type: str | None) -> list[str]:
     if want not in s.types:
         raise SpecError(f"spec_type {want} is not offered by this llama-server build ({s.build}); "
                         f"it has: {s.describe()}")
-    return [] if s.implicit else [s.flag, want]
+    return [] if s.implicit or s.flag is None else [s.flag, want]  # not implicit: the build names its flag
 
 
 def owned_variable(h: ServerHelp | None, flag: str) -> str | None:

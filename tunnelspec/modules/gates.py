@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tunnelspec.core.errors import TaskFailed
 
@@ -23,7 +24,7 @@ def same_value(args: dict, hostvars: dict[str, dict]) -> str:
     var = args["var"]
     values = {}
     for host, hv in hostvars.items():
-        cur = hv
+        cur: Any = hv
         for part in var.split("."):
             cur = cur.get(part) if isinstance(cur, dict) else None
         values[host] = cur

@@ -130,7 +130,7 @@ def modes_document(cluster, speculative: dict, degraded: dict | None, expect: st
         "draft": None if d is None else {
             "node": d.name, "endpoint": d.endpoint, "port": d.tunnel_port,
             "tunnel_unit": f"tunnelspec-tunnel-{d.name}.service", "devices": speculative["draft_devices"]},
-        "modes": {SPECULATIVE: speculative["argv"], DEGRADED: degraded["argv"] if draft is not None else None},
+        "modes": {SPECULATIVE: speculative["argv"], DEGRADED: degraded["argv"] if draft is not None and degraded is not None else None},
         "rejoin_after": cluster.main.front.rejoin_after,
         "grace": START_GRACE,
         "front": {"stats": FRONT_STATS, "backend": FRONT_BACKEND},

@@ -216,6 +216,7 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
             argv += [help_.require("-ngl", "--gpu-layers", "--n-gpu-layers"), str(ngl if ngl is not None else unknown_layers)]
     argv += spec
     if draft is not None:
+        assert draft_model  # refused above: a draft node needs llama_draft_model
         ngl_flag = help_.require("--spec-draft-ngl", "-ngld", "--gpu-layers-draft", "--n-gpu-layers-draft")
         ngl_opt = help_.option(ngl_flag)
         ngl_all = "all" if ngl_opt and "'all'" in ngl_opt.help else "999"
