@@ -180,18 +180,48 @@ def choose(cfg, prev):
     if not cfg["modes"].get(DEGRADED):
         return SPECULATIVE, node, ""  # the draft node also holds target layers: waited for above
     # Coming from degraded (a restart in between): no grace, the watcher decides when to come back.
-    # Otherwise (boot, deploy, a crash while speculative) give the tunnel a few seconds.
+    # Otherwise (boot, deploy, a crash while speculative) give the tunnel a few seconds — unless the
+    # watcher has just seen the draft go and said how long it may take to come back (a killed ssh or
+    # rpc-server: seconds; a link that stopped answering: not worth waiting for, every held request
+    # waits with us). Asked again at each probe: systemd may start this before the watcher wrote it.
+    start = time.monotonic()
     grace = 0.0 if prev.get("mode") == DEGRADED and not cfg.get("_rejoin") else float(cfg.get("grace", 10))
-    deadline = time.monotonic() + grace
+    lost = _lost_grace(cfg, prev)
+    grace = grace if lost is None else min(grace, lost[0])
     ok, why = probe_draft(cfg, 3.0)
-    for _ in range(int(grace) + 1):
-        if ok or time.monotonic() >= deadline or not _tunnel_may_come(cfg):
+    for _ in range(int(grace) + 2):
+        lost = _lost_grace(cfg, prev) or lost
+        grace = grace if lost is None else min(grace, lost[0])
+        if ok or time.monotonic() >= start + grace or not _tunnel_may_come(cfg):
             break
-        time.sleep(1.0)
-        ok, why = probe_draft(cfg, 3.0)
+        time.sleep(min(1.0, max(0.05, start + grace - time.monotonic())))
+        ok, why = probe_draft(cfg, min(3.0, max(0.5, start + grace - time.monotonic())))
+    if not ok and lost is not None and lost[1].startswith("tunnel down"):
+        # The tunnel's ssh gave up on the node: say so, not what the next ssh (still connecting) refused.
+        why = lost[1]
     if ok:
         return SPECULATIVE, node, why
     return DEGRADED, node, why
+
+
+def _lost_grace(cfg, prev):
+    """(seconds, why): the grace the watcher gave the draft when it saw it go while this llama-server's
+    predecessor was speculative (its flag is newer than the mode file), and why; else None."""
+    if prev.get("mode") != SPECULATIVE:
+        return None
+    try:
+        with open(_lost_path(cfg)) as f:
+            lost = json.load(f)
+        if float(lost["at"]) > float(prev.get("at", 0)):
+            return max(0.0, float(lost.get("grace", 0))), str(lost.get("why", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _lost_path(cfg):
+    """The watcher's own file (next to its rejoin flag): when it saw the draft go, why, and the grace."""
+    return os.path.join(os.path.dirname(cfg["rejoin_flag"]), "lost.json")
 
 
 def _tunnel_may_come(cfg):
@@ -237,19 +267,23 @@ def _iso(t):
 
 
 # ---- watch -----------------------------------------------------------------------------------------
-def close_wait_to(port):
-    """Connections to 127.0.0.1:port whose other end has closed (CLOSE-WAIT), from /proc/net/tcp."""
+def tunnel_sockets(port):
+    """(listening, close_wait) for 127.0.0.1:port from /proc/net/tcp: whether the tunnel's ssh listens
+    there (it stops when ssh exits), and how many connections to it the other end has closed
+    (CLOSE-WAIT: the node's RPC server went away). Read four times a second: no process is started."""
     want = "0100007F:%04X" % port
-    n = 0
+    listening, close_wait = False, 0
     try:
         with open("/proc/net/tcp") as f:
             for line in f.readlines()[1:]:
                 parts = line.split()
-                if len(parts) > 3 and parts[2] == want and parts[3] == "08":
-                    n += 1
+                if len(parts) > 3 and parts[1] == want and parts[3] == "0A":
+                    listening = True
+                elif len(parts) > 3 and parts[2] == want and parts[3] == "08":
+                    close_wait += 1
     except OSError:
-        pass
-    return n
+        return True, 0  # cannot tell: the unit's state, read every second, still can
+    return listening, close_wait
 
 
 def front_busy(cfg):
@@ -292,7 +326,84 @@ def restart_llama(cfg, why):
     subprocess.run(["systemctl", "restart", "--no-block", cfg["unit"]], timeout=30)
 
 
-def watch(cfg_path, interval=1.0):
+# While speculative the watcher reads /proc four times a second (a link cut is noticed by the tunnel's
+# ssh — ServerAliveInterval 1 s x 3 — which exits and takes its listener with it) and systemd's unit
+# states once a second; while degraded it sends a HELLO once a second.
+FAST_TICK = 0.25
+TICKS_PER_SECOND = 4
+
+
+def draft_lost(d, slow):
+    """(why, grace) when the draft cannot be used any more, else (None, None). `grace`: how long the
+    launcher should wait for it to come back (a killed process is restarted by systemd within about a
+    second; an ssh that gave up on a node that stopped answering is not back soon)."""
+    listening, close_wait = tunnel_sockets(int(d["port"]))
+    if listening and close_wait:
+        return "the RPC connection through the tunnel was closed by the other end", 3.0
+    if listening and not slow:
+        return None, None
+    t_active, t_sub = unit_state(d["tunnel_unit"])
+    if listening and t_active == "active":
+        return None, None
+    why = "tunnel down (%s %s/%s)" % (d["tunnel_unit"], t_active, t_sub)
+    failed = t_active == "failed" or (t_active == "activating" and t_sub == "auto-restart")
+    if failed or t_active == "inactive":
+        result = _unit_prop(d["tunnel_unit"], "Result")
+        if result == "signal":
+            return why + ": its ssh was killed", 3.0
+        if result != "success":
+            return why, 0.0  # ssh gave up by itself (no answer from the node, refused): not back soon
+    # Being restarted (a deploy), or already started again: it listens within a second.
+    return why, 3.0
+
+
+def lose_draft(cfg, d, state, why, grace):
+    """The draft is gone: tell the launcher how long to wait for it, and replace llama-server now —
+    killed, not stopped: it cannot compute, and a request it holds must come back to the front as a
+    dropped connection (which the front retries) rather than as an error answer. It would abort at its
+    next RPC call anyway (llama.cpp's RPC client never reconnects)."""
+    active, _ = unit_state(cfg["unit"])
+    if active not in ("active", "activating"):
+        return False  # stopped on purpose (a deploy, a teardown): not ours to start, nothing to tell
+    _write_lost(cfg, why, grace)
+    if read_state(cfg).get("at") != state.get("at"):
+        return False  # llama-server was started again meanwhile (it aborted, systemd restarted it)
+    log("draft on %s lost: %s; restarting llama-server %s" % (
+        d["node"], why, "with the draft if it is back within %gs, else the target alone" % grace if grace
+        else "to serve the target alone"))
+    subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "--", cfg["unit"]],
+                   capture_output=True, timeout=30)
+    subprocess.run(["systemctl", "restart", "--no-block", "--", cfg["unit"]], timeout=30)
+    return True
+
+
+def _write_lost(cfg, why, grace):
+    try:
+        with open(_lost_path(cfg) + ".tmp", "w") as f:
+            json.dump({"at": time.time(), "why": why, "grace": grace}, f, sort_keys=True)
+        os.replace(_lost_path(cfg) + ".tmp", _lost_path(cfg))
+    except OSError:
+        pass  # the launcher then waits its usual grace: slower, never wrong
+
+
+def _lost_at(cfg):
+    try:
+        with open(_lost_path(cfg)) as f:
+            return float(json.load(f)["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
+def _unit_prop(unit, prop):
+    try:
+        res = subprocess.run(["systemctl", "show", "-p", prop, "--value", "--", unit],
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return res.stdout.strip()
+
+
+def watch(cfg_path):
     cfg = load_config(cfg_path)
     if not cfg.get("draft") or not cfg["modes"].get(DEGRADED):
         log("no draft-only node: nothing to watch")
@@ -302,27 +413,43 @@ def watch(cfg_path, interval=1.0):
     steady_since = None
     losses = []  # times speculative mode was lost: a flapping link waits longer before the next rejoin
     log("watching %s (draft on %s); switching back after %gs of steady answers" % (d["node"], d["endpoint"], rejoin_after))
-    while True:
+    handled = None  # the llama-server start (its mode file's `at`) whose loss was dealt with
+    for tick in range(1, 10 ** 12):  # until systemd stops it
+        if tick % TICKS_PER_SECOND:
+            # Between the once-a-second rounds only the speculative mode's /proc checks run.
+            state = read_state(cfg)
+            if state.get("mode") == SPECULATIVE and state.get("at") != handled:
+                why, grace = draft_lost(d, False)
+                if why:
+                    handled = state.get("at")
+                    if lose_draft(cfg, d, state, why, grace):
+                        losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                        _sleep_until_restarted(cfg)
+            time.sleep(FAST_TICK)
+            continue
         cfg = load_config(cfg_path)  # a deploy may have changed it; same unit, same node names
         state = read_state(cfg)
-        active, _ = unit_state(cfg["unit"])
+        active, sub = unit_state(cfg["unit"])
         mode = state.get("mode")
-        if active != "active":
+        if mode == SPECULATIVE:
             steady_since = None
-        elif mode == SPECULATIVE:
-            steady_since = None
-            t_active, t_sub = unit_state(d["tunnel_unit"])
-            why = None
-            if t_active != "active":
-                why = "tunnel down (%s %s/%s)" % (d["tunnel_unit"], t_active, t_sub)
-            elif close_wait_to(int(d["port"])):
-                why = "the RPC connection through the tunnel was closed by the other end"
+            # Also while llama-server is not active: it aborted on the lost draft and systemd starts it
+            # again in a second — the launcher should know why (and a restart now saves that second).
+            why, grace = draft_lost(d, True) if state.get("at") != handled else (None, None)
             if why:
-                losses = [t for t in losses if time.time() - t < 600] + [time.time()]
-                # llama-server would abort at its next request: switch now, busy or not.
-                restart_llama(cfg, "draft on %s lost: %s; restarting llama-server to serve the target alone"
-                              % (d["node"], why))
-                _sleep_until_restarted(cfg)
+                handled = state.get("at")
+                if lose_draft(cfg, d, state, why, grace):
+                    losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                    _sleep_until_restarted(cfg)
+            elif sub == "auto-restart" and _lost_at(cfg) < float(state.get("at", 0)):
+                # llama-server aborted while its tunnel is up: most likely the node's rpc-server went
+                # away (an RPC error aborts llama.cpp's client before any CLOSE-WAIT can be seen). The
+                # launcher waits 3 s for it rather than its fresh start's 10.
+                _write_lost(cfg, "llama-server ended while speculative (the node's RPC server?)", 3.0)
+                log("llama-server ended while drafting on %s (its RPC server gone?); the draft gets 3s to "
+                    "answer at its next start" % d["node"])
+        elif active != "active":
+            steady_since = None
         elif mode == DEGRADED:
             ok, why = probe_draft(cfg, 2.0)
             _record_hello(cfg)
@@ -343,7 +470,8 @@ def watch(cfg_path, interval=1.0):
                                   % (d["node"], wait, ",".join(d["devices"])))
                     steady_since = None
                     _sleep_until_restarted(cfg)
-        time.sleep(interval)
+        time.sleep(FAST_TICK)
+    return 0
 
 
 def _record_hello(cfg):

@@ -217,7 +217,7 @@ def test_link_cut_and_restore_recovers_by_itself(lab, deployed):
     pid = main_pid(lab, "main", unit)
     lab.link("rpc-b", up=False)
     try:
-        # "A while": until the tunnel's ssh has noticed (ServerAlive 5 s x 3) and been restarted.
+        # "A while": until the tunnel's ssh has noticed (ServerAlive 1 s x 3) and been restarted.
         end = time.monotonic() + 45
         while main_pid(lab, "main", unit) == pid and time.monotonic() < end:
             time.sleep(0.5)

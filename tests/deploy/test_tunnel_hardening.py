@@ -363,7 +363,7 @@ def test_cut_link_restored_after_20s_serves_again_without_manual_action(lab):
     t0 = time.monotonic()
     lab.link("rpc-a", False)
     try:
-        # > 20 s, and until main's tunnel ssh has noticed (ServerAlive 5 s x 3) and been restarted.
+        # > 20 s, and until main's tunnel ssh has noticed (ServerAlive 1 s x 3) and been restarted.
         for _ in range(200):
             if time.monotonic() - t0 > 21 and tunnel_pid(lab) not in (0, pid):
                 break

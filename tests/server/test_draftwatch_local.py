@@ -124,6 +124,31 @@ def test_launch_switch_lines_once_per_change(tmp_path):
     assert "tunnelspec: mode" not in again.stdout and "RAN degraded" in again.stdout
 
 
+def test_watch_sees_the_tunnels_listener_and_a_connection_closed_by_the_other_end():
+    # What the watcher reads four times a second while speculative, on real sockets: the tunnel's ssh
+    # listening on its port, and llama-server's connection through it closed by the node (CLOSE-WAIT).
+    mod = _load_script()
+    server = socket.socket()
+    server.bind((LOOPBACK, 0))
+    port = server.getsockname()[1]
+    assert mod.tunnel_sockets(port) == (False, 0)
+    server.listen(1)
+    client = socket.create_connection((LOOPBACK, port), timeout=5)
+    try:
+        peer, _ = server.accept()
+        assert mod.tunnel_sockets(port) == (True, 0)
+        peer.close()  # the other end goes away; the client has not closed its side yet
+        deadline = time.monotonic() + 5
+        while mod.tunnel_sockets(port)[1] != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mod.tunnel_sockets(port) == (True, 1)
+        server.close()  # ssh exited: no listener any more
+        assert mod.tunnel_sockets(port)[0] is False
+    finally:
+        client.close()
+        server.close()
+
+
 # ---- the front ---------------------------------------------------------------------------------------
 def _post(port: int, timeout: float = 120) -> tuple[int, dict]:
     req = urllib.request.Request(f"http://{LOOPBACK}:{port}/completion", method="POST",
