@@ -9,7 +9,9 @@ answered, and the cluster serves the previous generation with draft tokens accep
 the failure. The next deploy of the previous inventory changes nothing. Then `rollback --to N` to a
 generation of the test's own (another spec_draft_n_max) and a deploy forward again, each verified,
 changed=0 after each. And `deploy --no-rollback` leaves it broken, saying so, and `tunnelspec rollback`
-repairs it.
+repairs it. A node's new rpc-server that aborts at start: every host goes back. A target model that is
+a copy cut short: refused before anything serving changes, nothing to roll back; so is a finished
+build whose RPC server cannot start, before `current` moves to it.
 The lab's own inventory is deployed again at the end (try/finally): the other modules expect it."""
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from support.cli import tunnelspec
-from support.labdeploy import converge, deploy, failures, inventory_copy
+from support.labdeploy import completion_on_main, converge, deploy, failures, inventory_copy, main_pid, sh
+from tunnelspec.engine.playbook import builtin_playbook
 
 pytestmark = pytest.mark.lab
 
@@ -243,13 +246,18 @@ RPC_ABORT_LINE = "tunnelspec-test: rpc-server refuses to serve"
 RPC_ANCHOR = "    start_server_fn(endpoint.c_str(), cache_dir, params.n_threads, devices.size(), devices.data());\n"
 
 
-def rpc_abort_patch(llama_fixtures, path: Path) -> Path:
+# The same abort as the server starts, before its arguments are read: even --help dies.
+RPC_START_LINE = "tunnelspec-test: rpc-server aborts at every start"
+RPC_START_ANCHOR = "    ggml_backend_load_all();\n"
+
+
+def rpc_abort_patch(llama_fixtures, path: Path, anchor: str = RPC_ANCHOR, line: str = RPC_ABORT_LINE) -> Path:
     rel = "tools/rpc/rpc-server.cpp"
     text = subprocess.run(["git", "-C", llama_fixtures.repo_local, "show", f"{llama_fixtures.commit}:{rel}"],
                           capture_output=True, text=True, check=True).stdout
-    assert text.count(RPC_ANCHOR) == 1, "the fixture's rpc-server.cpp changed: find the server start again"
-    new = text.replace(RPC_ANCHOR, f'    fprintf(stderr, "%s\\n", "{RPC_ABORT_LINE}");\n    fflush(stderr);\n'
-                                   f"    abort();\n{RPC_ANCHOR}")
+    assert text.count(anchor) == 1, "the fixture's rpc-server.cpp changed: find the server start again"
+    new = text.replace(anchor, f'    fprintf(stderr, "%s\\n", "{line}");\n    fflush(stderr);\n'
+                               f"    abort();\n{anchor}")
     path.write_text("".join(difflib.unified_diff(text.splitlines(keepends=True), new.splitlines(keepends=True),
                                                  f"a/{rel}", f"b/{rel}")))
     return path
@@ -281,3 +289,133 @@ def test_a_deploy_whose_rpc_server_does_not_start_returns_every_host(lab, lab_to
         assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
     finally:
         converge(lab.inventory)
+
+
+def serving_pids(lab) -> dict[str, str]:
+    """The main process of llama-server on main and of the rpc-server on each node."""
+    units = {"main": "tunnelspec-llama-server.service", "rpc-a": "tunnelspec-rpc.service",
+             "rpc-b": "tunnelspec-rpc.service"}
+    return {h: sh(lab, h, "systemctl", "show", "-p", "MainPID", "--value", u).strip() for h, u in units.items()}
+
+
+def test_a_node_whose_new_rpc_server_aborts_at_every_start_is_refused_before_serving_moves(
+        lab, lab_tools, llama_fixtures, tmp_path):
+    """The nodes' new rpc-server aborts as it starts, whatever its arguments: the build play's own
+    start of it (--help) fails on the nodes before their `current` moves, and llama-server on main is
+    not stopped for the build change (the gate before it sees the nodes' failure). The return to the
+    generation moves main's link and the checkouts back and restarts nothing: the same processes
+    serve throughout."""
+    patch = rpc_abort_patch(llama_fixtures, tmp_path / "rpc-start.patch", RPC_START_ANCHOR, RPC_START_LINE)
+    bad = inventory_copy(lab, tmp_path, "bad-rpc-start.ini", extra=(f'llama_patches=[{{"file": "{patch}"}}]',))
+    try:
+        converge(lab.inventory)
+        good = current_generation(lab)
+        pids = serving_pids(lab)
+        t0 = time.time()
+        r = deploy(bad)
+        took = time.time() - t0
+        assert r.rc == 1, r.stdout[-4000:]
+        failed = r.results("failed")
+        assert failed[0]["host"] in ("rpc-a", "rpc-b") and failed[0]["module"] == "llama_build", failed
+        assert "the new ggml-rpc-server does not run" in failed[0]["msg"] and RPC_START_LINE in failed[0]["msg"], \
+            failed[0]["msg"]
+        assert ("main", "every node built") in {(e["host"], e["task"]) for e in failed}, failed
+        assert not [e for e in r.results() if e.get("module") in ("llama_server_quiesce", "rpc_unit")], \
+            "serving was touched"
+        said = [e["msg"] for e in r.events if e.get("event") == "message"]
+        assert said and said[-1].endswith(f"rolled back: serving generation {good} again (verified)"), said
+        assert current_generation(lab) == good
+        assert serving_pids(lab) == pids, "a serving process was restarted"
+        body = completion_on_main(lab)
+        assert body and body["timings"].get("draft_n_accepted", 0) > 0, body
+        print(f"\nrpc-server aborting at start: refused before the switch, back in {took:.0f} s, same processes; "
+              f"{failed[0]['host']}: {failed[0]['msg'][:240]}")
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
+    finally:
+        converge(lab.inventory)
+
+
+def test_a_model_cut_short_is_refused_before_anything_serving_changes(lab, lab_tools, tmp_path):
+    """The target model is a copy cut short (an interrupted copy) on main: the deploy stops in its
+    first plays, naming the host, the file and the bytes missing, before the source, a build switch or
+    a restart; llama-server and the nodes' rpc-servers keep running (the same processes) and serve the
+    current generation with draft tokens accepted; the next deploy of the lab's inventory is changed=0."""
+    model = next(l.split("=", 1)[1] for l in lab.inventory.read_text().splitlines() if l.startswith("llama_model="))
+    short = "/var/tmp/tunnelspec-test-cut-short.gguf"
+    size = int(sh(lab, "main", "stat", "-L", "-c", "%s", model).strip())
+    missing = 4096
+    sh(lab, "main", "sh", "-c", f'head -c {size - missing} "$1" > "$2"', "sh", model, short)
+    bad = inventory_copy(lab, tmp_path, "cut-short.ini", drop=("llama_model=",), extra=(f"llama_model={short}",))
+    ok = False
+    try:
+        converge(lab.inventory)
+        good = current_generation(lab)
+        pids = {"main": main_pid(lab), **{h: int(sh(lab, h, "systemctl", "show", "-p", "MainPID", "--value",
+                                                    "tunnelspec-rpc.service").strip()) for h in ("rpc-a", "rpc-b")}}
+        t0 = time.time()
+        r = deploy(bad)
+        took = time.time() - t0
+        assert r.rc == 1 and "Traceback" not in r.stderr, failures(r)
+        failed, *stopped = r.results("failed")
+        assert (failed["host"], failed["task"]) == ("main", "target model whole"), failed
+        # The gate stops the nodes too: nothing moves anywhere.
+        assert {(e["host"], e["task"]) for e in stopped} == {("rpc-a", "every model whole"),
+                                                             ("rpc-b", "every model whole")}, stopped
+        assert (f"model {short} on main is cut short: {size - missing} bytes, its tensors need {size} "
+                f"({missing} bytes missing") in failed["msg"], failed["msg"]
+        # Nothing after the proofs ran: no source, build, rpc or server task on any host.
+        assert {e["play"] for e in r.results()} <= {"hosts", "local isolation available", "prerequisites",
+                                                    "models proven before switching"}, \
+            sorted({e["play"] for e in r.results()})
+        said = [e["msg"] for e in r.events if e.get("event") == "message"]
+        assert said and f"every host still runs generation {good} (no rollback needed)" in said[-1], said
+        assert current_generation(lab) == good
+        assert {"main": main_pid(lab), **{h: int(sh(lab, h, "systemctl", "show", "-p", "MainPID", "--value",
+                                                     "tunnelspec-rpc.service").strip())
+                                          for h in ("rpc-a", "rpc-b")}} == pids
+        body = completion_on_main(lab)
+        assert body and body["timings"].get("draft_n_accepted", 0) > 0, body
+        t1 = time.time()
+        again = deploy(lab.inventory)
+        assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))
+        print(f"\nmodel cut short: refused in {took:.1f} s ({failed['msg'][:200]}); same processes serving, "
+              f"draft_n_accepted={body['timings']['draft_n_accepted']}; next deploy changed=0 in {time.time() - t1:.1f} s")
+        ok = True
+    finally:
+        sh(lab, "main", "rm", "-f", short)
+        if not ok:
+            converge(lab.inventory)
+
+
+def test_a_build_whose_rpc_server_does_not_run_is_not_switched_to(lab, lab_tools, tmp_path):
+    """rpc-a's `current` points elsewhere; the lab's own build, finished, would be switched back to
+    without a compile — but one of its libraries is gone, so its RPC server cannot start. The build
+    play refuses before `current` moves, with the loader's own words; the running rpc-server (its
+    unit names the keyed build, and it has the library mapped) serves on. Both are put back after."""
+    converge(lab.inventory)
+    root = "/opt/tunnelspec"
+    build = sh(lab, "rpc-a", "readlink", "--", f"{root}/current").strip()
+    lib = sh(lab, "rpc-a", "sh", "-c", 'cd "$1/bin" && ls libggml-rpc.so.* | head -n 1', "sh", build).strip()
+    assert lib, "the build has no libggml-rpc.so.N: find another library the RPC server needs"
+    pid = sh(lab, "rpc-a", "systemctl", "show", "-p", "MainPID", "--value", "tunnelspec-rpc.service").strip()
+    pb = tmp_path / "source-build.yml"
+    pb.write_text("".join(f"- import_playbook: {p}\n" for p in
+                          (builtin_playbook("source.yml"), builtin_playbook("build.yml"))))
+    try:
+        sh(lab, "rpc-a", "sh", "-c", 'mv -- "$1/bin/$2" "$1/bin/$2.away" && ln -sfn /nonexistent "$3/current"',
+           "sh", build, lib, root)
+        r = tunnelspec("play", str(lab.inventory), str(pb), "--limit", "rpc-a", "--format", "json", timeout=600)
+        assert r.rc == 1 and "Traceback" not in r.stderr, failures(r)
+        [failed] = r.results("failed")
+        assert failed["host"] == "rpc-a" and failed["module"] == "llama_build", failed
+        assert "the new ggml-rpc-server does not run" in failed["msg"] and lib in failed["msg"], failed["msg"]
+        assert failed["msg"].endswith(f"nothing was switched ({root}/current is unchanged)"), failed["msg"]
+        assert sh(lab, "rpc-a", "readlink", "--", f"{root}/current").strip() == "/nonexistent"
+        assert sh(lab, "rpc-a", "systemctl", "show", "-p", "MainPID", "--value", "tunnelspec-rpc.service").strip() == pid
+        print(f"\nrpc-a: {failed['msg'][:300]}")
+    finally:
+        sh(lab, "rpc-a", "sh", "-c", '[ -e "$1/bin/$2.away" ] && mv -- "$1/bin/$2.away" "$1/bin/$2"; '
+                                     'ln -sfn -- "$1" "$3/current"', "sh", build, lib, root)
+    again = deploy(lab.inventory)
+    assert again.rc == 0 and changed(again) == {}, (changed(again), failures(again))

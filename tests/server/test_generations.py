@@ -105,3 +105,34 @@ def test_the_pins_and_copies_prune_script(tmp_path):
                     f"sha:{'a' * 64}"], check=True)
     assert (root / "build" / gen.PINS).read_text() == "k1\nk2\n"
     assert [p.name for p in store.iterdir()] == ["a" * 64]
+
+
+MODEL = "/srv/models/target.gguf"
+
+
+def test_a_model_changed_at_its_path_is_a_new_state_and_the_record_shows_its_sum():
+    with_model = {**_record(1), "model_sha256": {MODEL: "d" * 64}}
+    assert gen.same_state(with_model, {"hosts": _record(9)["hosts"], "model_sha256": {MODEL: "d" * 64}})
+    assert not gen.same_state(with_model, {"hosts": _record(9)["hosts"], "model_sha256": {MODEL: "e" * 64}})
+    # A record from before the sums were kept differs from a state that has them: recorded anew once.
+    assert not gen.same_state(_record(1), {"hosts": _record(9)["hosts"], "model_sha256": {MODEL: "d" * 64}})
+    assert gen.models_diff({MODEL: "d" * 64}, {MODEL: "e" * 64}) == ["model target.gguf"]
+    assert gen.models_diff({MODEL: "d" * 64}, {MODEL: "d" * 64}) == []
+    assert "; models target.gguf dddddddddddd; state " in gen.summary(with_model)
+    assert "models" not in gen.summary(_record(1))
+
+
+def test_returning_to_a_generation_says_when_a_model_file_is_another():
+    record = {**_record(4), "model_sha256": {MODEL: "d" * 64, "/srv/models/draft.gguf": "f" * 64}}
+    assert gen.model_drift(record, {MODEL: "d" * 64, "/srv/models/draft.gguf": "f" * 64}) == []
+    assert gen.model_drift(record, {MODEL: "e" * 64, "/srv/models/draft.gguf": None}) == [
+        f"/srv/models/draft.gguf changed since generation 4 proved it (sha256 then {'f' * 12})",
+        f"{MODEL} is not generation 4's (sha256 {'e' * 12}, then {'d' * 12})"]
+    assert gen.model_drift(_record(4), {MODEL: "e" * 64}) == []
+
+
+def test_a_process_already_on_the_generations_build_is_not_restarted():
+    assert gen.runs_build("/opt/t/build/k1/bin/llama-server", "/opt/t/build/k1")
+    assert gen.runs_build("/opt/t/build/k1/bin/ggml-rpc-server (deleted)", "/opt/t/build/k1/")
+    assert not gen.runs_build("/opt/t/build/k10/bin/llama-server", "/opt/t/build/k1")
+    assert not gen.runs_build("", "/opt/t/build/k1") and not gen.runs_build("/usr/bin/python3", "")

@@ -74,7 +74,7 @@ async def _main_status(conn, cluster) -> dict:
 async def _generations(conn, shown: int = 4) -> dict:
     """The current generation and the previous few kept on main (docs/generations.md)."""
     records, current = await read_records(conn)
-    rows = [{"n": n, "current": n == current, "summary": gen.summary(r)}
+    rows = [{"n": n, "current": n == current, "summary": gen.summary(r), "models": gen.model_sums(r)}
             for n, r in sorted(records.items(), reverse=True)[:shown]]
     return {"current": current, "kept": sorted(records), "recent": rows}
 

@@ -1,19 +1,44 @@
-"""What a GGUF's first bytes say: its key/value metadata and the names of its tensors. Pure: it parses
-bytes (`head -c` of the file on a host) and nothing else.
+"""What a GGUF's first bytes say: its key/value metadata and its tensors (name, shape, type, offset),
+and whether a file of a given size holds every tensor's data. Pure: it parses bytes (`head -c` of the
+file on a host) and nothing else — except when run as a program on a host, below.
 
 The layout (gguf-py's `GGUFReader`, llama.cpp's gguf.cpp): "GGUF", u32 version, u64 tensor count,
 u64 key count; each key a string, a u32 value type and the value (strings are u64 length + bytes,
 arrays u32 item type + u64 count + items); then each tensor's info: name, u32 dims, u64 × dims,
 u32 type, u64 offset. All little-endian. The token list is the metadata's largest part (a few MiB
 for a 150k vocabulary), so a header read of 16 MiB holds every tensor name of a real model.
+The tensor data starts after the infos, at the next multiple of `general.alignment` (32 when absent);
+each tensor's offset is relative to that start and itself a multiple of the alignment. llama.cpp
+refuses a tensor whose data ends past the file ("data is not within the file bounds, model is
+corrupted or incomplete") only when it loads the model — after the old llama-server was stopped.
+
+Run as a program (`python3 -I -c <this source> MODE CACHE PATH...`, stdlib only, Python 3.7+: the
+host's python3), it reads each file where it lies and prints one JSON line per file (`inspect`):
+MODE `check` is read-only (a file whose size, mtime and inode match CACHE's entry is not read
+again); MODE `record` reads each file whole for its sha256 and writes CACHE (components/models/files.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import struct
+import sys
 from dataclasses import dataclass
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+DEFAULT_ALIGNMENT = 32
+
+# ggml type → (elements per block, bytes per block), as ggml's type traits (gguf-py GGML_QUANT_SIZES).
+# A type missing here (one newer than this table) has its start checked, not its end.
+TYPE_SIZES = {
+    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
+    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
+    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
+    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
+    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+}
 
 
 class _Short(Exception):
@@ -21,9 +46,19 @@ class _Short(Exception):
 
 
 @dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dims: tuple[int, ...]     # ggml's ne order: dims[0] is the row length
+    type: int                 # ggml type
+    offset: int               # from the start of the tensor data
+
+
+@dataclass(frozen=True)
 class Header:
     kv: dict[str, object]  # arrays: their length
     tensors: tuple[str, ...] | None  # None: the bytes ended before the tensor infos did
+    infos: tuple[TensorInfo, ...] | None = None
+    data_start: int | None = None    # where the tensor data begins (the infos' end, aligned)
 
     @property
     def arch(self) -> str | None:
@@ -85,17 +120,164 @@ def parse(data: bytes) -> Header:
         raise ValueError(f"GGUF version {version} is too old")
     n_tensors, n_kv = take("<Q"), take("<Q")
     kv: dict[str, object] = {}
-    names: list[str] = []
+    infos: list[TensorInfo] = []
     try:
         for _ in range(n_kv):
             key = string()
             kv[key] = value(take("<I"))
         for _ in range(n_tensors):
-            names.append(string())
-            dims = take("<I")
-            pos += 8 * dims + 4 + 8
-            if pos > len(data):
-                raise _Short
+            name = string()
+            n_dims = take("<I")
+            if n_dims > 8:
+                raise ValueError(f"tensor {name} has {n_dims} dimensions (a damaged header)")
+            dims = tuple(take("<Q") for _ in range(n_dims))
+            infos.append(TensorInfo(name, dims, take("<I"), take("<Q")))
     except _Short:
         return Header(kv, None)
-    return Header(kv, tuple(names))
+    align = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
+        raise ValueError(f"general.alignment {align!r} is not a power of two")
+    return Header(kv, tuple(i.name for i in infos), tuple(infos), _pad(pos, align))
+
+
+def _pad(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+def alignment(h: Header) -> int:
+    a = h.kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    return a if isinstance(a, int) else DEFAULT_ALIGNMENT
+
+
+def nbytes(t: TensorInfo) -> int | None:
+    """The tensor's data size in bytes; None for a type TYPE_SIZES does not know. ValueError when the
+    row length is no multiple of the type's block (ggml refuses such a tensor too)."""
+    if t.type not in TYPE_SIZES:
+        return None
+    block, size = TYPE_SIZES[t.type]
+    row = t.dims[0] if t.dims else 1
+    if row % block:
+        raise ValueError(f"tensor {t.name}: row length {row} is not a multiple of its type's block of {block}")
+    n = row // block * size
+    for d in t.dims[1:]:
+        n *= d
+    return n
+
+
+@dataclass(frozen=True)
+class Extent:
+    need: int                 # bytes the file must hold: the data's start + the furthest tensor end
+    last: str                 # the tensor that ends furthest
+    unsized: tuple[str, ...]  # tensors of a type TYPE_SIZES does not know: only their start counts
+
+
+def extent(h: Header) -> Extent:
+    """How long a file with this header must be. ValueError for a header llama.cpp refuses as well:
+    a tensor offset that is no multiple of the alignment, a row that is no whole number of blocks."""
+    if h.infos is None or h.data_start is None:
+        raise ValueError("the header ends before its tensor infos do")
+    align = alignment(h)
+    need, last, unsized = h.data_start, "", []
+    for t in h.infos:
+        if t.offset % align:
+            raise ValueError(f"tensor {t.name}: data offset {t.offset} is not a multiple of the alignment {align}")
+        size = nbytes(t)
+        if size is None:
+            unsized.append(t.name)
+            size = 1          # its first byte at least
+        end = h.data_start + t.offset + size
+        if end > need:
+            need, last = end, t.name
+    return Extent(need, last, tuple(unsized))
+
+
+def shortfall(size: int, ext: Extent) -> str | None:
+    """Why a file of `size` bytes cannot hold the tensors, or None when it can."""
+    if size >= ext.need:
+        return None
+    return (f"cut short: {size} bytes, its tensors need {ext.need} ({ext.need - size} bytes missing; "
+            f"tensor {ext.last} ends past the end of the file)")
+
+
+# ---- run on the host -----------------------------------------------------------------------------
+FIRST_READ = 2**20
+
+
+def read_whole_header(f, size: int) -> Header:
+    """The header of an open file: the first MiB, more (×4 each time) while the infos go on."""
+    n = FIRST_READ
+    while True:
+        f.seek(0)
+        h = parse(f.read(n))
+        if h.infos is not None or n >= size:
+            return h
+        n *= 4
+
+
+def identity(st) -> list:
+    """What tells that a file changed since it was read: size, mtime (ns) and inode."""
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def inspect(path: str, cache: dict, whole: bool = False) -> dict:
+    """One file: {"path", "size", "need", "sha256" (cached or `whole`), "cached"} or {"path", "error"}.
+    A file whose identity matches its `cache` entry is not opened."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return {"path": path, "error": f"cannot read it: {e.strerror}"}
+    known = cache.get(path)
+    if not whole and isinstance(known, dict) and known.get("id") == identity(st) and known.get("sha256"):
+        return {**known, "path": path, "cached": True}
+    out = {"path": path, "size": st.st_size, "id": identity(st), "cached": False}
+    try:
+        with open(path, "rb") as f:
+            h = read_whole_header(f, st.st_size)
+            if h.infos is None:
+                return {**out, "error": f"cut short inside its header: {st.st_size} bytes"}
+            ext = extent(h)
+            out.update(need=ext.need, tensors=len(h.infos), unsized=list(ext.unsized))
+            why = shortfall(st.st_size, ext)
+            if why:
+                return {**out, "error": why}
+            if whole:
+                digest = hashlib.sha256()
+                f.seek(0)
+                for block in iter(lambda: f.read(2**20), b""):
+                    digest.update(block)
+                if identity(os.fstat(f.fileno())) != out["id"]:
+                    return {**out, "error": "it changed while it was read; run again"}
+                out["sha256"] = digest.hexdigest()
+    except ValueError as e:
+        return {**out, "error": str(e)}
+    except OSError as e:
+        return {**out, "error": f"cannot read it: {e.strerror}"}
+    return out
+
+
+def _main(argv: list[str]) -> int:
+    mode, cache_path, paths = argv[0], argv[1], argv[2:]
+    try:
+        with open(cache_path) as f:
+            cache = json.load(f)
+        cache = cache if isinstance(cache, dict) else {}
+    except (OSError, ValueError):
+        cache = {}
+    results = [inspect(p, cache, whole=(mode == "record")) for p in paths]
+    for r in results:
+        print(json.dumps(r, sort_keys=True))
+    if mode == "record":
+        for r in results:
+            if "error" not in r and r.get("sha256"):
+                cache[r["path"]] = {k: r[k] for k in ("id", "need", "sha256", "size")}
+        os.makedirs(os.path.dirname(cache_path), exist_ok=True)
+        tmp = cache_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(cache, f, indent=1, sort_keys=True)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, cache_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

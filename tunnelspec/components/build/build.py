@@ -5,7 +5,9 @@
 check (read-only, one command): is there a finished build for this key, and is it current? A
 finished build for the key is reused without compiling (e.g. after a patch is removed again).
 apply: cmake configure + build under `nice`, ccache when present, progress from cmake's `[ 42%]`;
-on main, `llama-server --version` must name the pinned commit before the stamp is written.
+on main, `llama-server --version` must name the pinned commit before the stamp is written. Before
+`current` moves (a new build or a switch to a finished one), every binary of the build must start on
+the host: llama-server's --version, the RPC server's --help (it has no --version).
 
 With backend cuda, `nvidia-smi` is probed first (read-only, before anything is configured): no driver or
 no GPU is an error naming the host, and unless the inventory sets the architectures
@@ -234,6 +236,7 @@ class LlamaBuild(Task):
     async def apply(self, ctx, ch):
         if not ch.data.get("switch"):
             await self._build(ctx, ch.data["jobs"])
+        await self._binaries_run(ctx, fresh=not ch.data.get("switch"))
         root = self.p["root"]
         # Atomic switch: a reader sees the old build or the new one, never a missing link.
         await ctx.conn.run(["sh", "-c", 'touch -- "$1/$3" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
@@ -271,10 +274,32 @@ class LlamaBuild(Task):
                  "seconds": round(time.monotonic() - started, 1), "recipe": bp.BUILD_RECIPE}
         await ctx.conn.put(json.dumps(stamp, indent=2, sort_keys=True) + "\n", posixpath.join(d, bp.STAMP))
 
+    async def _binaries_run(self, ctx, fresh: bool) -> None:
+        """Before `current` moves: every binary of the build starts on this host (its libraries
+        resolve, its backends load) — llama-server's --version (a fresh build's was checked with its
+        commit before the stamp), the RPC server's --help: it has no --version, and --help loads the
+        backends, prints its usage and exits 0."""
+        for name in self._targets:
+            if name == bp.LLAMA_SERVER and fresh:
+                continue
+            exe = posixpath.join(self._dir, "bin", name)
+            flag = "--version" if name == bp.LLAMA_SERVER else "--help"
+            res = await ctx.conn.probe([exe, flag], timeout=60)
+            if res.rc != 0:
+                said = (res.stderr + res.stdout).strip()[-600:] or "no output"
+                how = f"rc={res.rc}" if res.rc > 0 else "killed by a signal"
+                raise TaskFailed(f"{ctx.host}: the new {name} does not run ({exe} {flag}: {how}): {said}; "
+                                 f"nothing was switched ({self.p['root']}/current is unchanged)")
+
     async def _verify_version(self, ctx) -> None:
         exe = posixpath.join(self._dir, "bin", bp.LLAMA_SERVER)
         res = await ctx.conn.probe([exe, "--version"], timeout=60)
         version = parse_version(res.stderr + "\n" + res.stdout)
+        if res.rc != 0 and not version.commit:
+            said = (res.stderr + res.stdout).strip()[-600:] or "no output"
+            how = f"rc={res.rc}" if res.rc > 0 else "killed by a signal"
+            raise TaskFailed(f"{ctx.host}: the new llama-server does not run ({exe} --version: {how}): {said}; "
+                             f"nothing was switched ({self.p['root']}/current is unchanged)")
         if not version.commit or not self.p["commit"].startswith(version.commit):
             raise TaskFailed(f"{exe} --version reports commit {version.commit} ({version.label}), not the pinned "
                              f"{self.p['commit'][:12]}; the build did not take LLAMA_BUILD_COMMIT")

@@ -1,7 +1,9 @@
 """Generations (NixOS's idea, docs/generations.md): every deploy that passed verify is recorded on
 main as a numbered generation — per host the build directory `current` pointed at, the source's
 stack record and the serving files (units, launcher and front configuration) by sha256, with a
-copy of each file kept on its host — so that returning to it is one switch: no compile, no download.
+copy of each file kept on its host, and the sha256 of each model llama-server loads (no copy: a
+return only says when the file is another) — so that returning to it is one switch: no compile, no
+download.
 
 Pure: the record's shape, what differs between two states, numbering and pruning. The commands
 that read a host's state and restore it are in components/generation/tasks.py.
@@ -89,6 +91,13 @@ def build_key(build_dir: str) -> str:
     return posixpath.basename(build_dir.rstrip("/"))
 
 
+def runs_build(exe: str, build_dir: str) -> bool:
+    """Whether a process's executable (its /proc exe link: " (deleted)" when the file was replaced
+    or pruned since) is a binary of `build_dir`."""
+    exe = exe.removesuffix(" (deleted)")
+    return bool(exe and build_dir) and exe.startswith(build_dir.rstrip("/") + "/")
+
+
 def host_diff(recorded: dict, live: dict) -> list[str]:
     """What differs on one host between a recorded state and the live one, as short phrases."""
     out = []
@@ -103,7 +112,35 @@ def host_diff(recorded: dict, live: dict) -> list[str]:
 
 def state_of(record: dict) -> dict:
     """The part of a record that says what runs: compared to tell whether a deploy made a new one."""
-    return {"hosts": record.get("hosts", {})}
+    return {"hosts": record.get("hosts", {}), "models": model_sums(record)}
+
+
+def model_sums(record: dict) -> dict[str, str | None]:
+    """{path on main: sha256} of the models a record's llama-server loads (None: not proven yet)."""
+    sums = record.get("model_sha256")
+    return dict(sums) if isinstance(sums, dict) else {}
+
+
+def models_diff(recorded: dict[str, str | None], live: dict[str, str | None]) -> list[str]:
+    """The models whose content differs between a record and now, as short phrases."""
+    return [f"model {posixpath.basename(p)}" for p in sorted(set(recorded) | set(live))
+            if recorded.get(p) != live.get(p)]
+
+
+def model_drift(record: dict, live: dict[str, str | None]) -> list[str]:
+    """Returning to `record`: each model whose file no longer is the one it recorded. `live`: path →
+    its sha256 as proven and unchanged since, None when the file changed since its proof (telling
+    more would take reading it whole). Models are not kept with a generation: a warning, not a refusal."""
+    out = []
+    for path, want in sorted(model_sums(record).items()):
+        if want is None or path not in live:
+            continue
+        have = live[path]
+        if have is None:
+            out.append(f"{path} changed since generation {record.get('n')} proved it (sha256 then {want[:12]})")
+        elif have != want:
+            out.append(f"{path} is not generation {record.get('n')}'s (sha256 {have[:12]}, then {want[:12]})")
+    return out
 
 
 def same_state(a: dict, b: dict) -> bool:
@@ -153,7 +190,9 @@ def summary(record: dict) -> str:
     tree = (record.get("tree") or "?")[:12]
     patches = len(record.get("patches") or [])
     digest = hashlib.sha256(json.dumps(state_of(record), sort_keys=True).encode()).hexdigest()[:8]
-    return f"generation {record['n']}: tree {tree} + {patches} patch(es); {hosts}; state {digest}"
+    models = ", ".join(f"{posixpath.basename(p)} {(sha or '?')[:12]}" for p, sha in sorted(model_sums(record).items()))
+    return (f"generation {record['n']}: tree {tree} + {patches} patch(es); {hosts}"
+            + (f"; models {models}" if models else "") + f"; state {digest}")
 
 
 def dumps(record: dict) -> str:

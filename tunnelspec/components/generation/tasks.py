@@ -20,6 +20,7 @@ from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import source_stack as ss
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
+from tunnelspec.components.models.files import parse_proofs, parts_of, proof_argv
 
 # Every record on main, one per block: `--- <N>` then its JSON; then `--- current <N>`.
 _RECORDS = r"""
@@ -113,6 +114,28 @@ async def host_state(conn, role: str, root: str) -> dict:
     return {"role": role, "root": root, **gen.parse_state(res.stdout)}
 
 
+_RUNNING = r"""
+pid=$(systemctl show -p MainPID --value "$1" 2>/dev/null)
+[ "${pid:-0}" != 0 ] && readlink -- "/proc/$pid/exe"
+exit 0
+"""
+
+
+async def running_exe(conn, unit: str) -> str:
+    """The executable `unit`'s main process runs ('' when none)."""
+    return (await conn.probe(["sh", "-c", _RUNNING, "sh", unit])).stdout.strip()
+
+
+async def model_sums(conn, paths: list[str]) -> dict[str, str | None]:
+    """{path: sha256} of the models on main (every part of a split one) as model_proof kept it; None
+    for a file not proven, or changed since. Read-only and cheap: a file is not read again."""
+    paths = sorted({part for p in paths if p for part in parts_of(p)})
+    if not paths:
+        return {}
+    got = parse_proofs((await conn.probe(proof_argv("check", paths), timeout=300)).stdout)
+    return {p: (got.get(p) or {}).get("sha256") for p in paths}
+
+
 async def live_state(ctx) -> dict:
     cluster = ctx.require_cluster()
     out = {}
@@ -133,7 +156,7 @@ class GenerationRecord(Task):
         "tree": Arg(str, default="", help="The source tree hash (`llama_src.tree`)."),
         "commit": Arg(str, default="", help="The pinned llama.cpp commit."),
         "patches": Arg(list, default=[], help="The patch stack as applied (`llama_src.patches`)."),
-        "models": Arg(list, default=[], help="The model paths llama-server loads."),
+        "models": Arg(list, default=[], help="The model paths llama-server loads (their sha256 recorded as model_proof kept it)."),
         "plan": Arg(dict, default={}, help="The `llama_server` fact: what a rollback verifies against."),
     }
 
@@ -143,8 +166,9 @@ class GenerationRecord(Task):
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
         live = await live_state(ctx)
-        self._records, self._live = records, live
-        state = {"hosts": live}
+        sums = await model_sums(ctx.conn, self.p["models"])
+        self._records, self._live, self._sums = records, live, sums
+        state = {"hosts": live, "model_sha256": sums}
         if current is not None and gen.same_state(records[current], state):
             if await published(ctx.conn) != current:
                 # Recorded before the metrics' status file existed, or the file was lost.
@@ -156,8 +180,9 @@ class GenerationRecord(Task):
             return change(f"generation {same} current again (was {current})", Diff(str(current), str(same)), n=same)
         n = gen.next_number(list(records))
         what = ("" if current is None else
-                "; ".join(f"{h}: {', '.join(d)}" for h, s in live.items()
-                          if (d := gen.host_diff(records[current]["hosts"].get(h, {}), s))))
+                "; ".join([*(f"{h}: {', '.join(d)}" for h, s in live.items()
+                             if (d := gen.host_diff(records[current]["hosts"].get(h, {}), s))),
+                           *gen.models_diff(gen.model_sums(records[current]), sums)]))
         return change(f"record generation {n}" + (f" ({what})" if what else " (the first)"),
                       Diff(str(current), str(n)), n=n, new=True)
 
@@ -173,7 +198,7 @@ class GenerationRecord(Task):
                 await conn.run(["sh", "-c", _STORE, "sh", gen.FILES_DIR, *pairs], check=True)
             records[n] = {"schema": gen.SCHEMA, "n": n, "tree": self.p["tree"], "commit": self.p["commit"],
                           "patches": self.p["patches"], "models": self.p["models"], "plan": self.p["plan"],
-                          "hosts": self._live}
+                          "hosts": self._live, "model_sha256": self._sums}
             await ctx.conn.run(["install", "-d", "-m", "700", "--", gen.GEN_DIR], check=True)
             await ctx.conn.put(gen.dumps(records[n]), f"{gen.GEN_DIR}/{n}.json", 0o600)
         await ctx.conn.put(f"{n}\n", gen.CURRENT, 0o600)
@@ -237,9 +262,13 @@ class GenerationRestore(Task):
         self._live = live
         diff = gen.host_diff(want, live)
         n = self.p["record"].get("n")
+        recorded = gen.model_sums(self.p["record"])
+        drift = gen.model_drift(self.p["record"], await model_sums(ctx.conn, list(recorded))) \
+            if want["role"] == "main" and recorded else []
+        warn = f"; WARNING models are not kept with a generation: {'; '.join(drift)}" if drift else ""
         if not diff:
-            return ok(f"at generation {n}")
-        return change(f"back to generation {n}: {', '.join(diff)}", Diff(live["build"], want["build"]))
+            return ok(f"at generation {n}{warn}")
+        return change(f"back to generation {n}: {', '.join(diff)}{warn}", Diff(live["build"], want["build"]))
 
     async def apply(self, ctx, ch):
         want, live, run = self._want(ctx), self._live, ctx.conn.run
@@ -249,7 +278,11 @@ class GenerationRestore(Task):
         if want["build"] != live["build"]:
             await run(["sh", "-c", 'touch -- "$1/.tunnelspec-used" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
                        "sh", want["build"], posixpath.join(want["root"], "current")], check=True)
-            restart.add(gen.LLAMA_UNIT if want["role"] == "main" else gen.RPC_UNIT)
+            unit = gen.LLAMA_UNIT if want["role"] == "main" else gen.RPC_UNIT
+            # A deploy that stopped before its switch (a node's build refused) moved only the link:
+            # the process still runs the generation's build and serves on.
+            if not gen.runs_build(await running_exe(ctx.conn, unit), want["build"]):
+                restart.add(unit)
         for path, (action, unit) in files.items():
             w, have = want["files"].get(path), live["files"].get(path)
             if (w or None) == (have or None):

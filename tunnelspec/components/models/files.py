@@ -1,16 +1,19 @@
 """Model files on the main host: a GGUF used in place, uploaded once from the controller, or
-downloaded from a pinned Hugging Face revision; uploads the inventory no longer names removed."""
+downloaded from a pinned Hugging Face revision; uploads the inventory no longer names removed; and
+each model proven whole before anything serving switches (model_proof)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 from pathlib import Path
 
 from tunnelspec.connection.upload import upload_file
 from tunnelspec.core.constants import STATE_DIR
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.llama import gguf_header
 from tunnelspec.components.models import hub
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 
@@ -39,6 +42,14 @@ def _present_argv(path: str) -> list[str]:
     return ["test", "-f", path]
 
 
+def controller_file(ctx, src: str) -> Path | None:
+    """`src` as a file on the controller (relative: from the inventory's directory), else None."""
+    p = Path(src).expanduser()
+    if not p.is_absolute():
+        p = ctx.inventory_dir / p
+    return p if p.is_file() else None
+
+
 def _claims(ctx) -> dict[tuple[str, str], str]:
     """What this run already uploads where: {(host, upload destination): source} (the run's memo)."""
     return ctx.memo.setdefault(ModelFile.module, {})
@@ -63,10 +74,7 @@ class ModelFile(Task):
         return [_present_argv(src)] if src.startswith("/") and not hub.is_hub_ref(src) else []
 
     def _local(self, ctx) -> Path | None:
-        p = Path(self.p["src"]).expanduser()
-        if not p.is_absolute():
-            p = ctx.inventory_dir / p
-        return p if p.is_file() else None
+        return controller_file(ctx, self.p["src"])
 
     def _dest(self) -> str:
         return f"{self.p['dest_dir'].rstrip('/')}/{Path(self.p['src']).name}"
@@ -191,3 +199,113 @@ class ModelsPrune(Task):
 
     async def apply(self, ctx, ch):
         await ctx.conn.run(["rm", "-f", "--", *ch.data["paths"]], check=True)
+
+
+# ---- proven before serving switches -------------------------------------------------------------
+# What each model file was proven to be (size, mtime, inode → the bytes its tensors need, its sha256):
+# a file unchanged since is not read again. Not in MODELS_DIR, which models_prune empties of strangers.
+PROOFS = f"{STATE_DIR}/model-proofs.json"
+_READER = Path(gguf_header.__file__).read_text()     # the one GGUF reader, run where the file lies
+
+
+def proof_argv(mode: str, paths: list[str], cache: str = PROOFS) -> list[str]:
+    return ["python3", "-I", "-c", _READER, mode, cache, *paths]
+
+
+def parse_proofs(text: str) -> dict[str, dict]:
+    out = {}
+    for line in text.splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(r, dict) and isinstance(r.get("path"), str):
+            out[r["path"]] = r
+    return out
+
+
+async def read_proofs(conn, host: str, paths: list[str], cache: str = PROOFS) -> dict[str, dict]:
+    """Read-only: each file's proof as gguf_header.inspect gives it (cached when unchanged since)."""
+    if not paths:
+        return {}
+    res = await conn.probe(proof_argv("check", paths, cache), timeout=600)
+    got = parse_proofs(res.stdout)
+    if res.rc != 0 or set(got) != set(paths):
+        raise TaskFailed(f"cannot read {', '.join(paths)} with python3 on {host} (rc={res.rc}): "
+                         f"{(res.stderr or res.stdout).strip()[-400:]}")
+    return got
+
+
+def parts_of(path: str) -> list[str]:
+    """A split GGUF's every part (llama.cpp opens the others by name), else the file itself."""
+    d, _, name = path.rpartition("/")
+    parts = hub.split_parts(name)
+    return [f"{d}/{p}" if d else p for p in parts] if parts else [path]
+
+
+def _refusal(where: str, proof: dict) -> str:
+    err = proof["error"]
+    if err.startswith("cut short"):
+        return f"model {proof['path']} on {where} is {err}: an interrupted copy? Copy it whole again"
+    return f"model {proof['path']} on {where}: {err}"
+
+
+@register_task
+class ModelProof(Task):
+    """The model is whole before anything serving switches: its GGUF header parses and every tensor's
+    data (offset + size, the alignment honoured) lies within the file — a copy cut short is refused
+    here, naming the host, the file and the bytes missing. Where the file is now: on the host (its
+    sha256 computed there once per change of the file and kept in PROOFS, which the generation
+    record reads), or on the controller when the server play will upload it (upload_file then checks
+    the sha256 of what arrived). A Hub reference is checked against the Hub's sha256 as it is
+    downloaded, and proven on the host once placed."""
+
+    module = "model_proof"
+    args = {
+        "src": Arg(str, default="", help="The model as the inventory names it (model_file's `src`), or its path on the host; empty: none."),
+        "cache": Arg(str, default=PROOFS, help="Where each file's proof is kept on the host."),
+    }
+
+    async def check(self, ctx):
+        src = self.p["src"]
+        if not src:
+            return ok("no model")
+        if hub.is_hub_ref(src):
+            return ok(f"{src}: checked against the Hub's sha256 as it downloads, proven on {ctx.host} once placed")
+        if src.startswith("/") and (await ctx.conn.probe(_present_argv(src))).rc == 0:
+            return await self._on_host(ctx, parts_of(src))
+        local = controller_file(ctx, src)
+        if local is None:
+            raise TaskFailed(f"model {src} is neither a file on {ctx.host} nor on the controller")
+        proofs = [await asyncio.to_thread(gguf_header.inspect, p, {}) for p in parts_of(str(local))]
+        bad = [p for p in proofs if "error" in p]
+        if bad:
+            raise TaskFailed(_refusal("the controller", bad[0]))
+        return ok(f"{local} on the controller whole ({_sizes(proofs)}); uploaded by the server play")
+
+    async def _on_host(self, ctx, paths: list[str]):
+        proofs = await read_proofs(ctx.conn, ctx.host, paths, self.p["cache"])
+        bad = [p for p in proofs.values() if "error" in p]
+        if bad:
+            raise TaskFailed(_refusal(ctx.host, bad[0]))
+        if all(p.get("cached") for p in proofs.values()):
+            return ok(f"{self.p['src']} whole ({_sizes(proofs.values())}), unchanged since proven")
+        return change(f"{self.p['src']} whole ({_sizes(proofs.values())}): its sha256 to record ({self.p['cache']})",
+                      paths=paths)
+
+    async def apply(self, ctx, ch):
+        res = await ctx.conn.run(proof_argv("record", ch.data["paths"], self.p["cache"]), timeout=4 * 3600)
+        got = parse_proofs(res.stdout)
+        bad = [p for p in got.values() if "error" in p]
+        if res.rc != 0 or bad or set(got) != set(ch.data["paths"]):
+            raise TaskFailed(_refusal(ctx.host, bad[0]) if bad else
+                             f"cannot record the proof of {', '.join(ch.data['paths'])} (rc={res.rc}): "
+                             f"{(res.stderr or res.stdout).strip()[-400:]}")
+        ctx.progress("; ".join(f"{p['path']} sha256 {p['sha256']}" for p in got.values()))
+
+
+def _sizes(proofs) -> str:
+    ps = list(proofs)
+    size = sum(p.get("size") or 0 for p in ps)
+    need = sum(p.get("need") or 0 for p in ps)
+    return f"{size} bytes, its tensors need {need}" + (f", {len(ps)} parts" if len(ps) > 1 else "")
