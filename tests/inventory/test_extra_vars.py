@@ -140,8 +140,9 @@ def test_a_bad_extra_var_is_an_error_naming_e(tmp_path):
 
 
 def test_the_run_and_the_cluster_read_the_same_view(tmp_path):
-    inv = load_inventory(write(tmp_path))
-    run = Run(inv, RunOptions(extra_vars={"rpc_threads": "3", "llama_commit": OTHER_SHA}), lambda e: None)
+    extra = {"rpc_threads": "3", "llama_commit": OTHER_SHA}
+    inv = load_inventory(write(tmp_path)).with_extra_vars(extra)  # the one merge, as the runner does it
+    run = Run(inv, RunOptions(extra_vars=extra), lambda e: None)
     assert run.hosts["r1"].vars["rpc_threads"] == "3"          # templates see the -e text, as in Ansible
     assert run.template_vars("m1")["llama_commit"] == OTHER_SHA
     assert Cluster.from_inventory(run.inventory).rpc[0].threads == 3

@@ -44,7 +44,7 @@ class HostState:
     unreachable: bool = False
 
 
-class HostVars(Mapping):
+class HostvarsView(Mapping):
     """`hostvars` for templates: each host's vars + registered facts, merged when looked up.
     Building the merged dict of every host for every task of every host was O(hosts²) per task."""
 
@@ -73,9 +73,9 @@ class Run:
         connect_options: ConnectOptions | None = None,
         cluster: Cluster | None = None,
     ):
-        # The run's one view of every variable: inventory layers with -e on top (Inventory.host_vars);
-        # the caller's cluster, when given, was built from the same view (commands/runner.py).
-        inventory = inventory.with_extra_vars(options.extra_vars)
+        # The run's one view of every variable: the caller's inventory, -e already on top
+        # (`Inventory.with_extra_vars`, the one merge; Inventory.host_vars reads it). The caller's
+        # cluster, when given, was built from the same view (commands/runner.py).
         self.inventory = inventory
         self.options = options
         self.emit_raw = emit
@@ -89,7 +89,7 @@ class Run:
         self.secrets: list[str] = []
         self._conn_locks: dict[str, asyncio.Lock] = {}
         self._groups: dict[str, list[str]] | None = None
-        self._hostvars = HostVars(self.hosts)
+        self._hostvars = HostvarsView(self.hosts)
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             self.hosts[name] = HostState(name, hv)
