@@ -16,7 +16,7 @@ from tunnelspec.core.errors import ClusterError, TaskFailed
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import build_plan as bp
-from tunnelspec.llama import devices as dv
+from tunnelspec.llama import nvidia_smi as nv
 from tunnelspec.components.build.build import LlamaBuild
 
 DATA = Path(__file__).parent / "data"
@@ -55,7 +55,7 @@ class FakeConn:
         self.smi, self.smi_rc, self.seen = smi, rc, []
 
     async def probe(self, argv, check=False, timeout=None):
-        if argv != dv.NVIDIA_SMI_PROBE:       # the other reads: answered as below (they change nothing)
+        if argv != nv.NVIDIA_SMI_PROBE:       # the other reads: answered as below (they change nothing)
             return await self.run(argv, check=check, timeout=timeout)
         self.seen.append(("probe", list(argv)))
         return Result(list(argv), self.smi_rc, self.smi, "")
@@ -95,7 +95,7 @@ def _check(task, conn, **kw):
 def test_the_build_targets_the_gpu_nvidia_smi_reports():
     conn = FakeConn((DATA / "nvidia-smi-rtx4090.txt").read_text())
     task = _task()
-    assert task.probes() == [dv.NVIDIA_SMI_PROBE]  # batched with the play's other read-only checks
+    assert task.probes() == [nv.NVIDIA_SMI_PROBE]  # batched with the play's other read-only checks
     ch = _check(task, conn)
     assert ch.changed and ch.msg.startswith("build llama-server in build/")
     assert "CUDA architectures 89 (nvidia-smi: 1× NVIDIA GeForce RTX 4090 (8.9))" in ch.msg

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.llama import devices as dv
+from tunnelspec.llama import devices as dv, memory_fit as mf, nvidia_smi as nv
 
 DATA = Path(__file__).parent / "data"
-MIB = dv.MIB
+MIB = mf.MIB
 
 
 def data(name: str) -> str:
@@ -29,19 +29,19 @@ def data(name: str) -> str:
     ("nvidia-smi-rtx5090.txt", ["120"], "1× NVIDIA GeForce RTX 5090 (12.0)"),
 ])
 def test_nvidia_smi_architectures(name, archs, summary):
-    gpus = dv.parse_nvidia_smi(data(name))
-    assert dv.cuda_architectures(gpus) == archs
-    assert dv.describe_gpus(gpus) == summary
+    gpus = nv.parse_nvidia_smi(data(name))
+    assert nv.cuda_architectures(gpus) == archs
+    assert nv.describe_gpus(gpus) == summary
     assert all(g.memory_mib and g.driver.count(".") >= 1 for g in gpus)
 
 
 def test_nvidia_smi_fields_and_argv():
-    (gpu,) = dv.parse_nvidia_smi(data("nvidia-smi-h200.txt"))
+    (gpu,) = nv.parse_nvidia_smi(data("nvidia-smi-h200.txt"))
     assert (gpu.compute_cap, gpu.name, gpu.driver, gpu.memory_mib) == ("9.0", "NVIDIA H200", "570.124.06", 143771)
-    assert dv.NVIDIA_SMI_ARGV == ["nvidia-smi", "--query-gpu=compute_cap,name,driver_version,memory.total",
+    assert nv.NVIDIA_SMI_ARGV == ["nvidia-smi", "--query-gpu=compute_cap,name,driver_version,memory.total",
                                   "--format=csv,noheader"]
     # A memory field nvidia-smi cannot read ([N/A]) does not lose the GPU.
-    (odd,) = dv.parse_nvidia_smi("9.0, NVIDIA GH200 480GB, 560.35.03, [N/A]\n")
+    (odd,) = nv.parse_nvidia_smi("9.0, NVIDIA GH200 480GB, 560.35.03, [N/A]\n")
     assert odd.memory_mib is None and odd.arch == "90"
 
 
@@ -53,7 +53,7 @@ def test_nvidia_smi_fields_and_argv():
 ])
 def test_nvidia_smi_failures_name_the_host_and_the_cause(name, rc, words):
     with pytest.raises(TaskFailed) as info:
-        dv.parse_nvidia_smi(data(name), rc, "gpu-a")
+        nv.parse_nvidia_smi(data(name), rc, "gpu-a")
     msg = str(info.value)
     assert msg.startswith("gpu-a: llama_backend=cuda but "), msg
     for w in words:
@@ -62,9 +62,9 @@ def test_nvidia_smi_failures_name_the_host_and_the_cause(name, rc, words):
 
 def test_nvidia_smi_missing_is_the_driver_missing():
     with pytest.raises(dv.DeviceError, match=r"gpu-a: .*nvidia-smi is not installed: the NVIDIA driver is missing"):
-        dv.parse_nvidia_smi("tunnelspec: nvidia-smi: command not found\n", 127, "gpu-a")
+        nv.parse_nvidia_smi("tunnelspec: nvidia-smi: command not found\n", 127, "gpu-a")
     with pytest.raises(dv.DeviceError, match="exit status 1, no output"):
-        dv.parse_nvidia_smi("", 1, "gpu-a")
+        nv.parse_nvidia_smi("", 1, "gpu-a")
 
 
 def test_cuda_arch_cli(capsys, monkeypatch):
@@ -182,43 +182,43 @@ def test_default_target_devices_from_the_listing():
 
 
 # ---- does it fit ------------------------------------------------------------------------------------
-SHAPE = dv.ModelShape(n_layer=24, n_embd=896, n_head=14, n_head_kv=2, n_vocab=151936, n_ctx_train=32768)
+SHAPE = mf.ModelShape(n_layer=24, n_embd=896, n_head=14, n_head_kv=2, n_vocab=151936, n_ctx_train=32768)
 
 
 def test_estimates():
     # KV: 2 × 4096 × 24 × 896 × 2/14 × 2 bytes = 48 MiB (a Qwen2.5-0.5B-like draft at 4096 tokens).
-    assert dv.kv_bytes(SHAPE, 4096) == 2 * 4096 * 24 * 896 * 2 // 14 * 2 == 48 * MIB
-    assert dv.kv_bytes(dv.ModelShape(), 4096) is None
-    need = dv.draft_need(400 * MIB, SHAPE, 4096)
+    assert mf.kv_bytes(SHAPE, 4096) == 2 * 4096 * 24 * 896 * 2 // 14 * 2 == 48 * MIB
+    assert mf.kv_bytes(mf.ModelShape(), 4096) is None
+    need = mf.draft_need(400 * MIB, SHAPE, 4096)
     assert need.weights == 400 * MIB and need.kv == 48 * MIB
     assert need.compute == 512 * (151936 + 4 * 896) * 4  # ≈ 304 MiB of logits and activations
     assert "KV for 4096 tokens" in need.describe()
-    blind = dv.draft_need(400 * MIB, None, None)
+    blind = mf.draft_need(400 * MIB, None, None)
     assert blind.kv == 0 and blind.compute == 20 * MIB + 16 * MIB
     assert "KV cache not estimated" in blind.describe() and "guessed from the size" in blind.describe()
-    share = dv.target_share_need(8000 * MIB, 1, 4, SHAPE, 4096)
+    share = mf.target_share_need(8000 * MIB, 1, 4, SHAPE, 4096)
     assert share.weights == 2000 * MIB and share.kv == 12 * MIB and "25% of the target" in share.describe()
-    assert dv.target_share_need(8000 * MIB, 0, 4, SHAPE, 4096).total == 0
-    both = dv.combine(need, share)
+    assert mf.target_share_need(8000 * MIB, 0, 4, SHAPE, 4096).total == 0
+    both = mf.combine(need, share)
     assert both.total == need.total + share.total
 
 
 def test_fit_refuses_with_both_figures_and_warns_when_tight():
-    need = dv.Need(900 * MIB, 50 * MIB, 50 * MIB)  # 1000 MiB
-    fit = dv.check_fit("rpc-a", [("Vulkan0", 800 * MIB, 1024 * MIB)], need)
+    need = mf.Need(900 * MIB, 50 * MIB, 50 * MIB)  # 1000 MiB
+    fit = mf.check_fit("rpc-a", [("Vulkan0", 800 * MIB, 1024 * MIB)], need)
     assert fit.level == "refuse"
     assert "rpc-a: the draft does not fit: the draft needs 1000 MiB" in fit.message
     assert "rpc-a reports 800 MiB free (Vulkan0 800 MiB free of 1024 MiB)" in fit.message
     with pytest.raises(dv.DeviceError, match="does not fit"):
-        dv.require_fit(fit)
+        mf.require_fit(fit)
     # 1100 MiB free: 100 MiB would be left, under max(10 % = 110 MiB, 256 MiB): tight.
-    tight = dv.check_fit("rpc-a", [("CUDA0", 1100 * MIB, 2048 * MIB)], need)
+    tight = mf.check_fit("rpc-a", [("CUDA0", 1100 * MIB, 2048 * MIB)], need)
     assert tight.level == "tight" and "100 MiB would be left" in tight.message
-    assert dv.require_fit(tight).startswith("WARNING rpc-a: the draft fits tightly")
+    assert mf.require_fit(tight).startswith("WARNING rpc-a: the draft fits tightly")
     # 24 GiB free: 10 % = 2.4 GiB headroom needed, 23 GiB left: ok.
-    assert dv.check_fit("rpc-a", [("CUDA0", 24 * 1024 * MIB, 24 * 1024 * MIB)], need).level == "ok"
+    assert mf.check_fit("rpc-a", [("CUDA0", 24 * 1024 * MIB, 24 * 1024 * MIB)], need).level == "ok"
     # Two devices: llama.cpp spreads the model over both, so their free memory adds up.
-    two = dv.check_fit("rpc-a", [("CUDA0", 700 * MIB, 1024 * MIB), ("CUDA1", 700 * MIB, 1024 * MIB)], need)
+    two = mf.check_fit("rpc-a", [("CUDA0", 700 * MIB, 1024 * MIB), ("CUDA1", 700 * MIB, 1024 * MIB)], need)
     assert two.level == "ok" and "CUDA0 700 MiB free of 1024 MiB, CUDA1 700 MiB free" in two.message
 
 
@@ -226,8 +226,8 @@ def test_fit_takes_the_rpc_probes_figures():
     from tunnelspec.llama.rpc import DeviceMemory
 
     probed = [DeviceMemory(free=300 * MIB, total=512 * MIB)]
-    fit = dv.check_fit("rpc-a", [(f"RPC0.{i}", d.free, d.total) for i, d in enumerate(probed)],
-                       dv.Need(1 * MIB, 0, 17 * MIB))
+    fit = mf.check_fit("rpc-a", [(f"RPC0.{i}", d.free, d.total) for i, d in enumerate(probed)],
+                       mf.Need(1 * MIB, 0, 17 * MIB))
     assert fit.level == "ok"
 
 
@@ -239,12 +239,12 @@ def test_gguf_shape_of_the_tiny_model(tmp_path):
     path = tmp_path / "tiny.gguf"
     gguf_tiny.write_tiny_llama(path)
     raw = path.read_bytes()
-    shape = dv.gguf_shape(raw[:1 << 20])
-    assert shape == dv.ModelShape(n_layer=gguf_tiny.BLOCKS, n_embd=gguf_tiny.EMBED, n_head=gguf_tiny.HEADS,
+    shape = mf.gguf_shape(raw[:1 << 20])
+    assert shape == mf.ModelShape(n_layer=gguf_tiny.BLOCKS, n_embd=gguf_tiny.EMBED, n_head=gguf_tiny.HEADS,
                                   n_head_kv=gguf_tiny.HEADS_KV, n_vocab=gguf_tiny.N_VOCAB,
                                   n_ctx_train=gguf_tiny.CONTEXT)
     # Cut inside the token list: the keys read before the cut are kept.
-    cut = dv.gguf_shape(raw[:600])
+    cut = mf.gguf_shape(raw[:600])
     assert cut.n_layer == gguf_tiny.BLOCKS and cut.n_vocab is None
     with pytest.raises(ValueError, match="not a GGUF"):
-        dv.gguf_shape(b"PK\x03\x04" + bytes(40))
+        mf.gguf_shape(b"PK\x03\x04" + bytes(40))

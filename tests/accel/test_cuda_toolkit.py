@@ -16,7 +16,7 @@ from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.host import parse_facts
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import cuda_toolkit as ct
-from tunnelspec.llama import devices as dv
+from tunnelspec.llama import nvidia_smi as nv
 from tunnelspec.components.build.build import LlamaBuild
 
 DATA = Path(__file__).parent / "data"
@@ -106,7 +106,7 @@ class FakeConn:
         self.smi, self.nvcc_text, self.seen = smi, nvcc_text, []
 
     async def probe(self, argv, check=False, timeout=None):
-        if argv != dv.NVIDIA_SMI_PROBE:       # the other reads: answered as below (they change nothing)
+        if argv != nv.NVIDIA_SMI_PROBE:       # the other reads: answered as below (they change nothing)
             return await self.run(argv, check=check, timeout=timeout)
         self.seen.append("nvidia-smi")
         return Result(list(argv), 0, self.smi, "")

@@ -11,7 +11,7 @@ import pytest
 
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.lab import gguf_tiny
-from tunnelspec.llama import devices as dv
+from tunnelspec.llama import devices as dv, memory_fit as mf
 from tunnelspec.components.server.fit import gguf_facts
 
 GiB = 2**30
@@ -27,9 +27,9 @@ def test_tiny_model_fits_a_lavapipe_device(tmp_path):
     size, shape, note = facts(path)
     assert size == os.path.getsize(path) and note == ""
     assert (shape.n_layer, shape.n_embd, shape.n_vocab, shape.n_ctx_train) == (2, 64, gguf_tiny.N_VOCAB, 512)
-    need = dv.draft_need(size, shape, None)
-    fit = dv.check_fit("rpc-a", [("Vulkan0", 18000 * dv.MIB, 18000 * dv.MIB)], need)
-    assert fit.level == "ok" and dv.require_fit(fit).startswith("rpc-a: the draft fits: the draft needs")
+    need = mf.draft_need(size, shape, None)
+    fit = mf.check_fit("rpc-a", [("Vulkan0", 18000 * mf.MIB, 18000 * mf.MIB)], need)
+    assert fit.level == "ok" and mf.require_fit(fit).startswith("rpc-a: the draft fits: the draft needs")
 
 
 def test_sparse_30_gib_draft_is_refused_with_both_figures(tmp_path):
@@ -38,9 +38,9 @@ def test_sparse_30_gib_draft_is_refused_with_both_figures(tmp_path):
     assert os.stat(path).st_blocks * 512 < 10 * 2**20  # sparse: no disk taken
     size, shape, _ = facts(path)
     assert size >= 30 * GiB and shape.n_embd == 64
-    need = dv.draft_need(size, shape, None)
+    need = mf.draft_need(size, shape, None)
     with pytest.raises(dv.DeviceError) as e:
-        dv.require_fit(dv.check_fit("rpc-a", [("Vulkan0", 17800 * dv.MIB, 17800 * dv.MIB)], need))
+        mf.require_fit(mf.check_fit("rpc-a", [("Vulkan0", 17800 * mf.MIB, 17800 * mf.MIB)], need))
     msg = str(e.value)
     assert msg.startswith("rpc-a: the draft does not fit: the draft needs 307") and \
         "rpc-a reports 17800 MiB free (Vulkan0 17800 MiB free of 17800 MiB)" in msg, msg
@@ -72,7 +72,7 @@ def _served(free_mib: int) -> list[dict]:
 
 
 def test_target_shares_on_rpc_nodes_are_checked_too(tmp_path):
-    small = (100 * dv.MIB, None, "")
+    small = (100 * mf.MIB, None, "")
     target = (8 * GiB, None, "")
     c = _cluster(tmp_path, "rpc_target_share=1|rpc_target_share=3")
     from tunnelspec.components.server.fit import fit_verdicts

@@ -15,7 +15,7 @@ from tunnelspec.commands.bench.command import SCHEMA, exit_code, render
 from tunnelspec.commands.bench.argv import baseline_argv, context_size, deployed_kind, describe_placement, local_devices, rpc_ports
 from tunnelspec.commands.bench.figures import device_figures, fit_on_main, journal_n_ctx, load_time, meminfo_figure, parse_unit_run, side_figures
 from tunnelspec.commands.bench.netwait import summarize
-from tunnelspec.llama import devices
+from tunnelspec.llama import memory_fit
 
 DATA = Path(__file__).parent / "data"
 GIB = 2**30
@@ -78,7 +78,7 @@ MEMINFO = "MemTotal:       16314444 kB\nMemFree:         1000000 kB\nMemAvailabl
 def test_a_model_too_big_for_main_is_not_run_and_both_figures_are_said():
     fig = meminfo_figure(MEMINFO)
     assert fig == ("RAM (MemAvailable)", 8 * GIB, 16314444 * 1024)
-    fit = fit_on_main(30 * GIB, devices.ModelShape(n_layer=64, n_embd=5120, n_head=40, n_head_kv=8,
+    fit = fit_on_main(30 * GIB, memory_fit.ModelShape(n_layer=64, n_embd=5120, n_head=40, n_head_kv=8,
                                                    n_vocab=152064), 4096, [fig])
     assert fit["fits"] is False and fit["level"] == "refuse"
     assert fit["free_mib"] == 8192 and fit["need_mib"] > 30 * 1024

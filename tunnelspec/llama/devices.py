@@ -1,7 +1,7 @@
 """The devices llama.cpp runs on, as pure data and decisions: what a node's RPC server serves (its
 banner), which devices a node has (the rpc-server's own "unknown device" listing), what the main
-host's `llama-server --list-devices` shows, the GPUs `nvidia-smi` reports, whether a node serves the
-device its build and inventory ask for, and whether the models fit the memory each device reports.
+host's `llama-server --list-devices` shows (the device line and `Device` of both: llama/flags.py
+reads its RPC devices with them), and whether a node serves the device its build and inventory ask for.
 
 No I/O here: callers run the commands (docs/accelerators.md says which, and when) and pass the text.
 Every refusal is a `DeviceError` (a `TaskFailed`: a task may let it through as is) naming the host.
@@ -10,18 +10,20 @@ Device names (ggml's, docs/llama-facts.md): `CPU`; `CUDA<n>` (ggml-cuda), `ROCm<
 built with GGML_HIP: GGML_CUDA_NAME is "ROCm"), `MUSA<n>`; `Vulkan<n>`; `MTL<n>` (Metal); `RPC<n>`
 for remote devices on the main host (`RPC[host:port]` before protocol 3.0). ggml matches a device
 name case-insensitively (`ggml_backend_dev_by_name`), so every comparison here does too.
+
+The GPUs nvidia-smi reports are llama/nvidia_smi.py's, whether the models fit the memory each device
+reports llama/memory_fit.py's; this module's command line (`python -m tunnelspec.llama.devices
+cuda-arch | served`, scripts/gpu-check.sh) covers both nvidia-smi and the served-device check.
 """
 
 from __future__ import annotations
 
 import re
-import struct
 import sys
 from dataclasses import dataclass
 
-from tunnelspec.core.errors import TaskFailed
-
-MIB = 2**20
+from tunnelspec.llama.device_error import DeviceError
+from tunnelspec.llama.nvidia_smi import cuda_architectures, describe_gpus, parse_nvidia_smi
 
 # llama_backend → the prefix of the devices a build with that backend adds.
 BACKEND_PREFIX = {"cuda": "CUDA", "hip": "ROCm", "vulkan": "Vulkan", "metal": "MTL"}
@@ -36,10 +38,6 @@ _NAME = re.compile(r"^([A-Za-z]+?)(\d+)$")
 _DEVICE_LINE = re.compile(r"^\s+(\S+?):\s+(.*?)\s+\((\d+) MiB,\s*(\d+) MiB free\)\s*$")
 _BANNER = re.compile(r"Starting RPC server v(\d+)\.(\d+)\.(\d+)")
 _UNKNOWN = re.compile(r"error: (?:unknown|invalid) device: (\S*)")
-
-
-class DeviceError(TaskFailed):
-    """A node or host does not serve what the inventory and its build ask for, or a model does not fit."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,21 @@ class Device:
         if self.kind == "cpu":
             return "cpu"
         return next((b for b, p in BACKEND_PREFIX.items() if p.lower() == self.prefix.lower()), None)
+
+    @property
+    def is_rpc(self) -> bool:
+        return self.name.startswith("RPC")
+
+    @property
+    def endpoint_port(self) -> int | None:
+        """The port of the RPC endpoint as typed in `--rpc` (description, else the old name)."""
+        if not self.is_rpc:
+            return None
+        for text in (self.description, self.name):
+            m = re.search(r":(\d{1,5})\]?\s*$", text.strip())
+            if m:
+                return int(m.group(1))
+        return None
 
     def describe(self) -> str:
         return f"{self.name} ({self.description}, {self.free_mib}/{self.total_mib} MiB free)"
@@ -288,7 +301,9 @@ def check_requested(node: str, requested, available) -> str:
 
 # ---- the main host's own devices -------------------------------------------------------------------
 def parse_list_devices(text: str) -> list[Device]:
-    """`llama-server --list-devices`: the device lines after "Available devices:" (local and RPC)."""
+    """`llama-server --list-devices`: the device lines after "Available devices:" (local and RPC),
+    up to the first line that is not one (llama/flags.py's `parse_list_devices` takes every device
+    line of the text instead)."""
     lines = (text or "").splitlines()
     at = next((i for i, line in enumerate(lines) if line.strip().lower() == "available devices:"), None)
     return _device_block(lines, at + 1) if at is not None else []
@@ -317,292 +332,15 @@ def static_target_default(backend: str) -> str:
     return f"{prefix}0" if prefix else "none"
 
 
-# ---- nvidia-smi --------------------------------------------------------------------------------------
-NVIDIA_SMI_FIELDS = ("compute_cap", "name", "driver_version", "memory.total")
-NVIDIA_SMI_ARGV = ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader"]
-# The probe: nvidia-smi's own messages (some go to stderr) in its output, "not found" made explicit.
-NVIDIA_SMI_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || { echo "tunnelspec: nvidia-smi: command not found"; '
-                     'exit 127; }; exec ' + " ".join(NVIDIA_SMI_ARGV) + " 2>&1")
-NVIDIA_SMI_PROBE = ["sh", "-c", NVIDIA_SMI_SCRIPT]
-
-
-@dataclass(frozen=True)
-class NvidiaGpu:
-    compute_cap: str  # "8.9"
-    name: str
-    driver: str
-    memory_mib: int | None
-
-    @property
-    def arch(self) -> str:
-        """The CMake CUDA architecture: 8.9 → 89, 12.0 → 120 (ggml turns 12X into 12Xa itself)."""
-        major, minor = self.compute_cap.split(".")
-        return f"{int(major)}{int(minor)}"
-
-
-_CC = re.compile(r"^\d{1,2}\.\d$")
-
-
-def parse_nvidia_smi(text: str, rc: int = 0, host: str = "this host") -> list[NvidiaGpu]:
-    """The GPUs of `NVIDIA_SMI_PROBE`'s output (one CSV line per GPU: compute_cap, name, driver,
-    memory). Raises DeviceError naming the host and what nvidia-smi said when it lists none."""
-    gpus, odd = [], []
-    for line in (text or "").splitlines():
-        if not line.strip():
-            continue
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 4 and _CC.match(parts[0]):
-            mem = re.match(r"^(\d+)\s*MiB$", parts[-1])
-            gpus.append(NvidiaGpu(parts[0], ", ".join(parts[1:-2]), parts[-2], int(mem.group(1)) if mem else None))
-        else:
-            odd.append(line.strip())
-    if gpus and rc == 0:
-        return gpus
-    said = " | ".join(odd[:4]) or f"exit status {rc}, no output"
-    if rc == 127 or "command not found" in said:
-        why = "nvidia-smi is not installed: the NVIDIA driver is missing (install it, then reboot)"
-    elif "couldn't communicate with the NVIDIA driver" in said or "NVML" in said or "libnvidia-ml" in said:
-        why = "the NVIDIA driver is not loaded or does not match its tools (install it or reboot after an upgrade)"
-    elif "No devices were found" in said:
-        why = "the driver sees no GPU (a container without the GPU passed in?)"
-    elif "not a valid field" in said:
-        why = ("this driver's nvidia-smi cannot report compute_cap (older than R510): set "
-               "llama_cuda_architectures (e.g. 86) in the inventory")
-    else:
-        why = "nvidia-smi listed no GPU"
-    raise DeviceError(f"{host}: llama_backend=cuda but {why}; nvidia-smi said: {said}")
-
-
-def cuda_architectures(gpus: list[NvidiaGpu]) -> list[str]:
-    """The distinct architectures of these GPUs, lowest first (8.6 and 8.9 → 86, 89)."""
-    return sorted({g.arch for g in gpus}, key=int)
-
-
-def describe_gpus(gpus: list[NvidiaGpu]) -> str:
-    counts: dict[tuple[str, str], int] = {}
-    for g in gpus:
-        counts[(g.name, g.compute_cap)] = counts.get((g.name, g.compute_cap), 0) + 1
-    return ", ".join(f"{n}× {name} ({cc})" for (name, cc), n in counts.items())
-
-
-# ---- does it fit? ----------------------------------------------------------------------------------
-# A refusal when the need exceeds what the devices report free; a warning when less than TIGHT_SHARE
-# of the free memory (and at least TIGHT_MIN_MIB) would be left: other processes, fragmentation and
-# the runtime's own context (a CUDA context alone takes a few hundred MiB) eat into that headroom.
-TIGHT_SHARE = 0.10
-TIGHT_MIN_MIB = 256
-# The batch llama-server computes at most at once (its default -ub), for the compute-buffer estimate.
-UBATCH = 512
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What the memory estimate needs from a GGUF's header (any may be unknown)."""
-
-    n_layer: int | None = None
-    n_embd: int | None = None
-    n_head: int | None = None
-    n_head_kv: int | None = None
-    n_vocab: int | None = None
-    n_ctx_train: int | None = None
-
-
-@dataclass(frozen=True)
-class Need:
-    """Bytes a node must hold: weights, the KV cache and the compute buffers, each with how it was
-    estimated."""
-
-    weights: int
-    kv: int
-    compute: int
-    notes: tuple[str, ...] = ()
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.kv + self.compute
-
-    def describe(self) -> str:
-        parts = f"weights {_mib(self.weights)} + KV {_mib(self.kv)} + compute {_mib(self.compute)}"
-        return parts + (f" ({'; '.join(self.notes)})" if self.notes else "")
-
-
-def _mib(n: int) -> str:
-    return f"{n / MIB:.0f} MiB" if n >= MIB else f"{n / MIB:.2f} MiB"
-
-
-def kv_bytes(shape: ModelShape, n_ctx: int, bytes_per: int = 2) -> int | None:
-    """K and V for n_ctx tokens, f16 (llama.cpp's default cache type): 2 × n_ctx × n_layer × n_embd ×
-    n_head_kv / n_head × 2 bytes. None when the shape is unknown."""
-    if not (shape.n_layer and shape.n_embd and shape.n_head):
-        return None
-    kv_heads = shape.n_head_kv or shape.n_head
-    return 2 * n_ctx * shape.n_layer * shape.n_embd * kv_heads // shape.n_head * bytes_per
-
-
-def compute_bytes(shape: ModelShape, weights: int) -> int:
-    """The compute buffers: the logits of one micro-batch (n_vocab × UBATCH floats) and a few
-    activation rows (4 × n_embd × UBATCH floats); without a shape, 5 % of the weights + 16 MiB."""
-    if shape.n_vocab and shape.n_embd:
-        return UBATCH * (shape.n_vocab + 4 * shape.n_embd) * 4
-    return weights // 20 + 16 * MIB
-
-
-def draft_need(draft_bytes: int, shape: ModelShape | None, n_ctx: int | None) -> Need:
-    """The draft model on its node: the GGUF's size (its tensors are nearly all of it), its KV cache
-    for the context the server gives it (n_ctx, else the model's training context) and compute."""
-    shape = shape or ModelShape()
-    notes = []
-    ctx = n_ctx or shape.n_ctx_train
-    kv = kv_bytes(shape, ctx) if ctx else None
-    if kv is None:
-        notes.append("KV cache not estimated: model shape or context unknown")
-        kv = 0
-    else:
-        notes.append(f"KV for {ctx} tokens, f16")
-    if not (shape.n_vocab and shape.n_embd):
-        notes.append("compute buffers guessed from the size")
-    return Need(draft_bytes, kv, compute_bytes(shape, draft_bytes), tuple(notes))
-
-
-def target_share_need(target_bytes: int, share: float, total_weight: float, shape: ModelShape | None,
-                      n_ctx: int | None) -> Need:
-    """A target node's part: `share`/`total_weight` of the target's weights and of its KV cache
-    (layers carry both), plus its compute buffers (without the logits: the output layer stays on
-    the last device, which is main's)."""
-    if total_weight <= 0 or share <= 0:
-        return Need(0, 0, 0, ("no target layers",))
-    frac = share / total_weight
-    shape = shape or ModelShape()
-    ctx = n_ctx or shape.n_ctx_train
-    kv = kv_bytes(shape, ctx) if ctx else None
-    notes = [f"{frac:.0%} of the target"]
-    if kv is None:
-        notes.append("KV cache not estimated")
-    compute = UBATCH * 4 * shape.n_embd * 4 if shape.n_embd else int(target_bytes * frac) // 20 + 16 * MIB
-    return Need(int(target_bytes * frac), int((kv or 0) * frac), compute, tuple(notes))
-
-
-def combine(*needs: Need) -> Need:
-    return Need(sum(n.weights for n in needs), sum(n.kv for n in needs), sum(n.compute for n in needs),
-                tuple(x for n in needs for x in n.notes))
-
-
-@dataclass(frozen=True)
-class Fit:
-    level: str  # "ok", "tight" or "refuse"
-    message: str
-
-
-def check_fit(node: str, devices: list[tuple[str, int, int]], need: Need, what: str = "the draft") -> Fit:
-    """`devices`: (name, free bytes, total bytes) of the devices the node serves, as the device itself
-    reports them (the RPC server's GET_DEVICE_MEMORY: llama/rpc.py `ProbeResult.devices`, in its
-    order). llama.cpp spreads a model over a node's devices by their free memory, so the sum counts.
-    Refuse when the need exceeds it, tight when less than max(TIGHT_SHARE of it, TIGHT_MIN_MIB) stays."""
-    free = sum(f for _, f, _ in devices)
-    total = sum(t for _, _, t in devices)
-    per = ", ".join(f"{n} {_mib(f)} free of {_mib(t)}" for n, f, t in devices) or "no device"
-    figures = f"{what} needs {_mib(need.total)} ({need.describe()}); {node} reports {_mib(free)} free ({per})"
-    if need.total > free:
-        return Fit("refuse", f"{node}: {what} does not fit: {figures}. Use a smaller (more quantized) model, a "
-                   "smaller context, or a node with more memory")
-    left = free - need.total
-    if left < max(free * TIGHT_SHARE, TIGHT_MIN_MIB * MIB):
-        return Fit("tight", f"{node}: {what} fits tightly, {_mib(left)} would be left: {figures}")
-    return Fit("ok", f"{node}: {what} fits: {figures}, total {_mib(total)}")
-
-
-def require_fit(fit: Fit) -> str:
-    """The fit as a task outcome: the message (a tight fit prefixed WARNING), or a DeviceError."""
-    if fit.level == "refuse":
-        raise DeviceError(fit.message)
-    return ("WARNING " if fit.level == "tight" else "") + fit.message
-
-
-# ---- a GGUF's shape, from its header bytes ---------------------------------------------------------
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-class _Short(Exception):
-    pass
-
-
-def gguf_kv(header: bytes) -> tuple[dict[str, object], int | None]:
-    """A GGUF's key/value section from its first bytes: {key: value} (arrays: their length) and the
-    offset where the tensor infos start, None when the bytes end before the section does (what was
-    read before the cut is kept)."""
-    if header[:4] != b"GGUF":
-        raise ValueError("not a GGUF file (no GGUF magic)")
-    pos = 4
-    version = struct.unpack_from("<I", header, pos)[0]
-    pos += 4
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old")
-    _, n_kv = struct.unpack_from("<QQ", header, pos)
-    pos += 16
-    found: dict[str, object] = {}
-
-    def take(fmt: str):
-        nonlocal pos
-        if pos + struct.calcsize(fmt) > len(header):
-            raise _Short
-        out = struct.unpack_from(fmt, header, pos)[0]
-        pos += struct.calcsize(fmt)
-        return out
-
-    def string() -> str:
-        nonlocal pos
-        n = take("<Q")
-        if pos + n > len(header):
-            raise _Short
-        out = header[pos:pos + n].decode("utf-8", "replace")
-        pos += n
-        return out
-
-    def value(vtype: int, keep: bool):
-        nonlocal pos
-        if vtype in _GGUF_SCALARS:
-            return take(_GGUF_SCALARS[vtype])
-        if vtype == 8:
-            return string()
-        if vtype == 9:
-            itype, count = take("<I"), take("<Q")
-            if itype in _GGUF_SCALARS and not keep:
-                size = struct.calcsize(_GGUF_SCALARS[itype]) * count
-                if pos + size > len(header):
-                    raise _Short
-                pos += size
-            else:
-                for _ in range(count):
-                    value(itype, False)
-            return count  # arrays: their length is what the shape needs (the token list's size)
-        raise ValueError(f"unknown GGUF value type {vtype}")
-
-    try:
-        for _ in range(n_kv):
-            key = string()
-            vtype = take("<I")
-            found[key] = value(vtype, False)
-    except _Short:
-        return found, None
-    return found, pos
-
-
-def gguf_shape(header: bytes) -> ModelShape:
-    """The model's shape from the first bytes of a GGUF (`head -c 16M` is plenty: the key/value
-    section comes before the tensors; the token list is its largest part). Unknown keys stay None;
-    a header cut short yields what was read before the cut."""
-    found, _ = gguf_kv(header)
-    arch = found.get("general.architecture")
-
-    def num(suffix: str) -> int | None:
-        v = found.get(f"{arch}.{suffix}") if isinstance(arch, str) else None
-        return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    vocab = found.get("tokenizer.ggml.tokens")
-    return ModelShape(n_layer=num("block_count"), n_embd=num("embedding_length"), n_head=num("attention.head_count"),
-                      n_head_kv=num("attention.head_count_kv"),
-                      n_vocab=num("vocab_size") or (int(vocab) if isinstance(vocab, int) else None),
-                      n_ctx_train=num("context_length"))
+def served_text(names: list[str], served: list[dict] | None) -> str:
+    """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
+    (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
+    if not names:
+        return "?"
+    if not served:
+        return ",".join(names)
+    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
+                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))
 
 
 # ---- a command line for scripts (scripts/gpu-check.sh) ---------------------------------------------
@@ -628,17 +366,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     raise SystemExit(_main(sys.argv[1:]))
-
-
-def served_text(names: list[str], served: list[dict] | None) -> str:
-    """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
-    (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
-    if not names:
-        return "?"
-    if not served:
-        return ",".join(names)
-    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
-                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.llama.devices import Device, parse_device_line
 
 # ---- --help ----------------------------------------------------------------------------------
 
@@ -262,39 +263,14 @@ def _commit(h: str) -> str | None:
 # ---- --list-devices --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Device:
-    name: str  # "CPU", "CUDA0", "RPC0", or older "RPC[127.0.0.1:15052]"
-    description: str
-    total_mib: int
-    free_mib: int
-
-    @property
-    def is_rpc(self) -> bool:
-        return self.name.startswith("RPC")
-
-    @property
-    def endpoint_port(self) -> int | None:
-        """The port of the RPC endpoint as typed in `--rpc` (description, else the old name)."""
-        if not self.is_rpc:
-            return None
-        for text in (self.description, self.name):
-            m = re.search(r":(\d{1,5})\]?\s*$", text.strip())
-            if m:
-                return int(m.group(1))
-        return None
-
-
-_DEVICE = re.compile(r"^\s+(\S+?):\s+(.*?)\s+\((\d+) MiB,\s*(\d+) MiB free\)\s*$")
-
-
 def parse_list_devices(text: str) -> list[Device]:
-    """Lines like `  RPC0: 127.0.0.1:50099 (24105 MiB, 24105 MiB free)` after "Available devices:"."""
+    """Lines like `  RPC0: 127.0.0.1:50099 (24105 MiB, 24105 MiB free)` after "Available devices:":
+    every device line of the text (llama/devices.py owns the line and `Device`)."""
     out = []
     for line in text.splitlines():
-        m = _DEVICE.match(line)
-        if m:
-            out.append(Device(m.group(1), m.group(2), int(m.group(3)), int(m.group(4))))
+        dev = parse_device_line(line)
+        if dev is not None:
+            out.append(dev)
     return out
 
 

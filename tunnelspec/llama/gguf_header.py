@@ -71,73 +71,104 @@ class Header:
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+class _Cursor:
+    """GGUF's little-endian values read from `data` at `pos` on; _Short when the bytes end first."""
+
+    def __init__(self, data: bytes, pos: int = 0) -> None:
+        self.data, self.pos = data, pos
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if self.pos + size > len(self.data):
+            raise _Short
+        out = struct.unpack_from(fmt, self.data, self.pos)[0]
+        self.pos += size
+        return out
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        if self.pos + n > len(self.data):
+            raise _Short
+        out = self.data[self.pos:self.pos + n].decode("utf-8", "replace")
+        self.pos += n
+        return out
+
+    def value(self, vtype: int):
+        if vtype in _SCALARS:
+            return self.take(_SCALARS[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            itype, count = self.take("<I"), self.take("<Q")
+            if itype in _SCALARS:
+                size = struct.calcsize(_SCALARS[itype]) * count
+                if self.pos + size > len(self.data):
+                    raise _Short
+                self.pos += size
+            else:
+                for _ in range(count):
+                    self.value(itype)
+            return count  # arrays: their length (the token list's is the vocabulary size)
+        raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def _preamble(data: bytes) -> tuple[_Cursor, int, int]:
+    """(a cursor at the first key, tensor count, key count); ValueError when `data` is no GGUF."""
+    if data[:4] != b"GGUF":
+        raise ValueError("not a GGUF file (no GGUF magic)")
+    c = _Cursor(data, 4)
+    version = c.take("<I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old")
+    n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+    return c, n_tensors, n_kv
+
+
+def _key_values(c: _Cursor, n_kv: int, kv: dict[str, object]) -> None:
+    for _ in range(n_kv):
+        key = c.string()
+        kv[key] = c.value(c.take("<I"))
+
+
+def read_kv(data: bytes) -> tuple[dict[str, object], int | None]:
+    """The key/value section alone, from a GGUF's first bytes: {key: value} (arrays: their length)
+    and the offset where the tensor infos start, None when the bytes end before the section does
+    (the keys read before the cut are kept). The tensor infos are not read, so a damaged one does
+    not matter here. ValueError when the bytes are not a GGUF; struct.error when they end before the
+    key count."""
+    try:
+        c, _, n_kv = _preamble(data)
+    except _Short:
+        raise struct.error("the GGUF header ends before its key count") from None
+    kv: dict[str, object] = {}
+    try:
+        _key_values(c, n_kv, kv)
+    except _Short:
+        return kv, None
+    return kv, c.pos
+
+
 def parse(data: bytes) -> Header:
     """The header from the file's first bytes; ValueError when they are not a GGUF. Keys read before
     a cut are kept; the tensor names only when every one was read."""
-    if data[:4] != b"GGUF":
-        raise ValueError("not a GGUF file (no GGUF magic)")
-    pos = 4
-
-    def take(fmt: str):
-        nonlocal pos
-        size = struct.calcsize(fmt)
-        if pos + size > len(data):
-            raise _Short
-        out = struct.unpack_from(fmt, data, pos)[0]
-        pos += size
-        return out
-
-    def string() -> str:
-        nonlocal pos
-        n = take("<Q")
-        if pos + n > len(data):
-            raise _Short
-        out = data[pos:pos + n].decode("utf-8", "replace")
-        pos += n
-        return out
-
-    def value(vtype: int):
-        nonlocal pos
-        if vtype in _SCALARS:
-            return take(_SCALARS[vtype])
-        if vtype == 8:
-            return string()
-        if vtype == 9:
-            itype, count = take("<I"), take("<Q")
-            if itype in _SCALARS:
-                size = struct.calcsize(_SCALARS[itype]) * count
-                if pos + size > len(data):
-                    raise _Short
-                pos += size
-            else:
-                for _ in range(count):
-                    value(itype)
-            return count
-        raise ValueError(f"unknown GGUF value type {vtype}")
-
-    version = take("<I")
-    if version < 2:
-        raise ValueError(f"GGUF version {version} is too old")
-    n_tensors, n_kv = take("<Q"), take("<Q")
+    c, n_tensors, n_kv = _preamble(data)
     kv: dict[str, object] = {}
     infos: list[TensorInfo] = []
     try:
-        for _ in range(n_kv):
-            key = string()
-            kv[key] = value(take("<I"))
+        _key_values(c, n_kv, kv)
         for _ in range(n_tensors):
-            name = string()
-            n_dims = take("<I")
+            name = c.string()
+            n_dims = c.take("<I")
             if n_dims > 8:
                 raise ValueError(f"tensor {name} has {n_dims} dimensions (a damaged header)")
-            dims = tuple(take("<Q") for _ in range(n_dims))
-            infos.append(TensorInfo(name, dims, take("<I"), take("<Q")))
+            dims = tuple(c.take("<Q") for _ in range(n_dims))
+            infos.append(TensorInfo(name, dims, c.take("<I"), c.take("<Q")))
     except _Short:
         return Header(kv, None)
     align = kv.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(align, int) or isinstance(align, bool) or align <= 0 or align & (align - 1):
         raise ValueError(f"general.alignment {align!r} is not a power of two")
-    return Header(kv, tuple(i.name for i in infos), tuple(infos), _pad(pos, align))
+    return Header(kv, tuple(i.name for i in infos), tuple(infos), _pad(c.pos, align))
 
 
 def _pad(n: int, align: int) -> int:

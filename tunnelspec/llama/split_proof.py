@@ -23,7 +23,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from tunnelspec.llama import devices
+from tunnelspec.llama.gguf_header import read_kv
 
 MIB = 2**20
 # The relative error allowed when a buffer's size is matched with slot bytes (the log rounds to
@@ -40,7 +40,7 @@ def slot_bytes(header: bytes, file_size: int) -> list[int] | None:
     """Bytes of each layer slot (blocks 0..n-1, then the output layer) from a GGUF's first bytes and
     its size; None when the bytes end before the tensor table does, or the file has no block count.
     A tensor's bytes are the distance to the next tensor's data (the file's own alignment included)."""
-    found, pos = devices.gguf_kv(header)
+    found, pos = read_kv(header)
     arch = found.get("general.architecture")
     n_layer = found.get(f"{arch}.block_count") if isinstance(arch, str) else None
     if pos is None or not isinstance(n_layer, int) or n_layer <= 0:

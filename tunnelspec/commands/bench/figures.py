@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
-from tunnelspec.llama import devices
+from tunnelspec.llama import devices, memory_fit
 
-MIB = devices.MIB
+MIB = memory_fit.MIB
 
 # One round trip: a unit's current run (its main PID, its InvocationID and when its main process
 # started, in CLOCK_MONOTONIC µs), the command line that process runs (its /proc cmdline: the unit's
@@ -129,12 +129,12 @@ def device_figures(list_devices: str, names: str) -> tuple[list[tuple[str, int, 
 def fit_on_main(model_bytes: int, shape, n_ctx: int | None, figures: list[tuple[str, int, int]],
                 note: str = "") -> dict:
     """Whether the target fits main alone: its weights, KV cache for n_ctx and compute buffers
-    (llama/devices.py's estimate, the one the deploy uses for a node) against what main's devices
+    (llama/memory_fit.py's estimate, the one the deploy uses for a node) against what main's devices
     report free now (with the deployed server running, as the baseline would run beside it)."""
-    need = devices.draft_need(model_bytes, shape, n_ctx)
+    need = memory_fit.draft_need(model_bytes, shape, n_ctx)
     if note:
-        need = devices.Need(need.weights, need.kv, need.compute, need.notes + (note,))
-    fit = devices.check_fit("main", figures, need, "the target")
+        need = memory_fit.Need(need.weights, need.kv, need.compute, need.notes + (note,))
+    fit = memory_fit.check_fit("main", figures, need, "the target")
     free = sum(f for _, f, _ in figures)
     return {"fits": fit.level != "refuse", "level": fit.level, "need_mib": round(need.total / MIB),
             "free_mib": round(free / MIB), "devices": [n for n, _, _ in figures], "message": fit.message}

@@ -33,7 +33,7 @@ import time
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import advisories, cuda_toolkit, vulkan
 from tunnelspec.llama import build_plan as bp
-from tunnelspec.llama import devices
+from tunnelspec.llama import nvidia_smi
 from tunnelspec.llama.flags import parse_version
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 from tunnelspec.components.host.host import facts_of
@@ -108,7 +108,7 @@ class LlamaBuild(Task):
         return bp.keyed_options(self.p["commit"], self.p["build_number"], self.p["backend"], extra)
 
     def probes(self) -> list[list[str]]:
-        return [devices.NVIDIA_SMI_PROBE] if self.p["backend"] == "cuda" else []
+        return [nvidia_smi.NVIDIA_SMI_PROBE] if self.p["backend"] == "cuda" else []
 
     def _inventory_archs(self, ctx) -> str | None:
         if self.p["cuda_architectures"]:
@@ -124,11 +124,11 @@ class LlamaBuild(Task):
     async def _cuda_plan(self, ctx) -> tuple[list[str], str]:
         """backend cuda: the driver must answer (read-only nvidia-smi, before any configure), and the
         architectures come from the inventory or from the GPUs it reports."""
-        res = await ctx.conn.probe(devices.NVIDIA_SMI_PROBE)
-        gpus = devices.parse_nvidia_smi(res.stdout + res.stderr, res.rc, ctx.host)
+        res = await ctx.conn.probe(nvidia_smi.NVIDIA_SMI_PROBE)
+        gpus = nvidia_smi.parse_nvidia_smi(res.stdout + res.stderr, res.rc, ctx.host)
         try:
             options, note = bp.cuda_arch_plan("cuda", self._extra(), self._inventory_archs(ctx),
-                                              devices.cuda_architectures(gpus), devices.describe_gpus(gpus))
+                                              nvidia_smi.cuda_architectures(gpus), nvidia_smi.describe_gpus(gpus))
         except ValueError as e:
             raise TaskFailed(f"{ctx.host}: {e}") from None
         f = facts_of(ctx)

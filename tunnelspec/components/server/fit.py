@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import shlex
 
-from tunnelspec.llama import devices
+from tunnelspec.llama import memory_fit
 from tunnelspec.modules.base import Arg, Task, ok, register_task
 
 # A GGUF's metadata and tensor infos: the shape's keys come first (general.*, <arch>.*) and 1 MiB holds
@@ -35,24 +35,24 @@ async def gguf_header(conn, path: str, enough) -> tuple[int, bytes, str]:
     return size, header, ""
 
 
-async def gguf_facts(conn, path: str) -> tuple[int, devices.ModelShape | None, str]:
+async def gguf_facts(conn, path: str) -> tuple[int, memory_fit.ModelShape | None, str]:
     """(size in bytes, shape or None, a note) of a GGUF on the host, reading only its header."""
     def complete(header, _size):
-        shape = devices.gguf_shape(header)
+        shape = memory_fit.gguf_shape(header)
         return bool(shape.n_layer and shape.n_vocab)
 
     size, header, note = await gguf_header(conn, path, complete)
     if note:
         return 0, None, note
     try:
-        shape = devices.gguf_shape(header)
+        shape = memory_fit.gguf_shape(header)
     except Exception as e:  # noqa: BLE001 - any malformed or cut header: estimate from the size alone
         return size, None, f"header not read ({e.__class__.__name__}): estimated from the size"
     return size, shape, ""
 
 
 def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple | None, target: tuple | None,
-                 draft_devices: int = 1) -> list[devices.Fit]:
+                 draft_devices: int = 1) -> list[memory_fit.Fit]:
     """One verdict per node that holds something: the draft node (the draft, plus its target share if
     it has one) and each node with a target share. `served`: node → its served devices (as
     registered by the rpc play); `draft`/`target`: (size, shape, note) of each GGUF (draft None: a
@@ -65,16 +65,16 @@ def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple | None, ta
     node = cluster.draft_node
     if node is not None and draft is not None:
         size, shape, note = draft
-        need = devices.draft_need(size, shape, None)
+        need = memory_fit.draft_need(size, shape, None)
         needs[node.name] = [need, note, "the draft"]
     if target is not None and total > 0:
         size, shape, note = target
         for n in cluster.target_nodes:
             share = p.weight_of(n.name) or 0.0
-            need = devices.target_share_need(size, share, total, shape, None)
+            need = memory_fit.target_share_need(size, share, total, shape, None)
             if n.name in needs:
                 first = needs[n.name]
-                needs[n.name] = [devices.combine(first[0], need), "; ".join(x for x in (first[1], note) if x),
+                needs[n.name] = [memory_fit.combine(first[0], need), "; ".join(x for x in (first[1], note) if x),
                                  f"the draft and {share / total:.0%} of the target"]
             else:
                 needs[n.name] = [need, note, f"{share / total:.0%} of the target"]
@@ -84,17 +84,17 @@ def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple | None, ta
         if not devs:
             continue
         if note:
-            need = devices.Need(need.weights, need.kv, need.compute, need.notes + (note,))
+            need = memory_fit.Need(need.weights, need.kv, need.compute, need.notes + (note,))
         use = devs[: max(1, draft_devices)] if what == "the draft" else devs
-        figures = [(d["name"], d["free_mib"] * devices.MIB, d["total_mib"] * devices.MIB) for d in use]
-        out.append(devices.check_fit(name, figures, need, what))
+        figures = [(d["name"], d["free_mib"] * memory_fit.MIB, d["total_mib"] * memory_fit.MIB) for d in use]
+        out.append(memory_fit.check_fit(name, figures, need, what))
     return out
 
 
 @register_task
 class ModelFit(Task):
     """The draft (and the target's shares on RPC nodes, when given) against each node's reported
-    device memory (llama/devices.py check_fit): refused with both figures, a tight fit a warning."""
+    device memory (llama/memory_fit.py check_fit): refused with both figures, a tight fit a warning."""
 
     module = "model_fit"
     read_only = True
@@ -120,5 +120,5 @@ class ModelFit(Task):
             return ok("not checked: " + ((draft or ("", "", ""))[2] or "no node holds a model part"))
         for v in verdicts:
             if v.level == "refuse":
-                devices.require_fit(v)
-        return ok("; ".join(devices.require_fit(v) for v in verdicts))
+                memory_fit.require_fit(v)
+        return ok("; ".join(memory_fit.require_fit(v) for v in verdicts))

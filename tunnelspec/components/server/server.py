@@ -25,7 +25,8 @@ from tunnelspec.components.server.mtp_draft import check_mtp_draft
 from tunnelspec.components.rpc import BACKEND_GROUPS, existing_groups
 from tunnelspec.components.front.model import add_serving
 from tunnelspec.llama.speculative import spec_support
-from tunnelspec.llama.devices import gguf_shape, served_text
+from tunnelspec.llama.devices import served_text
+from tunnelspec.llama.memory_fit import gguf_shape
 from tunnelspec.llama.split_proof import slot_bytes
 from tunnelspec.components.server.fit import gguf_header
 from tunnelspec.components.models.files import MODELS_DIR
