@@ -5,29 +5,26 @@ stop other hosts."""
 from __future__ import annotations
 
 import asyncio
-import functools
-import time
-import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tunnelspec.connection import ConnectOptions, ConnectSession, connect
-from tunnelspec.engine import pending
-from tunnelspec.core import testhooks
-from tunnelspec.engine.context import HostContext, RunOptions
-from tunnelspec.engine.checkplan import CheckPlan
-from tunnelspec.modules.gates import GATES
-from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
-from tunnelspec.core.templating import TemplateError, evaluate, render_value
-from tunnelspec.core.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError
-from tunnelspec.reporting import events
-from tunnelspec.reporting.summary import Summary
-from tunnelspec.core.secrets import mask_value, secret_values
-from tunnelspec.modules import TASKS, Change, Task
 from tunnelspec.connection.factory import is_ssh, ssh_target
 from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
+from tunnelspec.core import testhooks
+from tunnelspec.core.errors import HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.core.secrets import mask_value, secret_values
+from tunnelspec.engine import pending
+from tunnelspec.engine.checkplan import CheckPlan
+from tunnelspec.engine.context import RunOptions
+from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
+from tunnelspec.engine.prefetch import Prefetch
 from tunnelspec.engine.runlock import RunLock
+from tunnelspec.engine.task_exec import TaskExecution
+from tunnelspec.modules.gates import GATES
+from tunnelspec.reporting import events
+from tunnelspec.reporting.summary import Summary
 
 if TYPE_CHECKING:
     from tunnelspec.cluster.model import Cluster
@@ -62,7 +59,7 @@ class HostvarsView(Mapping):
         return len(self._hosts)
 
 
-class Run:
+class Run(Prefetch, TaskExecution):
     """One invocation: an inventory, options, and the hosts' connections (opened once, reused)."""
 
     def __init__(
@@ -317,57 +314,6 @@ class Run:
             except TunnelspecError:
                 pass  # kept: the handlers run once more next time, no harm
 
-    def _task_probes(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
-        """The read-only commands task j's check names (`Task.probes()`); None when its args cannot be
-        rendered yet (they use a fact an earlier task registers). `variables`: filled on first need."""
-        spec = play.tasks[j]
-        cls = TASKS.get(spec.module)
-        if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
-            return []
-        try:
-            if "v" not in variables:
-                variables["v"] = self.template_vars(host, play)
-            return cls(cls.validate(render_value(spec.args, variables["v"]))).probes()
-        except Exception:  # noqa: BLE001 - reported by the task itself when it runs
-            return None
-
-    async def _prefetch_rest(self, play: Play, i: int, host: str, conn, named: list) -> None:
-        """While nothing has changed on the host in this play, a check whose probes the play's first
-        batch could not name (its args use a fact an earlier task registered) gets them, and those
-        of the tasks after it, in one more batch: a no-op play stays a few round trips however many
-        of its tasks depend on registered facts. `named`: per task, the probes the first batch named
-        (None: its args could not be rendered then); only those are rendered again."""
-        variables: dict = {}  # rendered now: facts registered since the first batch
-
-        def probes_of(j: int) -> list[list[str]]:
-            got = named[j] if named[j] is not None else self._task_probes(play, j, host, variables)
-            return got or []
-
-        mine = probes_of(i)
-        if not mine or conn.probes_tried(mine):
-            return
-        argvs = [*mine, *(a for j in range(i + 1, len(play.tasks)) for a in probes_of(j))]
-        try:
-            await conn.prefetch(argvs, more=True)
-        except Exception:  # noqa: BLE001 - the checks run their commands themselves
-            pass
-
-    async def _prefetch(self, play: Play, host: str, conn, extra: Sequence[list[str]] = ()) -> list:
-        """The read-only commands of every check of this play (`Task.probes()`, optional) in one round
-        trip instead of one each; the connection serves them until anything changes on the host
-        (connection/probes.py). Best effort: a task whose args cannot be rendered yet (they use a
-        fact registered later in the play) or a failed batch just means its check reads for itself.
-        Returns, per task, the probes it named (None: its args could not be rendered yet)."""
-        variables: dict = {}
-        named = [self._task_probes(play, j, host, variables) for j in range(len(play.tasks))]
-        argvs = [*extra, *(a for mine in named if mine for a in mine)]
-        if len(argvs) > 1:
-            try:
-                await conn.prefetch(argvs)
-            except Exception:  # noqa: BLE001 - same: the checks run their commands themselves
-                pass
-        return named
-
     def _tag_selected(self, spec: TaskSpec) -> bool:
         tags = set(spec.tags)
         if self.options.tags and not (tags & set(self.options.tags)) and "always" not in tags:
@@ -375,123 +321,6 @@ class Run:
         if self.options.skip_tags and tags & set(self.options.skip_tags):
             return False
         return True
-
-    # ---- one task on one host: each step on its own ------------------------------------------------
-    async def _run_task(self, play: Play, spec: TaskSpec, host: str, conn, notified: list, is_handler: bool) -> bool:
-        """Returns False when the host must stop (failed or unreachable)."""
-        if not self._tag_selected(spec):
-            return True
-        st = self.hosts[host]
-        result = functools.partial(
-            events.task_result, host, spec.name, play.name, module=spec.module, no_log=spec.no_log
-        )
-        variables = self.template_vars(host, play)
-        started = time.monotonic()
-        try:
-            false = next((c for c in spec.when if not evaluate(c, variables)), None)
-            if false is not None:
-                self.emit(result("skipped", f"condition false: {false}"))
-                return True
-            task = TASKS[spec.module].build(render_value(spec.args, variables))
-            ctx = self._context(host, conn, variables, spec)
-            status, ch = await self._converge(task, ctx, spec, play)
-            if status == "changed":
-                notified.extend(spec.notify)
-            if spec.register:
-                ctx.register(spec.register, {"changed": status == "changed", "msg": ch.msg})
-            self.emit(self._result(result, spec, status, ch, time.monotonic() - started))
-            if status == "changed" and self.options.check:
-                self.check_plan.record(host, spec.name)
-            return True
-        except HostUnreachable as e:
-            st.unreachable = True
-            self.emit(events.unreachable(host, play.name, str(e), task=spec.name))
-            return False
-        except (ArgumentError, TemplateError) as e:
-            # A mistake in the playbook (an argument, a template): say where to fix it.
-            if isinstance(e, TemplateError) and self._planned(result, spec, host, e, started):
-                return True
-            st.failed = True
-            self.emit(result("failed", f"{e} ({spec.file}:{spec.line})"))
-            return False
-        except TunnelspecError as e:  # the task failed (TaskFailed) or refused its input (UsageError)
-            if isinstance(e, TaskFailed) and self._planned(result, spec, host, e, started):
-                return True
-            st.failed = True
-            self.emit(result("failed", str(e)))
-            return False
-        except Exception as e:  # noqa: BLE001 - a bug in one task must not take down other hosts
-            st.failed = True
-            tb = traceback.format_exc(limit=6) if self.options.verbose else ""
-            self.emit(result("failed", f"internal error: {type(e).__name__}: {e}\n{tb}".rstrip()))
-            return False
-
-    def _planned(self, result, spec: TaskSpec, host: str, e: Exception, started: float) -> bool:
-        """--check: a check that failed after earlier would-changes needs what they create; it is
-        reported as a planned change depending on them and the host goes on (engine/checkplan.py)."""
-        after = self.check_plan.earlier(host) if self.options.check else []
-        if not after:
-            return False
-        self.check_plan.record(host, spec.name)
-        self.emit(
-            result(
-                "changed",
-                CheckPlan.message(after, str(e)),
-                duration=time.monotonic() - started,
-                would_change=True,
-                after=after,
-            )
-        )
-        if spec.register:
-            self.hosts[host].facts[spec.register] = {"changed": True, "msg": "planned"}
-        return True
-
-    def _context(self, host: str, conn, variables: dict, spec: TaskSpec) -> HostContext:
-        return HostContext(
-            host=host,
-            conn=conn,
-            vars=variables,
-            facts=self.hosts[host].facts,
-            options=self.options,
-            emit=self.emit,
-            task_name=spec.name,
-            secrets=self.secrets,
-            cluster=self.cluster,
-            inventory_dir=self.inventory.path.parent,
-            connect=self.connection,
-            memo=self.memo,
-        )
-
-    async def _converge(self, task: Task, ctx: HostContext, spec: TaskSpec, play: Play) -> tuple[str, Change]:
-        """check → (unless --check) apply → check again, which must then be clean. The handlers a
-        change will notify are recorded on the host before the apply (engine/pending.py)."""
-        for s in task.secrets():
-            ctx.add_secret(s)
-        ch = await task.check(ctx)
-        if not ch.changed:
-            return "ok", ch
-        if not self.options.check:
-            if spec.notify:
-                await pending.mark(ctx.conn, self.hosts[ctx.host].vars, play.name, spec.notify)
-            testhooks.reached(spec.name, "start")
-            await task.apply(ctx, ch)
-            testhooks.reached(spec.name, "apply")
-            if not task.is_handler_only(task.p):
-                again = await task.check(ctx)
-                if again.changed:
-                    raise TaskFailed(f"not convergent: after apply the check still reports: {again.msg}")
-        return "changed", ch
-
-    def _result(self, result, spec: TaskSpec, status: str, ch: Change, duration: float) -> dict:
-        changed = status == "changed"
-        show_diff = changed and ch.diff is not None and (self.options.diff or self.options.check) and not spec.no_log
-        return result(
-            status,
-            ch.msg,
-            duration=duration,
-            diff=ch.diff if show_diff else None,
-            would_change=changed and self.options.check,
-        )
 
 
 async def run_playbook(

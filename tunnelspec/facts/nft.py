@@ -1,41 +1,12 @@
 """tunnelspec's nftables table (`table inet tunnelspec`): the rules as data, the file that loads
 them, and the parser that turns `nft -j list table inet tunnelspec` back into the same data.
 
-One rule per guarded loopback port, in one output chain:
-
-    oif "lo" tcp dport P tcp flags syn / syn,ack meta skuid != { 0, U... } counter reject with tcp reset
-
-- `oif "lo"`: every connection to an address of this host leaves through lo (127.0.0.1, ::1 and the
-  host's own addresses alike); `inet` covers IPv4, IPv6 and IPv4-mapped IPv6 sockets at once.
-- `tcp flags syn / syn,ack`: only a connection's first packet is judged. Its socket is the
-  connecting process's own (`meta skuid` = the socket owner's uid); replies and data of allowed
-  connections never meet the rule, and a reply whose ephemeral port happens to equal P is not hit.
-- `meta skuid != { 0, U }`: root (tunnelspec's probes) and the one allowed user pass; anyone else
-  gets a TCP reset, i.e. "connection refused" at once.
-- uids are numbers resolved on the host at deploy time: loading at boot needs no name service.
-
-And, per guarded port, three rules that keep anyone else from *listening* there (port squatting:
-another user binds the port while its service is down — restart, crash, deploy, reboot — and
-receives what the tunnel, the front or llama-server sends there):
-
-    oif "lo" tcp sport P tcp flags & (syn | ack) == syn | ack meta skuid { 0, L } accept
-    oif "lo" tcp sport P tcp flags & (syn | ack) == syn | ack meta skuid != { 0, L } counter tcp flags set rst | ack
-    oif "lo" tcp sport P tcp flags & (syn | ack) == syn | ack counter drop
-
-- A listener answers a SYN with a SYN-ACK, and the kernel attributes that packet to the listening
-  socket (its request socket resolves to the listener): `meta skuid` is the listener's owner. Only
-  SYN-ACKs are judged, so a client socket of another user whose ephemeral source port happens to be
-  P (50052 lies in 32768-60999) sends SYNs and data, never a SYN-ACK, and is not hit.
-- A squatter's SYN-ACK becomes a RST (`tcp flags set rst | ack`, its ack number kept, so the
-  client's kernel accepts it): the client fails at once with "connection refused", as if nothing
-  listened; the squatter's handshake never completes, so accept() never returns and no byte reaches
-  it.
-- A SYN-ACK with no socket at all is a SYN cookie (the listen queue is full): a squatter gets one
-  for every connection with listen(0), and `meta skuid` cannot be read for it, so a single
-  `skuid != {...}` rule would let it through (measured). The third rule drops it: a squatter still
-  gets nothing, and the rare cookie of a legitimate service (llama.cpp's rpc-server listens with a
-  backlog of 1) costs its client one SYN retransmission (1 s), not the connection.
-"""
+Per guarded loopback port: one connect guard (only root and the one allowed user may open a
+connection to it: `oif "lo" tcp dport P tcp flags syn / syn,ack meta skuid != { 0, U } counter reject
+with tcp reset`) and three listen guards (only root and the service's user may answer there: a
+squatter's SYN-ACK becomes a reset, a socketless SYN-ACK — a SYN cookie — is dropped). uids are
+numbers resolved on the host at deploy time. Why each part of each rule is there, and what it does
+not stop: SECURITY.md, "Loopback isolation"."""
 
 from __future__ import annotations
 
