@@ -13,7 +13,11 @@
 # decoding faster: while a draft-only node is away llama-server serves the target alone (its
 # "degraded" command line has no --spec-* and no --rpc endpoint of that node), and the draft comes
 # back by itself once the node has answered the RPC HELLO steadily and llama-server is idle. A node
-# that holds target layers cannot be skipped: serving waits for it, and says which node and since when.
+# that holds target layers cannot be skipped: serving waits for it, and says which node and since when —
+# unless the deploy found that the remaining devices hold the model without it: then llama-server is
+# started with the "without <node>" command line the deploy rendered ("split-degraded": its --rpc
+# endpoint dropped, the tensor split over the rest), and the watcher restarts it with the full split
+# once the node answers steadily and llama-server is idle.
 # The front (HAProxy, tunnelspec-front.service) holds requests while llama-server restarts.
 import importlib.machinery
 import importlib.util
@@ -26,6 +30,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SPECULATIVE, DEGRADED, WAITING, PLAIN = "speculative", "degraded", "waiting", "plain"
+SPLIT_DEGRADED = "split-degraded"
 
 
 def _rpc_wait():
@@ -126,19 +131,24 @@ def probe_draft(cfg, timeout):
 # ---- launch ----------------------------------------------------------------------------------------
 def wait_required(cfg, prev):
     """Wait for the endpoints serving cannot do without (target-layer nodes). Returns None when all
-    answer, else (node, reason) after the deadline. The first time one does not answer, the mode
-    file says so at once (systemd may restart this unit with that node's tunnel long before the
-    deadline) and, when that is news, one journal line names the node."""
+    answer, (WAITING, node, reason) after the deadline, or (SPLIT_DEGRADED, node, reason) when the one
+    node still missing after the short split wait has a "without" command line (the rest holds the
+    model). The first time one does not answer, the mode file says so at once (systemd may restart
+    this unit with that node's tunnel long before the deadline) and, when that is news, one journal
+    line names the node — not during the split wait of a node serving can go on without."""
     w = cfg.get("wait") or {}
     pending = list(zip(w.get("nodes", []), w.get("endpoints", [])))
     if not pending:
         return None
+    without = cfg.get("without") or {}
     timeout = float(w.get("timeout", 90))
-    deadline = time.monotonic() + timeout
+    start = time.monotonic()
+    deadline = start + timeout
     last, told = {}, False
     for _ in range(int(timeout / 0.5) + 2):
         for node, ep in list(pending):
-            version, err = RPC.probe(ep, min(5.0, max(0.5, deadline - time.monotonic())))
+            cap = 2.0 if node in without else 5.0
+            version, err = RPC.probe(ep, min(cap, max(0.5, deadline - time.monotonic())))
             if version is None:
                 last[node] = err
             elif cfg.get("expect") and version != cfg["expect"]:
@@ -149,14 +159,49 @@ def wait_required(cfg, prev):
             HELLO[node] = (version, last.get(node, ""))
         if not pending or time.monotonic() >= deadline:
             break
-        if not told:
+        skip = _split_skip(cfg, prev, pending, time.monotonic() - start)
+        if skip is not None:
+            lost = _split_lost(cfg, prev, skip)
+            why = lost[1] if lost is not None and lost[1] else last.get(skip, "no answer")
+            return SPLIT_DEGRADED, skip, why
+        if not told and (len(pending) > 1 or pending[0][0] not in without):
             told = True
             _waiting(cfg, prev, pending[0][0], last.get(pending[0][0], "no answer"))
         time.sleep(0.5)
     if not pending:
         return None
     node = pending[0][0]
-    return node, last.get(node, "no answer")
+    return WAITING, node, last.get(node, "no answer")
+
+
+def _split_skip(cfg, prev, pending, waited):
+    """The node to serve without now, else None: it is the only one missing, the deploy rendered a
+    command line without it, and its short wait is over — `split_wait` seconds at a fresh start,
+    none when this start follows split-degraded without it (the watcher decides when it is back) or
+    the watcher saw its tunnel's ssh give up on it (a node that stopped answering)."""
+    without = cfg.get("without") or {}
+    if len(pending) != 1 or pending[0][0] not in without:
+        return None
+    node = pending[0][0]
+    wait = float(cfg.get("split_wait", 5))
+    if prev.get("mode") == SPLIT_DEGRADED and prev.get("node") == node and not cfg.get("_rejoin"):
+        wait = 0.0
+    lost = _split_lost(cfg, prev, node)
+    if lost is not None:
+        wait = min(wait, lost[0])
+    return node if waited >= wait else None
+
+
+def _split_lost(cfg, prev, node):
+    """(grace, why) the watcher gave `node` when it saw it go (its file is newer than the mode file)."""
+    try:
+        with open(_lost_path(cfg)) as f:
+            lost = json.load(f)
+        if lost.get("node") == node and float(lost["at"]) > float(prev.get("at", 0)):
+            return max(0.0, float(lost.get("grace", 0))), str(lost.get("why", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
 
 # This start's HELLO results, {node: (version or None, reason or "")}, for the mode file's figures.
@@ -239,25 +284,35 @@ def launch(cfg_path):
     # llama-server's runtime directory, nor should it).
     cfg["_rejoin"] = _rejoin_flag(cfg) > float(prev.get("at", 0))
     missing = wait_required(cfg, prev)
-    if missing is not None:
-        _waiting(cfg, read_state(cfg), *missing)
+    if missing is not None and missing[0] == WAITING:
+        _waiting(cfg, read_state(cfg), *missing[1:])
         return 1
     if read_state(cfg).get("mode") == WAITING:
         prev = read_state(cfg)  # the node is back: what comes now is a change, said once
-    mode, node, why = choose(cfg, prev)
+    if missing is not None:
+        mode, node, why = missing
+        argv = cfg["without"][node]["argv"]
+    else:
+        mode, node, why = choose(cfg, prev)
+        argv = cfg["modes"][mode if mode != PLAIN else SPECULATIVE]
     now = time.time()
-    since = prev.get("since", now) if prev.get("mode") == mode else now
-    state = {"mode": mode, "node": node, "reason": why if mode == DEGRADED else "", "since": since, "at": now}
+    same = prev.get("mode") == mode and (mode != SPLIT_DEGRADED or prev.get("node") == node)
+    since = prev.get("since", now) if same else now
+    state = {"mode": mode, "node": node, "reason": why if mode in (DEGRADED, SPLIT_DEGRADED) else "",
+             "since": since, "at": now}
     last = read_state(cfg)  # counters as _waiting may have advanced them during this start
     write_state(cfg, state, last, HELLO, start=True)  # llama-server is exec'd below
-    if prev.get("mode") != mode:
-        if mode == SPECULATIVE:
+    if not same:
+        if mode == SPLIT_DEGRADED:
+            log("mode split-degraded: serving from the other devices, without %s: %s" % (node, why))
+        elif prev.get("mode") == SPLIT_DEGRADED and mode == PLAIN:
+            log("serving the full split again: %s is back" % prev.get("node"))
+        elif mode == SPECULATIVE:
             log("mode speculative: draft on %s (%s)" % (",".join(cfg["draft"]["devices"]), node))
         elif mode == DEGRADED:
             log("mode degraded: serving the target alone, without the draft on %s: %s" % (node, why))
         elif mode == PLAIN:
             log("serving without a draft model")
-    argv = cfg["modes"][mode if mode != PLAIN else SPECULATIVE]
     sys.stdout.flush()
     os.execv(argv[0], argv)
 
@@ -405,6 +460,8 @@ def _unit_prop(unit, prop):
 
 def watch(cfg_path):
     cfg = load_config(cfg_path)
+    if not cfg.get("draft") and cfg.get("without"):
+        return split_watch(cfg_path)
     if not cfg.get("draft") or not cfg["modes"].get(DEGRADED):
         log("no draft-only node: nothing to watch")
         return 0
@@ -470,6 +527,108 @@ def watch(cfg_path):
                                   % (d["node"], wait, ",".join(d["devices"])))
                     steady_since = None
                     _sleep_until_restarted(cfg)
+        time.sleep(FAST_TICK)
+    return 0
+
+
+def lose_node(cfg, node, state, why, grace):
+    """A target node the split can be served without is gone (full split): tell the launcher (its
+    short wait: none when the tunnel's ssh gave up on the node) and replace llama-server now —
+    killed, so the request it holds comes back to the front as a dropped connection and is sent
+    again to the llama-server without the node."""
+    active, _ = unit_state(cfg["unit"])
+    if active not in ("active", "activating"):
+        return False
+    try:
+        with open(_lost_path(cfg) + ".tmp", "w") as f:
+            json.dump({"at": time.time(), "why": why, "grace": grace, "node": node}, f, sort_keys=True)
+        os.replace(_lost_path(cfg) + ".tmp", _lost_path(cfg))
+    except OSError:
+        pass  # the launcher then waits its usual split wait: slower, never wrong
+    if read_state(cfg).get("at") != state.get("at"):
+        return False  # llama-server was started again meanwhile (it aborted, systemd restarted it)
+    log("%s lost: %s; restarting llama-server without it unless it answers within %gs" % (node, why, grace))
+    subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "--", cfg["unit"]],
+                   capture_output=True, timeout=30)
+    subprocess.run(["systemctl", "restart", "--no-block", "--", cfg["unit"]], timeout=30)
+    return True
+
+
+def _closed_on_purpose(unit):
+    """The tunnel was stopped (`tunnel close`, a teardown), not lost: inactive with Result=success,
+    still so a second later (a restart passes through inactive)."""
+    for i in range(2):
+        active, _ = unit_state(unit)
+        if active != "inactive" or _unit_prop(unit, "Result") != "success":
+            return False
+        if i == 0:
+            time.sleep(1.0)
+    return True
+
+
+def split_watch(cfg_path):
+    """A split with no draft whose remaining devices hold the model without some target node
+    (`without` in the modes file). Full split (plain): the /proc checks of each such node's tunnel,
+    four times a second, and its unit once a second — a loss kills llama-server, the launcher starts
+    it without the node. Split-degraded: HELLO to the missing node through its tunnel once a second;
+    once it answered `rejoin_after` seconds in a row and the front is idle, restart llama-server (the
+    launcher finds the node and starts the full split). A tunnel closed on purpose stops llama-server,
+    as PartOf= does for the other target nodes."""
+    cfg = load_config(cfg_path)
+    rejoin_after = float(cfg.get("rejoin_after", 20))
+    steady_since, handled, losses = None, None, []
+    log("watching %s (the split is served without any one of them while it is away); back to the full "
+        "split after %gs of steady answers" % (", ".join(sorted(cfg["without"])), rejoin_after))
+    for tick in range(1, 10 ** 12):  # until systemd stops it
+        slow = tick % TICKS_PER_SECOND == 0
+        if slow:
+            cfg = load_config(cfg_path)  # a deploy may have changed it
+        without = cfg.get("without") or {}
+        state = read_state(cfg)
+        mode = state.get("mode")
+        if mode == PLAIN and state.get("at") != handled:
+            steady_since = None
+            for node, w in sorted(without.items()):
+                why, grace = draft_lost(w, slow)
+                if not why:
+                    continue
+                handled = state.get("at")
+                if _closed_on_purpose(w["tunnel_unit"]):
+                    log("%s closed: stopping llama-server (it holds target layers there)" % w["tunnel_unit"])
+                    subprocess.run(["systemctl", "stop", "--no-block", "--", cfg["unit"]], timeout=30)
+                elif lose_node(cfg, node, state, why, min(grace, float(cfg.get("split_wait", 5)))):
+                    losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                    _sleep_until_restarted(cfg)
+                break
+        elif mode == SPLIT_DEGRADED and slow:
+            node = state.get("node")
+            w = without.get(node)
+            active, _ = unit_state(cfg["unit"])
+            if w is None or active != "active":
+                steady_since = None
+            else:
+                version, err = RPC.probe(w["endpoint"], 2.0)
+                if version is not None and cfg.get("expect") and version != cfg["expect"]:
+                    err = "protocol mismatch (%s speaks RPC v%s, main v%s)" % (node, version, cfg["expect"])
+                    version = None
+                HELLO[node] = (version, "" if version is not None else (err or "no answer"))
+                _record_hello(cfg)
+                if version is None:
+                    if steady_since is not None:
+                        log("%s stopped answering again (%s)" % (node, err))
+                    steady_since = None
+                else:
+                    wait = _rejoin_wait(rejoin_after, losses)
+                    if steady_since is None:
+                        steady_since = time.monotonic()
+                        log("%s answers again (RPC v%s); the full split comes back after %gs of steady answers, "
+                            "when idle" % (node, version, wait))
+                    if time.monotonic() - steady_since >= wait and front_busy(cfg) is False:
+                        _set_rejoin_flag(cfg)
+                        restart_llama(cfg, "%s steady for %gs and llama-server idle: restarting it with the full split"
+                                      % (node, wait))
+                        steady_since = None
+                        _sleep_until_restarted(cfg)
         time.sleep(FAST_TICK)
     return 0
 

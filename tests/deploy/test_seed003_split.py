@@ -5,14 +5,16 @@ main's CPU 4, rpc-a 2, rpc-b 6, exactly the asked 2:1:3).
 
 deploy → verify's completion and the layers in the load lines → the running command line has no
 draft flag → the journal's own figures (offloaded N/M, the KV cache per device) → status says
-split, no draft (human and JSON) → bench: the split against main alone → a second deploy changes
-nothing.
+split, no draft (human and JSON) → bench: the split against main alone → rpc-a's link cut 70 s with a
+client every 2 s: every request answered, split-degraded without rpc-a, the full split again after
+(docs/degraded.md, "A target node of a split"; about 2 min) → a second deploy changes nothing.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -143,6 +145,77 @@ def test_bench_compares_the_split_with_main_alone(lab, inventory, deployed):
     r = tunnelspec("bench", str(inventory), "--same-placement", "--yes", timeout=120)
     assert r.rc == 2 and "has none (split)" in r.stderr and main_pid(lab) == pid, r.stdout + r.stderr
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
+
+
+def _serving(inventory) -> tuple[dict, str]:
+    r = tunnelspec("status", str(inventory), "--format", "json", timeout=180)
+    return json.loads(r.stdout).get("serving") or {}, r.stdout
+
+
+def _wait_serving(inventory, mode: str, timeout: float) -> tuple[dict, float]:
+    t0 = time.monotonic()
+    while True:
+        sv, _ = _serving(inventory)
+        if sv.get("mode") == mode:
+            return sv, time.monotonic() - t0
+        assert time.monotonic() - t0 < timeout, f"not {mode} within {timeout}s: {sv}"
+        time.sleep(2)  # poll interval of the deadline loop
+
+
+def test_target_node_cut_is_served_from_the_rest_and_the_split_comes_back(lab, inventory, deployed):
+    """Issue 38 item 5, a target node of a split lost while the rest holds the model: the deploy
+    rendered a line without rpc-a (the tiny model fits main's CPU and rpc-b many times over: the
+    plan says so); rpc-a's link cut 70 s with a client every 2 s → every request answered,
+    status and mode.json say split-degraded naming rpc-a, llama-server runs without rpc-a's
+    endpoint; the link back → the full split again, by the watcher, with no deploy. About 2 min."""
+    from support.lab_client import Client, main_time
+
+    plan = next(e for e in deployed.results() if e.get("module") == "llama_server_plan")
+    assert "split-degraded without rpc-a, rpc-b" in plan["msg"], plan["msg"]
+    modes = json.loads(sh(lab, "main", "cat", "/etc/tunnelspec/llama-server.json"))
+    assert set(modes["without"]) == {"rpc-a", "rpc-b"}, modes.get("without")
+    cut_s, t_start = 70, time.monotonic()
+    client = Client(lab, "splitcut", cut_s + 45, interval=2)
+    time.sleep(4)  # a few answers from the full split first
+    t_cut = main_time(lab)
+    lab.link("rpc-a", False)
+    try:
+        sv, took = _wait_serving(inventory, "split-degraded", 40)
+        print(f"\n  rpc-a cut: split-degraded after {took:.1f}s: {sv}")
+        assert sv["node"] == "rpc-a" and sv["reason"] and sv["since"], sv
+        state = json.loads(sh(lab, "main", "cat", "/run/tunnelspec-llama/mode.json"))
+        assert state["mode"] == "split-degraded" and state["node"] == "rpc-a", state
+        human = tunnelspec("status", str(inventory), timeout=180).stdout
+        assert "serving: SPLIT-DEGRADED since" in human and "the split without rpc-a" in human, human
+        argv = running_argv(lab)
+        assert argv[argv.index("--rpc") + 1] == f"127.0.0.1:{PORTS['rpc-b']}" and argv[argv.index("-dev") + 1] == "RPC0", argv
+        time.sleep(max(0.0, t_cut + cut_s - main_time(lab)))
+    finally:
+        lab.link("rpc-a", True)
+    t_back = main_time(lab)
+    sv, took = _wait_serving(inventory, "plain", 90)
+    print(f"  rpc-a back: full split after {took:.1f}s")
+    argv = running_argv(lab)
+    assert argv[argv.index("--rpc") + 1] == "127.0.0.1:15052,127.0.0.1:15053", argv
+    records = client.wait_done()
+    failed = [r for r in records if r.get("status") != 200]
+    worst = max(records, key=lambda r: r["done"] - r["sent"])
+    during = [r for r in records if t_cut + 15 <= r["sent"] and r["done"] < t_back]
+    print(f"  {len(records)} requests, {len(failed)} failed, {len(during)} answered split-degraded, worst wait "
+          f"{worst['done'] - worst['sent']:.1f}s (sent {worst['sent'] - t_cut:.1f}s after the cut); "
+          f"lab time {time.monotonic() - t_start:.0f}s")
+    assert not failed, failed[:5]
+    assert during, "no request answered while rpc-a was away"
+    assert worst["done"] - worst["sent"] <= 30, worst
+    # The launcher's and the watcher's own lines (llama-server's verbose log is left out), timed from the cut.
+    lines = [l.split(" ", 1) for l in sh(lab, "main", "sh", "-c", f"journalctl -u {UNIT} -u tunnelspec-draftwatch.service "
+                                         f"-o short-unix --since @{int(t_cut) - 1} | grep 'tunnelspec: '").splitlines()]
+    events = [(float(t) - t_cut, rest.split("tunnelspec: ", 1)[1]) for t, rest in lines if "tunnelspec: " in rest]
+    print("".join(f"\n    +{dt:5.1f}s {what[:130]}" for dt, what in events))
+    said = [what for _, what in events]
+    assert any(w.startswith("mode split-degraded: serving from the other devices, without rpc-a") for w in said), said
+    assert any(w.startswith("serving the full split again: rpc-a is back") for w in said), said
+    assert events[0][0] <= 10, events[:3]  # the loss noticed within the tunnel's keepalive and a tick
 
 
 def test_second_deploy_changes_nothing(lab, inventory, deployed):

@@ -92,6 +92,10 @@ def serving_line(sv: dict) -> str:
         detail = f" [{sv['detail']}]" if sv.get("detail") else ""
         return (f"serving: WAITING since {sv.get('since') or '?'} for {sv.get('node')} (it holds target layers): "
                 f"{sv.get('reason') or '?'}{detail}")
+    if mode == "split-degraded":
+        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
+        return (f"serving: SPLIT-DEGRADED since {sv.get('since') or '?'}: the split without {sv.get('node')} "
+                f"(its layers on the remaining devices): {sv.get('reason') or '?'}{detail}")
     if mode == "plain":
         return "serving: no draft"
     return "serving: mode unknown (llama-server not started by this deploy's launcher yet)"

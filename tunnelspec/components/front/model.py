@@ -25,6 +25,7 @@ import json
 from tunnelspec.core.constants import ETC_DIR, LOOPBACK
 from tunnelspec.components.generation.record import STATUS as GENERATION_STATUS
 from tunnelspec.components.server.args import tunnel_unit
+from tunnelspec.llama import memory_fit
 
 FRONT_UNIT = "tunnelspec-front.service"
 FRONT_CONFIG = f"{ETC_DIR}/front.cfg"
@@ -57,6 +58,11 @@ WATCH_DIR_NAME = "tunnelspec-draftwatch"  # the watcher's RuntimeDirectory
 REJOIN_FLAG = f"/run/{WATCH_DIR_NAME}/rejoin"  # the time the watcher asked for the draft back
 
 SPECULATIVE, DEGRADED, WAITING, PLAIN = "speculative", "degraded", "waiting", "plain"
+# A split served from the remaining devices while one target node is away (docs/degraded.md).
+SPLIT_DEGRADED = "split-degraded"
+# Seconds the launcher waits for a target node it can serve without before it does (a killed ssh
+# or rpc-server is back within about two; a node that stopped answering is not worth holding for).
+SPLIT_WAIT = 5
 # Seconds the launcher gives a draft tunnel at a fresh start (boot, deploy) before serving degraded.
 START_GRACE = 10
 
@@ -113,9 +119,11 @@ def skippable_draft(cluster):
 
 
 def modes_document(cluster, speculative: dict, degraded: dict | None, expect: str | None,
-                   wait_timeout: int) -> dict:
+                   wait_timeout: int, without: dict | None = None) -> dict:
     """What the launcher and the watcher read (/etc/tunnelspec/llama-server.json). `speculative` and
-    `degraded` are ServerPlan facts (degraded: the plan with the draft node left out)."""
+    `degraded` are ServerPlan facts (degraded: the plan with the draft node left out); `without`:
+    target node → the plan with that node left out, for the nodes whose loss the remaining devices
+    can absorb (split-degraded; only those the fit check said fit)."""
     draft = skippable_draft(cluster) if degraded is not None else None
     required = [n for n in cluster.rpc if draft is None or n.name != draft.name]
     d = cluster.draft_node
@@ -134,6 +142,10 @@ def modes_document(cluster, speculative: dict, degraded: dict | None, expect: st
         "rejoin_after": cluster.main.front.rejoin_after,
         "grace": START_GRACE,
         "front": {"stats": FRONT_STATS, "backend": FRONT_BACKEND},
+        **({"without": {name: {"argv": plan["argv"], "endpoint": n.endpoint, "port": n.tunnel_port,
+                               "tunnel_unit": tunnel_unit(n.name)}
+                        for n in cluster.rpc for name, plan in sorted((without or {}).items()) if n.name == name},
+            "split_wait": SPLIT_WAIT} if without else {}),
     }
 
 
@@ -145,19 +157,87 @@ def draftwatch_exec() -> str:
     return f"/usr/bin/python3 {DRAFTWATCH} launch {MODES_PATH}"
 
 
-def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_timeout: int) -> None:
+def split_candidates(cluster) -> list:
+    """Target nodes a split could be served without (split-degraded): a split with no draft at all,
+    the proportions given (the fit check needs each device's part), more than one target device
+    left. Whether the rest holds the model is the fit check's (split_fits)."""
+    p = cluster.placement
+    if cluster.draft_node is not None or p.weights is None:
+        return []
+    nodes = cluster.target_nodes
+    cpu = (p.weight_of("CPU") or 0) > 0
+    return [n for n in nodes if (p.weight_of(n.name) or 0) > 0
+            and (cpu or any((p.weight_of(m.name) or 0) > 0 for m in nodes if m is not n))]
+
+
+def split_fits(cluster, absent: str, size: int, shape, served: dict, main_mem: tuple | None) -> tuple[bool | None, str]:
+    """(fits, why) for serving the target without `absent`: each remaining device's new part (its
+    proportion over what remains, llama/devices.py target_share_need) against the free memory the
+    deploy knows — each node's served devices (`served`: node → rpc_served) and main's RAM
+    (`main_mem`: (free, total) bytes, for main's CPU share). None: cannot be decided (a figure
+    unknown) — the mode is then not offered."""
+    p = cluster.placement
+    if not size or p.weights is None:
+        return None, "the target's size or proportions unknown"
+    rest = [(n.name, p.weight_of(n.name) or 0.0) for n in cluster.target_nodes if n.name != absent]
+    cpu = p.weight_of("CPU") or 0.0
+    total = sum(w for _, w in rest) + cpu
+    if total <= 0:
+        return False, "no device left with a proportion"
+    verdicts = []
+    for name, w in rest:
+        if w <= 0:
+            continue
+        devs = served.get(name)
+        if not devs:
+            return None, f"{name}'s device memory unknown in this run"
+        need = memory_fit.target_share_need(size, w, total, shape, None)
+        figures = [(d["name"], d["free_mib"] * memory_fit.MIB, d["total_mib"] * memory_fit.MIB) for d in devs]
+        verdicts.append(memory_fit.check_fit(name, figures, need, f"{w / total:.0%} of the target"))
+    if cpu > 0:
+        if not main_mem:
+            return None, "main's free memory unknown"
+        need = memory_fit.target_share_need(size, cpu, total, shape, None)
+        verdicts.append(memory_fit.check_fit("main", [("RAM", main_mem[0], main_mem[1])], need,
+                                          f"{cpu / total:.0%} of the target"))
+    bad = [v for v in verdicts if v.level == "refuse"]
+    if bad:
+        return False, "; ".join(v.message for v in bad)
+    return True, "; ".join(v.message for v in verdicts)
+
+
+def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_timeout: int,
+                fits=None) -> None:
     """Complete the `llama_server` fact (the speculative plan) with what the launcher, the watcher
-    and the front need. `degraded_plan(absent)` builds the plan with those nodes left out."""
+    and the front need. `degraded_plan(absent)` builds the plan with those nodes left out;
+    `fits(node)` → (fits, why) says whether the rest holds the model without that target node
+    (split_fits; None: not decided, no split-degraded line for it)."""
     draft = skippable_draft(cluster)
     degraded = degraded_plan(frozenset({draft.name})).as_fact() if draft is not None else None
     fact["degraded"] = degraded
-    fact["modes_json"] = modes_json(modes_document(cluster, fact, degraded, expect, wait_timeout))
-    fact["draft_skippable"] = draft is not None
+    without, fit_notes = {}, {}
+    for n in split_candidates(cluster) if fits is not None else []:
+        ok_, why = fits(n.name)
+        fit_notes[n.name] = {True: "fits", False: "does not fit", None: "not decided"}[ok_] + f": {why}"
+        if ok_:
+            # The fit's figures (free MiB now) stay out of the document: it changes only with the verdict.
+            without[n.name] = degraded_plan(frozenset({n.name})).as_fact()
+    fact["without"] = {k: v["argv"] for k, v in without.items()}
+    fact["split_fit"] = fit_notes
+    fact["modes_json"] = modes_json(modes_document(cluster, fact, degraded, expect, wait_timeout, without))
+    # The watcher also runs for a split it can serve without a node (it notices the loss, and the return).
+    fact["draft_skippable"] = draft is not None or bool(without)
     fact["unit"].update(
         exec_start=draftwatch_exec(), state_dir=STATE_DIR_NAME, grace=START_GRACE,
-        required_tunnel_units=[tunnel_unit(n.name) for n in cluster.rpc if draft is None or n.name != draft.name])
+        # A node the split can be served without is not PartOf= llama-server's unit (its tunnel
+        # reconnecting while the node is away would restart llama-server each time): the watcher
+        # restarts llama-server on its loss instead, as for a draft-only node.
+        required_tunnel_units=[tunnel_unit(n.name) for n in cluster.rpc
+                               if (draft is None or n.name != draft.name) and n.name not in without])
     fact["front"] = front_vars(cluster.main)
     fact["metrics"] = metrics_fact(cluster)
     fact["watch"] = {"draft_node": draft.name if draft is not None else "", "llama_unit": fact["unit"].get(
         "name", "tunnelspec-llama-server.service"), "draftwatch": DRAFTWATCH, "modes_path": MODES_PATH,
         "watch_dir": WATCH_DIR_NAME}
+    if draft is None and without:
+        fact["watch"]["draft_node"] = "/".join(sorted(without))  # the unit's description names them

@@ -30,7 +30,8 @@ def iso(t) -> str | None:
 async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
     """The mode llama-server was last started in (the launcher's file, docs/degraded.md): speculative
     (the draft on its node's device), degraded (the target alone while a draft-only node is away, since
-    when and why), waiting (a node with target layers holds serving down), or plain (no draft)."""
+    when and why), split-degraded (a split served from the remaining devices while a target node is
+    away), waiting (a node with target layers holds serving down), or plain (no draft)."""
     raw = await sh(conn, ["cat", front.STATE_PATH])
     try:
         state = json.loads(raw) if raw and not raw.startswith("error") else {}
@@ -40,10 +41,11 @@ async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
     draft = cluster.draft_node
     out = {"mode": mode, "since": iso(state.get("since")), "node": state.get("node"),
            "reason": state.get("reason") or None,
-           "watch": await unit_state(conn, front.WATCH_UNIT) if front.skippable_draft(cluster) else None,
+           "watch": (await unit_state(conn, front.WATCH_UNIT)
+                     if front.skippable_draft(cluster) or mode == front.SPLIT_DEGRADED else None),
            "draft_node": draft.name if draft else None,
            "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else []}
-    if mode in (front.DEGRADED, front.WAITING) and state.get("node"):
+    if mode in (front.DEGRADED, front.WAITING, front.SPLIT_DEGRADED) and state.get("node"):
         # Why the tunnel is down, in ssh's own words (e.g. "connect to host … Connection timed out").
         j = await sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u",
                              tunnel_unit(state["node"])], timeout=20)

@@ -28,7 +28,7 @@ from tunnelspec.llama.speculative import spec_support
 from tunnelspec.llama.devices import served_text
 from tunnelspec.llama.memory_fit import gguf_shape
 from tunnelspec.llama.split_proof import slot_bytes
-from tunnelspec.components.server.fit import gguf_header
+from tunnelspec.components.server.fit import gguf_facts, gguf_header
 from tunnelspec.components.models.files import MODELS_DIR
 from tunnelspec.llama.versions import format_version
 from tunnelspec.components.tunnel.tunnels import main_rpc_version
@@ -240,14 +240,51 @@ class LlamaServerPlan(Task):
 
         add_serving(fact, cluster, lambda absent: build_server_argv(
             cluster, help_, {int(k): v for k, v in by_port.items()}, binary, self.p["model"], None,
-            absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"])
+            absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"],
+            fits=await _split_fits(ctx, cluster, self.p["model"]))
         ctx.register("llama_server", fact)
 
         if plan.draft_node is None:
-            return ok(f"{label}: {describe_split(plan)}{_known_bug_note(cluster, help_, label)}")
+            return ok(f"{label}: {describe_split(plan)}{_split_note(fact)}{_known_bug_note(cluster, help_, label)}")
         return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
                   f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
                   f"{_known_bug_note(cluster, help_, label)}{''.join(f'; WARNING {w}' for w in mtp_notes)}")
+
+
+def _split_note(fact: dict) -> str:
+    """`; split-degraded without rpc-a; rpc-b: waits (does not fit: …)` — which target node's loss the
+    rest absorbs (docs/degraded.md)."""
+    notes = fact.get("split_fit") or {}
+    if not notes:
+        return ""
+    offered = sorted(fact.get("without") or {})
+    rest = [f"{n}: waits ({why[:160]})" for n, why in sorted(notes.items()) if n not in offered]
+    return "; " + "; ".join(([f"split-degraded without {', '.join(offered)}"] if offered else []) + rest)
+
+
+async def _split_fits(ctx, cluster, model: str):
+    """fits(node) for add_serving: can the remaining devices hold the target without that target node
+    (docs/degraded.md, split-degraded)? From the target's size and shape (its header on main), each
+    node's served device memory as this run read it (`rpc_served`) and main's MemAvailable. None when
+    no target node could be left out (a draft, no proportions)."""
+    if not front.split_candidates(cluster):
+        return None
+    size, shape, note = await gguf_facts(ctx.conn, model)
+    hostvars = ctx.vars.get("hostvars", {})
+    served = {n.name: (hostvars.get(n.name) or {}).get("rpc_served") for n in cluster.rpc}
+    main_mem = None
+    try:
+        kb = {}
+        for line in ((await ctx.conn.get("/proc/meminfo")) or b"").decode().splitlines():
+            k, _, v = line.partition(":")
+            if v.strip().endswith("kB"):
+                kb[k] = int(v.split()[0]) * 1024
+        if "MemAvailable" in kb and "MemTotal" in kb:
+            main_mem = (kb["MemAvailable"], kb["MemTotal"])
+    except (OSError, ValueError, TaskFailed):
+        main_mem = None
+    return lambda node: front.split_fits(cluster, node, size if not note else 0, shape,
+                                         {k: v for k, v in served.items() if v}, main_mem)
 
 
 def describe_split(plan) -> str:
