@@ -214,7 +214,7 @@ class LlamaServerPlan(Task):
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
                                  self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
         # draft-mtp: a draft file that is no MTP head of this target makes llama-server exit or abort at
-        # every start: refused here, before the unit (components/server/mtp_draft.py, issue 27).
+        # every start: refused here, before the unit (components/server/mtp_draft.py).
         mtp_notes = (await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
                      if plan.spec_type == "draft-mtp" and self.p["draft_model"] else [])
         # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
