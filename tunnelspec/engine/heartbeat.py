@@ -1,5 +1,5 @@
 """Progress on a long wait: a line when it starts, then one every few seconds with the time it has
-taken, until it ends (issue 36). A command that takes minutes with no output looks hung; a line
+taken, until it ends. A command that takes minutes with no output looks hung; a line
 every 10 s with the elapsed time says it is not. The lines are `progress` events (reporting/events.py),
 so the human output shows them as `.. [host] task: …` and `--format json` as events. Tasks reach
 it as `ctx.heartbeat(what)` (engine/context.py). A polling loop with news of its own (the /health

@@ -10,7 +10,7 @@ from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 
 NOLOGIN = "/usr/sbin/nologin"
 # Written as the account's comment (GECOS) when tunnelspec creates it: an account without it is not
-# tunnelspec's, and is never changed or removed (issue 37: llama_user=ubuntu got nologin, then
+# tunnelspec's, and is never changed or removed (a deploy with llama_user=ubuntu once got nologin, then
 # teardown killed its processes and deleted it with its home). The comment lives in /etc/passwd with
 # the account itself: no separate record to lose, and reading it is the getent the task runs anyway.
 MARK = SERVICE_USER_MARK
