@@ -412,30 +412,38 @@ def draft_lost(d, slow):
     return why, 3.0
 
 
-def lose_draft(cfg, d, state, why, grace):
-    """The draft is gone: tell the launcher how long to wait for it, and replace llama-server now —
-    killed, not stopped: it cannot compute, and a request it holds must come back to the front as a
-    dropped connection (which the front retries) rather than as an error answer. It would abort at its
-    next RPC call anyway (llama.cpp's RPC client never reconnects)."""
+def _replace_llama(cfg, state, why, grace, message, node=None):
+    """A node llama-server computes on is gone: tell the launcher how long to wait for it (`grace`),
+    and replace llama-server now — killed, not stopped: it cannot compute, and a request it holds must
+    come back to the front as a dropped connection (which the front retries) rather than as an error
+    answer. It would abort at its next RPC call anyway (llama.cpp's RPC client never reconnects).
+    False when there was nothing to replace."""
     active, _ = unit_state(cfg["unit"])
     if active not in ("active", "activating"):
         return False  # stopped on purpose (a deploy, a teardown): not ours to start, nothing to tell
-    _write_lost(cfg, why, grace)
+    _write_lost(cfg, why, grace, node)
     if read_state(cfg).get("at") != state.get("at"):
         return False  # llama-server was started again meanwhile (it aborted, systemd restarted it)
-    log("draft on %s lost: %s; restarting llama-server %s" % (
-        d["node"], why, "with the draft if it is back within %gs, else the target alone" % grace if grace
-        else "to serve the target alone"))
+    log(message)
     subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "--", cfg["unit"]],
                    capture_output=True, timeout=30)
     subprocess.run(["systemctl", "restart", "--no-block", "--", cfg["unit"]], timeout=30)
     return True
 
 
-def _write_lost(cfg, why, grace):
+def lose_draft(cfg, d, state, why, grace):
+    """The draft is gone: llama-server restarts with the draft if it is back within `grace`, else
+    serves the target alone."""
+    return _replace_llama(cfg, state, why, grace, "draft on %s lost: %s; restarting llama-server %s" % (
+        d["node"], why, "with the draft if it is back within %gs, else the target alone" % grace if grace
+        else "to serve the target alone"))
+
+
+def _write_lost(cfg, why, grace, node=None):
+    lost = {"at": time.time(), "why": why, "grace": grace, **({"node": node} if node is not None else {})}
     try:
         with open(_lost_path(cfg) + ".tmp", "w") as f:
-            json.dump({"at": time.time(), "why": why, "grace": grace}, f, sort_keys=True)
+            json.dump(lost, f, sort_keys=True)
         os.replace(_lost_path(cfg) + ".tmp", _lost_path(cfg))
     except OSError:
         pass  # the launcher then waits its usual grace: slower, never wrong
@@ -532,26 +540,10 @@ def watch(cfg_path):
 
 
 def lose_node(cfg, node, state, why, grace):
-    """A target node the split can be served without is gone (full split): tell the launcher (its
-    short wait: none when the tunnel's ssh gave up on the node) and replace llama-server now —
-    killed, so the request it holds comes back to the front as a dropped connection and is sent
-    again to the llama-server without the node."""
-    active, _ = unit_state(cfg["unit"])
-    if active not in ("active", "activating"):
-        return False
-    try:
-        with open(_lost_path(cfg) + ".tmp", "w") as f:
-            json.dump({"at": time.time(), "why": why, "grace": grace, "node": node}, f, sort_keys=True)
-        os.replace(_lost_path(cfg) + ".tmp", _lost_path(cfg))
-    except OSError:
-        pass  # the launcher then waits its usual split wait: slower, never wrong
-    if read_state(cfg).get("at") != state.get("at"):
-        return False  # llama-server was started again meanwhile (it aborted, systemd restarted it)
-    log("%s lost: %s; restarting llama-server without it unless it answers within %gs" % (node, why, grace))
-    subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "--", cfg["unit"]],
-                   capture_output=True, timeout=30)
-    subprocess.run(["systemctl", "restart", "--no-block", "--", cfg["unit"]], timeout=30)
-    return True
+    """A target node the split can be served without is gone (full split): llama-server restarts
+    without it unless it answers within `grace` (none when the tunnel's ssh gave up on the node)."""
+    return _replace_llama(cfg, state, why, grace, "%s lost: %s; restarting llama-server without it unless it "
+                          "answers within %gs" % (node, why, grace), node)
 
 
 def _closed_on_purpose(unit):

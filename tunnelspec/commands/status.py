@@ -84,16 +84,14 @@ def serving_line(sv: dict) -> str:
     if mode == "speculative":
         return (f"serving: speculative, draft on {','.join(sv.get('draft_devices') or []) or '?'} "
                 f"({sv.get('draft_node')}) since {sv.get('since') or '?'}")
+    detail = f" [{sv['detail']}]" if sv.get("detail") else ""  # ssh's own words, when a node is away
     if mode == "degraded":
-        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
         return (f"serving: DEGRADED since {sv.get('since') or '?'}: the target alone, without the draft on "
                 f"{sv.get('node')}: {sv.get('reason') or '?'}{detail}")
     if mode == "waiting":
-        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
         return (f"serving: WAITING since {sv.get('since') or '?'} for {sv.get('node')} (it holds target layers): "
                 f"{sv.get('reason') or '?'}{detail}")
     if mode == "split-degraded":
-        detail = f" [{sv['detail']}]" if sv.get("detail") else ""
         return (f"serving: SPLIT-DEGRADED since {sv.get('since') or '?'}: the split without {sv.get('node')} "
                 f"(its layers on the remaining devices): {sv.get('reason') or '?'}{detail}")
     if mode == "plain":

@@ -162,3 +162,16 @@ def gguf_shape(header: bytes) -> ModelShape:
                       n_head_kv=num("attention.head_count_kv"),
                       n_vocab=num("vocab_size") or (int(vocab) if isinstance(vocab, int) else None),
                       n_ctx_train=num("context_length"))
+
+
+def ram_available(meminfo: str) -> tuple[int, int] | None:
+    """(MemAvailable, MemTotal) in bytes from /proc/meminfo's text; None when either is missing."""
+    kb = {}
+    for line in (meminfo or "").splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            kb[key.strip()] = int(parts[0]) * 1024
+    if "MemAvailable" not in kb or "MemTotal" not in kb:
+        return None
+    return kb["MemAvailable"], kb["MemTotal"]

@@ -106,15 +106,8 @@ def _round(x: float | None) -> float | None:
 # ---- does the model fit main alone? --------------------------------------------------------------
 def meminfo_figure(text: str) -> tuple[str, int, int] | None:
     """(name, free bytes, total bytes) of a CPU-only main: MemAvailable and MemTotal of /proc/meminfo."""
-    kb = {}
-    for line in (text or "").splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            kb[key.strip()] = int(parts[0]) * 1024
-    if "MemAvailable" not in kb or "MemTotal" not in kb:
-        return None
-    return ("RAM (MemAvailable)", kb["MemAvailable"], kb["MemTotal"])
+    got = memory_fit.ram_available(text)
+    return None if got is None else ("RAM (MemAvailable)", *got)
 
 
 def device_figures(list_devices: str, names: str) -> tuple[list[tuple[str, int, int]], list[str]]:

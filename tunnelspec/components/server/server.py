@@ -26,9 +26,9 @@ from tunnelspec.components.rpc import BACKEND_GROUPS, existing_groups
 from tunnelspec.components.front.model import add_serving
 from tunnelspec.llama.speculative import spec_support
 from tunnelspec.llama.devices import served_text
-from tunnelspec.llama.memory_fit import gguf_shape
+from tunnelspec.llama.memory_fit import gguf_shape, ram_available
 from tunnelspec.llama.split_proof import slot_bytes
-from tunnelspec.components.server.fit import gguf_facts, gguf_header
+from tunnelspec.components.server.fit import gguf_header
 from tunnelspec.components.models.files import MODELS_DIR
 from tunnelspec.llama.versions import format_version
 from tunnelspec.components.tunnel.tunnels import main_rpc_version
@@ -209,8 +209,8 @@ class LlamaServerPlan(Task):
             raise TaskFailed("no RPC device map: the rpc_devices task must run first")
         # The target's block count: -ngl for a CPU share of main, and the layers each device should
         # hold (verify compares them with the load lines); read only when proportions are given.
-        n_layer, slots = (await target_layout(conn, self.p["model"]) if cluster.placement.weights is not None
-                          else (None, None))
+        target = await target_header(conn, self.p["model"]) if cluster.placement.weights is not None else None
+        n_layer, slots = layout_of(target)
         plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
                                  self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
         # draft-mtp: a draft file that is no MTP head of this target makes llama-server exit or abort at
@@ -241,7 +241,7 @@ class LlamaServerPlan(Task):
         add_serving(fact, cluster, lambda absent: build_server_argv(
             cluster, help_, {int(k): v for k, v in by_port.items()}, binary, self.p["model"], None,
             absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"],
-            fits=await _split_fits(ctx, cluster, self.p["model"]))
+            fits=await _split_fits(ctx, cluster, target))
         ctx.register("llama_server", fact)
 
         if plan.draft_node is None:
@@ -262,28 +262,27 @@ def _split_note(fact: dict) -> str:
     return "; " + "; ".join(([f"split-degraded without {', '.join(offered)}"] if offered else []) + rest)
 
 
-async def _split_fits(ctx, cluster, model: str):
+async def _split_fits(ctx, cluster, target: tuple[int, bytes] | None):
     """fits(node) for add_serving: can the remaining devices hold the target without that target node
-    (docs/degraded.md, split-degraded)? From the target's size and shape (its header on main), each
-    node's served device memory as this run read it (`rpc_served`) and main's MemAvailable. None when
-    no target node could be left out (a draft, no proportions)."""
+    (docs/degraded.md, split-degraded)? From the target's size and shape (its header on main, as the
+    plan read it: `target_header`), each node's served device memory as this run read it
+    (`rpc_served`) and main's MemAvailable. None when no target node could be left out (a draft, no
+    proportions)."""
     if not front.split_candidates(cluster):
         return None
-    size, shape, note = await gguf_facts(ctx.conn, model)
+    size, shape = 0, None  # unknown: the mode is not offered
+    if target is not None:
+        try:
+            size, shape = target[0], gguf_shape(target[1])
+        except Exception:  # noqa: BLE001 - a malformed header: the size alone is no figure to trust
+            size, shape = 0, None
     hostvars = ctx.vars.get("hostvars", {})
     served = {n.name: (hostvars.get(n.name) or {}).get("rpc_served") for n in cluster.rpc}
-    main_mem = None
     try:
-        kb = {}
-        for line in ((await ctx.conn.get("/proc/meminfo")) or b"").decode().splitlines():
-            k, _, v = line.partition(":")
-            if v.strip().endswith("kB"):
-                kb[k] = int(v.split()[0]) * 1024
-        if "MemAvailable" in kb and "MemTotal" in kb:
-            main_mem = (kb["MemAvailable"], kb["MemTotal"])
+        main_mem = ram_available(((await ctx.conn.get("/proc/meminfo")) or b"").decode())
     except (OSError, ValueError, TaskFailed):
         main_mem = None
-    return lambda node: front.split_fits(cluster, node, size if not note else 0, shape,
+    return lambda node: front.split_fits(cluster, node, size, shape,
                                          {k: v for k, v in served.items() if v}, main_mem)
 
 
@@ -299,20 +298,28 @@ def describe_split(plan) -> str:
     return out
 
 
-async def target_layout(conn, model: str) -> tuple[int | None, list[int] | None]:
-    """The target GGUF's block count and the bytes of each layer slot (llama/split_proof.py), from
-    its header on main; (None, None) when unreadable. `model` may be the inventory's own path (the
-    verify playbook has no upload fact): a file not on main is looked for where model_file puts
-    uploads."""
+async def target_header(conn, model: str) -> tuple[int, bytes] | None:
+    """(size, first bytes) of the target GGUF on main, enough for its tensor infos; None when
+    unreadable. `model` may be the inventory's own path (the verify playbook has no upload fact): a
+    file not on main is looked for where model_file puts uploads."""
     for path in dict.fromkeys([model, f"{MODELS_DIR}/{model.rstrip('/').rsplit('/', 1)[-1]}"]):
         size, header, note = await gguf_header(conn, path, lambda h, n: slot_bytes(h, n) is not None)
-        if note or not size:
-            continue
-        try:
-            return gguf_shape(header).n_layer, slot_bytes(header, size)
-        except (ValueError, IndexError, KeyError):
-            return None, None
-    return None, None
+        if not note and size:
+            return size, header
+    return None
+
+
+def layout_of(target: tuple[int, bytes] | None) -> tuple[int | None, list[int] | None]:
+    """The target's block count and the bytes of each layer slot (llama/split_proof.py) from its
+    header; (None, None) when unreadable."""
+    if target is None:
+        return None, None
+    size, header = target
+    try:
+        return gguf_shape(header).n_layer, slot_bytes(header, size)
+    except (ValueError, IndexError, KeyError):
+        return None, None
+
 
 
 async def _main_proto(ctx, cluster) -> str | None:
