@@ -11,7 +11,7 @@ import pytest
 
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.lab import gguf_tiny
-from tunnelspec.llama import devices as dv, memory_fit as mf
+from tunnelspec.llama import devices as dv, gguf_header, memory_fit as mf
 from tunnelspec.components.server.fit import gguf_facts
 
 GiB = 2**30
@@ -38,6 +38,8 @@ def test_sparse_30_gib_draft_is_refused_with_both_figures(tmp_path):
     assert os.stat(path).st_blocks * 512 < 10 * 2**20  # sparse: no disk taken
     size, shape, _ = facts(path)
     assert size >= 30 * GiB and shape.n_embd == 64
+    with open(path, "rb") as f:  # whole: the deploy's model proof would refuse a file cut short
+        assert gguf_header.shortfall(size, gguf_header.extent(gguf_header.read_whole_header(f, size))) is None
     need = mf.draft_need(size, shape, None)
     with pytest.raises(dv.DeviceError) as e:
         mf.require_fit(mf.check_fit("rpc-a", [("Vulkan0", 17800 * mf.MIB, 17800 * mf.MIB)], need))

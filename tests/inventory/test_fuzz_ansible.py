@@ -59,7 +59,9 @@ def test_in_process_ansible_equals_the_cli(fuzz, tmp_path, ansible_inventory_lis
     checked = []
 
     @seed(7)
-    @settings(max_examples=30, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    # 100 examples, not 30: after other modules ran, the same seed once gave only 3 inventories
+    # with hostvars in 30 (cause not found); comparing stops at 6, so more examples cost little.
+    @settings(max_examples=100, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(fuzz.cases("both"))
     def compare(case):
         fmt, data = case

@@ -130,7 +130,10 @@ def write_sparse_llama(path: str | os.PathLike, logical_bytes: int) -> int:
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
-    data_start = path.stat().st_size
+    # The tensor data starts at the next multiple of the file's alignment (GGUF's default, 32): the
+    # writer pads there only when it writes the data, which a sparse file never does.
+    align = 32
+    data_start = -(-path.stat().st_size // align) * align
     os.truncate(path, data_start + rows * EMBED * 4)
     return path.stat().st_size
 
