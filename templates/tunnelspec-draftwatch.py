@@ -476,7 +476,7 @@ def watch(cfg_path):
     d = cfg["draft"]
     rejoin_after = float(cfg.get("rejoin_after", 20))
     steady_since = None
-    losses = []  # times speculative mode was lost: a flapping link waits longer before the next rejoin
+    flaps = Flaps(rejoin_after)  # a link that flaps waits longer before the next rejoin
     log("watching %s (draft on %s); switching back after %gs of steady answers" % (d["node"], d["endpoint"], rejoin_after))
     handled = None  # the llama-server start (its mode file's `at`) whose loss was dealt with
     for tick in range(1, 10 ** 12):  # until systemd stops it
@@ -488,7 +488,7 @@ def watch(cfg_path):
                 if why:
                     handled = state.get("at")
                     if lose_draft(cfg, d, state, why, grace):
-                        losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                        flaps.lost()
                         _sleep_until_restarted(cfg)
             time.sleep(FAST_TICK)
             continue
@@ -504,7 +504,7 @@ def watch(cfg_path):
             if why:
                 handled = state.get("at")
                 if lose_draft(cfg, d, state, why, grace):
-                    losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                    flaps.lost()
                     _sleep_until_restarted(cfg)
             elif sub == "auto-restart" and _lost_at(cfg) < float(state.get("at", 0)):
                 # llama-server aborted while its tunnel is up: most likely the node's rpc-server went
@@ -525,16 +525,17 @@ def watch(cfg_path):
             else:
                 if steady_since is None:
                     steady_since = time.monotonic()
-                    wait = _rejoin_wait(rejoin_after, losses)
+                    wait = flaps.wait()
                     log("%s answers again (%s); the draft comes back after %gs of steady answers, when idle"
                         % (d["node"], why, wait))
-                wait = _rejoin_wait(rejoin_after, losses)
+                wait = flaps.wait()
                 if time.monotonic() - steady_since >= wait and front_busy(cfg) is False:
                     _set_rejoin_flag(cfg)
                     restart_llama(cfg, "%s steady for %gs and llama-server idle: restarting it with the draft on %s"
                                   % (d["node"], wait, ",".join(d["devices"])))
                     steady_since = None
                     _sleep_until_restarted(cfg)
+                    flaps.rejoin()
         time.sleep(FAST_TICK)
     return 0
 
@@ -568,7 +569,7 @@ def split_watch(cfg_path):
     as PartOf= does for the other target nodes."""
     cfg = load_config(cfg_path)
     rejoin_after = float(cfg.get("rejoin_after", 20))
-    steady_since, handled, losses = None, None, []
+    steady_since, handled, flaps = None, None, Flaps(rejoin_after)
     log("watching %s (the split is served without any one of them while it is away); back to the full "
         "split after %gs of steady answers" % (", ".join(sorted(cfg["without"])), rejoin_after))
     for tick in range(1, 10 ** 12):  # until systemd stops it
@@ -589,7 +590,7 @@ def split_watch(cfg_path):
                     log("%s closed: stopping llama-server (it holds target layers there)" % w["tunnel_unit"])
                     subprocess.run(["systemctl", "stop", "--no-block", "--", cfg["unit"]], timeout=30)
                 elif lose_node(cfg, node, state, why, min(grace, float(cfg.get("split_wait", 5)))):
-                    losses = [t for t in losses if time.time() - t < 600] + [time.time()]
+                    flaps.lost()
                     _sleep_until_restarted(cfg)
                 break
         elif mode == SPLIT_DEGRADED and slow:
@@ -610,7 +611,7 @@ def split_watch(cfg_path):
                         log("%s stopped answering again (%s)" % (node, err))
                     steady_since = None
                 else:
-                    wait = _rejoin_wait(rejoin_after, losses)
+                    wait = flaps.wait()
                     if steady_since is None:
                         steady_since = time.monotonic()
                         log("%s answers again (RPC v%s); the full split comes back after %gs of steady answers, "
@@ -621,6 +622,7 @@ def split_watch(cfg_path):
                                       % (node, wait))
                         steady_since = None
                         _sleep_until_restarted(cfg)
+                        flaps.rejoin()
         time.sleep(FAST_TICK)
     return 0
 
@@ -653,9 +655,27 @@ def _set_rejoin_flag(cfg):
     os.replace(path + ".tmp", path)
 
 
-def _rejoin_wait(base, losses):
-    recent = len([t for t in losses if time.time() - t < 600])
-    return min(base * (2 ** max(0, recent - 1)), 600.0)
+class Flaps:
+    """How long the node must answer before it is taken back. A loss soon after a rejoin (within the
+    wait that rejoin used, and at least 30 s, from llama-server's restart) is a flap: each one doubles
+    the next wait (up to 10 minutes). A loss after the node held longer starts again from `base`:
+    faults a minute apart are separate faults, each back after `base` seconds of steady answers."""
+
+    def __init__(self, base, now=time.monotonic):
+        self.base, self.now, self.count, self.rejoined = base, now, 0, None  # rejoined: (when, wait)
+
+    def wait(self):
+        return min(self.base * (2 ** self.count), 600.0)
+
+    def rejoin(self):
+        self.rejoined = (self.now(), self.wait())
+
+    def lost(self):
+        if self.rejoined is not None and self.now() - self.rejoined[0] < max(30.0, self.rejoined[1]):
+            self.count += 1
+        else:
+            self.count = 0
+        self.rejoined = None
 
 
 def _sleep_until_restarted(cfg, limit=60.0):

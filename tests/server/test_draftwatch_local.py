@@ -44,6 +44,33 @@ def test_script_has_no_template_syntax():
     assert "{{" not in text and "{%" not in text and "{#" not in text
 
 
+def test_rejoin_waits_longer_only_while_the_node_flaps():
+    """A loss soon after a rejoin doubles the next wait; a loss after the node held a while is a new
+    fault and waits the base time again (faults a minute apart each come back after 20 s)."""
+    clock = [1000.0]
+    flaps = _load_script().Flaps(20.0, now=lambda: clock[0])
+    assert flaps.wait() == 20.0
+    flaps.lost()  # the first loss: nothing came back before it
+    assert flaps.wait() == 20.0
+    flaps.rejoin()
+    clock[0] += 10  # lost 10 s after coming back: a flap
+    flaps.lost()
+    assert flaps.wait() == 40.0
+    flaps.rejoin()
+    clock[0] += 35  # within the 40 s that rejoin waited
+    flaps.lost()
+    assert flaps.wait() == 80.0
+    flaps.rejoin()
+    clock[0] += 300  # held five minutes: a separate fault
+    flaps.lost()
+    assert flaps.wait() == 20.0
+    for _ in range(12):  # capped at ten minutes
+        flaps.rejoin()
+        clock[0] += 1
+        flaps.lost()
+    assert flaps.wait() == 600.0
+
+
 def _config(tmp_path: Path, draft_port: int, expect: str | None, wait: list[tuple[str, int]] = (),
             timeout: float = 5) -> Path:
     cfg = {
