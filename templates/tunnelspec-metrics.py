@@ -29,11 +29,11 @@ import subprocess
 import sys
 import time
 
-MODES = ("speculative", "degraded", "waiting", "plain")
+MODES = ("speculative", "degraded", "split-degraded", "waiting", "plain")
 
 # The documented set (docs/metrics.md; the alert rules and the dashboard use only these and llama-server's).
 METRICS = {
-    "tunnelspec_serving_mode": ("gauge", "1 for the mode llama-server was last launched in (speculative, degraded, waiting, plain), else 0"),
+    "tunnelspec_serving_mode": ("gauge", "1 for the mode llama-server was last launched in (speculative, degraded, split-degraded, waiting, plain), else 0"),
     "tunnelspec_serving_mode_seconds_total": ("counter", "Seconds spent in each serving mode since main booted"),
     "tunnelspec_serving_mode_entered_total": ("counter", "Times serving switched into each mode since main booted"),
     "tunnelspec_serving_mode_since_timestamp_seconds": ("gauge", "Unix time the current serving mode began"),

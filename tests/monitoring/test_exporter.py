@@ -81,6 +81,20 @@ def test_the_generation_and_its_rollbacks_from_the_deploys_status_file(tmp_path)
     assert gen.parse_status("not json") == {} and gen.parse_status("[1]") == {}
 
 
+def test_a_split_served_without_a_node_is_its_own_mode(tmp_path):
+    """The launcher's split-degraded start (a seed 003 target node away, the rest hold the model)."""
+    cfg = {"state": str(tmp_path / "mode.json")}
+    DW.write_state(cfg, {"mode": "plain", "since": 100.0, "at": 100.0}, {}, {"rpc-a": ("3.0.0", "")}, start=True)
+    DW.write_state(cfg, {"mode": DW.SPLIT_DEGRADED, "node": "rpc-a", "since": 160.0, "at": 160.0},
+                   DW.read_state(cfg), {"rpc-a": (None, "refused")}, start=True)
+    s = samples(EXP.scrape(cfg_for(tmp_path), now=220.0))
+    assert s['tunnelspec_serving_mode{mode="split-degraded"}'] == 1 and s['tunnelspec_serving_mode{mode="plain"}'] == 0
+    assert s['tunnelspec_serving_mode_seconds_total{mode="split-degraded"}'] == 60
+    assert s['tunnelspec_serving_mode_seconds_total{mode="plain"}'] == 60
+    assert s['tunnelspec_serving_mode_entered_total{mode="split-degraded"}'] == 1
+    assert s['tunnelspec_node_rpc_hello_ok{node="rpc-a"}'] == 0
+
+
 def test_launcher_counters_switches_seconds_starts_and_hello(tmp_path):
     cfg = {"state": str(tmp_path / "mode.json")}
     DW.write_state(cfg, {"mode": "speculative", "since": 100.0, "at": 100.0}, {}, {"rpc-a": ("3.0.0", "")}, start=True)
