@@ -5,6 +5,7 @@ a request, and the requests that failed. Not part of CI, and not a timed test.
 
     flock /tmp/tunnelspec-lab.lock python benchmarks/node_loss.py --deploy [--faults link_cut,ssh_kill,rpc_kill]
         [--cut 60] [--json] [--journal DIR]
+    flock /tmp/tunnelspec-lab.lock python benchmarks/node_loss.py --split [--cut 60]
 
 Against the default lab (`tunnelspec lab up`; the test lab is reused), deployed first by this checkout
 with --deploy (another lab user may have deployed their own since). Faults, all on rpc-a (the
@@ -12,7 +13,11 @@ draft-only node):
   link_cut   rpc-a's link down for --cut seconds, then up
   ssh_kill   SIGKILL the draft tunnel's ssh on main (systemd starts it again)
   rpc_kill   SIGKILL rpc-a's rpc-server (systemd starts it again 2 s later)
-Before each fault the cluster serves speculative and a drafted answer came back; the client starts
+  split_cut  with --split: examples/seed003-layers-on-two-nodes.ini deployed on the lab (no draft, both
+             nodes target layers, an 11-block tiny llama the rest holds without rpc-a), rpc-a's link
+             down for --cut seconds: served split-degraded from main's CPU and rpc-b meanwhile
+Before each fault the cluster serves speculative and a drafted answer came back (the full split:
+plain and an answer); the client starts
 6 s before the fault and runs until 40 s after it ended (a request every 2 s, each bounded by 400 s).
 --journal DIR writes main's journal around each fault (watcher, launcher and llama-server, front,
 tunnel) for reading.
@@ -38,6 +43,8 @@ from tunnelspec.lab import DEFAULT_BRIDGE, Lab  # noqa: E402
 from tunnelspec.lab import state as lab_state  # noqa: E402
 
 FAULTS = ("link_cut", "ssh_kill", "rpc_kill")
+SPLIT_FAULTS = ("split_cut",)
+SEED003 = HERE.parent / "examples" / "seed003-layers-on-two-nodes.ini"
 NODE = "rpc-a"
 INTERVAL_S = 2.0
 LEAD_S, TAIL_S = 6.0, 40.0
@@ -49,8 +56,9 @@ def sh(lab, host, script: str, timeout: float = 60) -> str:
     return lab.exec(host, ["sh", "-c", script], timeout=timeout).stdout or ""
 
 
-def wait_speculative(lab, timeout: float = 300) -> None:
-    """The mode file says speculative, llama-server is active and a completion through the front drafts."""
+def wait_speculative(lab, timeout: float = 300, mode: str = "speculative") -> None:
+    """The mode file says speculative, llama-server is active and a completion through the front drafts
+    (mode "plain", the full split: an answer, no draft)."""
     client_probe = ("import json,urllib.request\n"
                     "r=urllib.request.Request('http://127.0.0.1:8080/completion',data=json.dumps({'prompt':'Hi',"
                     "'n_predict':8,'cache_prompt':False}).encode(),headers={'Content-Type':'application/json'})\n"
@@ -58,19 +66,19 @@ def wait_speculative(lab, timeout: float = 300) -> None:
                     ".get('draft_n',0))\nexcept Exception:\n print(0)\n")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        mode = sh(lab, "main", "cat /run/tunnelspec-llama/mode.json 2>/dev/null || echo {}")
+        mode_file = sh(lab, "main", "cat /run/tunnelspec-llama/mode.json 2>/dev/null || echo {}")
         active = sh(lab, "main", "systemctl is-active tunnelspec-llama-server.service || :").strip()
-        if '"speculative"' in mode and active == "active":
+        if f'"{mode}"' in mode_file and active == "active":
             out = lab.exec("main", ["python3", "-c", client_probe], timeout=60).stdout.strip()
-            if out.splitlines() and out.splitlines()[-1] not in ("", "0"):
+            if out.splitlines() and out.splitlines()[-1] not in ("", "0" if mode == "speculative" else "x"):
                 return
         time.sleep(1)   # poll interval of the deadline loop
-    raise SystemExit("the lab does not serve speculative: deploy it first")
+    raise SystemExit(f"the lab does not serve {mode}: deploy it first")
 
 
 def inject(lab, kind: str, cut: float) -> float:
     """Start the fault; returns when it is over (the link cut lasts `cut` s)."""
-    if kind == "link_cut":
+    if kind in ("link_cut", "split_cut"):
         lab.link(NODE, False)
         try:
             time.sleep(cut)  # the fault's own length
@@ -95,8 +103,8 @@ def journal(lab, since: float, until: float) -> str:
 
 
 def one_fault(lab, kind: str, cut: float, journal_dir: Path | None) -> dict:
-    wait_speculative(lab)
-    held = cut if kind == "link_cut" else 0.0
+    wait_speculative(lab, mode="plain" if kind in SPLIT_FAULTS else "speculative")
+    held = cut if kind in ("link_cut", "split_cut") else 0.0
     client = Client(lab, f"node-loss-{kind}", LEAD_S + held + TAIL_S, interval=INTERVAL_S)
     try:
         time.sleep(LEAD_S)  # a few drafted answers before the fault
@@ -142,16 +150,19 @@ def render(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--faults", default=",".join(FAULTS), help="comma-separated, in order (default all)")
+    ap.add_argument("--faults", help="comma-separated, in order (default all; with --split: split_cut)")
     ap.add_argument("--cut", type=float, default=60.0, help="seconds the link stays cut (default 60)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--journal", type=Path, help="write main's journal around each fault into this directory")
     ap.add_argument("--deploy", action="store_true", help="deploy the lab's inventory with this checkout first")
+    ap.add_argument("--split", action="store_true",
+                    help="deploy seed 003's split (examples/) on the lab with this checkout; faults: split_cut")
     a = ap.parse_args(argv)
-    faults = [f for f in a.faults.split(",") if f]
-    bad = [f for f in faults if f not in FAULTS]
+    known = SPLIT_FAULTS if a.split else FAULTS
+    faults = [f for f in (a.faults or ",".join(known)).split(",") if f]
+    bad = [f for f in faults if f not in known]
     if bad:
-        ap.error(f"unknown fault(s) {', '.join(bad)}; known: {', '.join(FAULTS)}")
+        ap.error(f"unknown fault(s) {', '.join(bad)}; known{' with --split' if a.split else ''}: {', '.join(known)}")
     if not 0 < a.cut <= 600:
         ap.error("--cut: between 0 and 600 seconds")
     st = lab_state.load(DEFAULT_BRIDGE)
@@ -160,8 +171,17 @@ def main(argv=None) -> int:
     lab = Lab(st["dir"])
     # A stopped run still stops its client on main (the `finally` below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    if a.deploy:
-        d = subprocess.run([sys.executable, "-m", "tunnelspec", "deploy", str(lab.inventory)], capture_output=True,
+    inventory = lab.inventory
+    if a.split:
+        from support.labdeploy import example_in_lab
+
+        from tunnelspec.lab import gguf_tiny
+
+        model = Path(lab.dir) / "node-loss-tiny-llama-11-blocks.gguf"
+        gguf_tiny.write_tiny_llama(model, blocks=11)  # main's CPU and rpc-b hold it without rpc-a
+        inventory = example_in_lab(SEED003, lab, model)
+    if a.deploy or a.split:
+        d = subprocess.run([sys.executable, "-m", "tunnelspec", "deploy", str(inventory)], capture_output=True,
                            text=True, timeout=3600, stdin=subprocess.DEVNULL, cwd=HERE.parent)
         if d.returncode != 0:
             raise SystemExit(f"deploy failed (exit {d.returncode}): {d.stdout[-2000:]}{d.stderr[-1000:]}")

@@ -118,7 +118,9 @@ def test_modes_document_renders_the_line_without_the_node(tmp_path):
     assert w["rpc-a"]["tunnel_unit"] == "tunnelspec-tunnel-rpc-a.service" and w["rpc-a"]["port"] == 15052
     # The full split is unchanged; the watcher runs; rpc-a is no longer PartOf= (the watcher handles it).
     assert doc["modes"]["speculative"] == fact["argv"] and "--rpc" in fact["argv"]
-    assert fact["draft_skippable"] is True and fact["without"] == {"rpc-a": argv}
+    assert fact["draft_skippable"] is True and fact["without"]["rpc-a"]["argv"] == argv
+    # verify proves the split without rpc-a against this plan (its devices, its layers).
+    assert fact["without"]["rpc-a"]["nodes"] == {"rpc-b": ["RPC0"]} and fact["without"]["rpc-a"]["absent"] == ["rpc-a"]
     assert fact["unit"]["required_tunnel_units"] == ["tunnelspec-tunnel-rpc-b.service"]
     assert fact["split_fit"]["rpc-b"].startswith("does not fit")
     # The fit's figures never reach the document: a second deploy with other free memory renders the same.

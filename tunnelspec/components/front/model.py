@@ -222,7 +222,7 @@ def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_tim
         if ok_:
             # The fit's figures (free MiB now) stay out of the document: it changes only with the verdict.
             without[n.name] = degraded_plan(frozenset({n.name})).as_fact()
-    fact["without"] = {k: v["argv"] for k, v in without.items()}
+    fact["without"] = without  # node → the plan without it: what the launcher runs, what verify proves
     fact["split_fit"] = fit_notes
     fact["modes_json"] = modes_json(modes_document(cluster, fact, degraded, expect, wait_timeout, without))
     # The watcher also runs for a split it can serve without a node (it notices the loss, and the return).

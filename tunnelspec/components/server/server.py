@@ -462,16 +462,17 @@ class LlamaVerify(Task):
         cluster = ctx.require_cluster()
         for _ in range(int(settle)):
             sv = await serving_state(ctx.conn, cluster)
-            if sv["mode"] == front.DEGRADED:
+            if sv["mode"] in _SERVED_WITHOUT:
                 return True
             await asyncio.sleep(1.0)  # speculative, or waiting/unknown while the launcher starts again
         return False
 
     async def _mode_plan(self, ctx, health_wait: int) -> tuple[dict, str]:
-        """The plan to prove, from the mode llama-server runs in (docs/degraded.md). Speculative: the
-        draft. Degraded with the draft node unreachable in this run (a deploy while it is away): the
-        target alone, with a warning — the run already fails for that node. Degraded otherwise: wait
-        up to `rejoin_wait` for the watcher to bring the draft back, else fail with the reason."""
+        """The plan to prove, from the mode llama-server runs in (docs/degraded.md). Speculative or the
+        full split: the plan. Degraded (split-degraded) with the node unreachable in this run (a deploy
+        while it is away): the target alone (the split without that node), with a warning — the run
+        already fails for that node. Otherwise: wait up to `rejoin_wait` for the watcher to bring the
+        node back, else fail with the reason."""
         plan = self.p["plan"]
         if not _has_degraded_mode(plan):
             return plan, ""
@@ -481,31 +482,42 @@ class LlamaVerify(Task):
         end = start + self.p["rejoin_wait"] + (health_wait if self.p["rejoin_wait"] else 0)
         for _ in range(int(self.p["rejoin_wait"] + health_wait) + 2):
             sv = await serving_state(ctx.conn, cluster)
-            if sv["mode"] != front.DEGRADED:
+            if sv["mode"] not in _SERVED_WITHOUT:
                 return plan, ""
-            if sv["node"] in (ctx.vars.get("unreachable_hosts") or []):
-                return plan["degraded"], (f"DEGRADED since {sv['since']}: serving the target alone, without the "
-                                          f"draft on {sv['node']} ({sv['reason']}); the draft comes back by itself "
-                                          "when the node answers again")
+            node = sv["node"]
+            if sv["mode"] == front.DEGRADED:
+                alt, label, what = plan.get("degraded"), "DEGRADED", "the target alone, without the draft on " + node
+                back, whole = "the draft comes back", "the draft"
+            else:
+                alt = (plan.get("without") or {}).get(node)
+                alt = alt if isinstance(alt, dict) else None  # a generation recorded before: argv only
+                label, what = "SPLIT-DEGRADED", f"the split without {node}"
+                back, whole = "the full split comes back", node
+            if node in (ctx.vars.get("unreachable_hosts") or []) and alt is not None:
+                return alt, (f"{label} since {sv['since']}: serving {what} ({sv['reason']}); {back} by itself "
+                             "when the node answers again")
             if loop.time() >= end:
                 detail = f" [{sv['detail']}]" if sv.get("detail") else ""
-                raise TaskFailed(f"DEGRADED since {sv['since']}: llama-server serves the target alone, without the "
-                                 f"draft on {sv['node']}: {sv['reason']}{detail}. Serving continues; the draft "
-                                 f"comes back by itself once {sv['node']} answers steadily "
+                raise TaskFailed(f"{label} since {sv['since']}: llama-server serves {what}: {sv['reason']}{detail}. "
+                                 f"Serving continues; {back} by itself once {node} answers steadily "
                                  f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
             waited = loop.time() - start
             if waited >= next_report:  # now, then every 10 s: the wait may take a minute or more
                 next_report = (int(waited / 10) + 1) * 10.0
-                ctx.progress(f"degraded: waiting for the draft on {sv['node']} to come back: {waited:.0f} s of "
-                             f"{end - start:.0f} s ({sv['reason']})", waiting_for="draft",
+                ctx.progress(f"{sv['mode']}: waiting for {whole} on {node} to come back: {waited:.0f} s of "
+                             f"{end - start:.0f} s ({sv['reason']})", waiting_for="draft" if sv["mode"] == front.DEGRADED else "node",
                              elapsed_s=round(waited, 1), budget_s=round(end - start))
             await asyncio.sleep(1.0)
         return plan, ""
 
 
+_SERVED_WITHOUT = (front.DEGRADED, front.SPLIT_DEGRADED)
+
+
 def _has_degraded_mode(plan: dict) -> bool:
-    """Serving can go on without this plan's draft node: it is draft-only and a degraded plan exists."""
-    return bool(plan.get("draft_skippable") and plan.get("degraded"))
+    """Serving can go on without one of this plan's nodes: a draft-only node with a degraded plan, or
+    a split's target node the rest can hold the model without."""
+    return bool(plan.get("draft_skippable") and (plan.get("degraded") or plan.get("without")))
 
 
 def _served_devices(ctx, plan: dict) -> str:
