@@ -33,7 +33,8 @@ def pytest_collection_modifyitems(config, items):
 
 # --- test tiers -------------------------------------------------------------------------------
 # Every test gets one tier marker, from what it uses (docs/ci.md, "Test tiers"): `lab` (the
-# systemd-nspawn hosts), `build` (a llama.cpp build on this machine), `sshd` (real sshd/sudo on
+# systemd-nspawn hosts), `build` (a llama.cpp build on this machine, or a module marked `build`: it
+# downloads from PyPI or installs a wheel), `sshd` (real sshd/sudo on
 # 127.0.0.1), else `unit` (pure: no process of its own beyond short-lived tools).
 # `bash scripts/test.sh --fast` runs the unit tier alone.
 LAB_FIXTURES = {"lab", "lab_tools"}
@@ -47,7 +48,7 @@ def tier_of(item) -> str:
     names = set(getattr(item, "fixturenames", ()))
     if item.get_closest_marker("lab") or names & LAB_FIXTURES:
         return "lab"
-    if item.get_closest_marker("llama") or names & BUILD_FIXTURES:
+    if item.get_closest_marker("llama") or item.get_closest_marker("build") or names & BUILD_FIXTURES:
         return "build"
     path = str(getattr(item, "path", "") or item.fspath)
     if path not in _module_text:
@@ -59,6 +60,19 @@ def tier_of(item) -> str:
     if names & SSHD_FIXTURES or any(w in _module_text[path] for w in _SSHD_SOURCE):
         return "sshd"
     return "unit"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A unit-tier test's `tunnelspec …` runs (support/cli.py) go through the fork server
+    (support/zygote.py): the same CLI code, without an interpreter start and imports per run."""
+    from support import cli
+
+    cli.FORK = item.get_closest_marker("unit") is not None
+    try:
+        yield
+    finally:
+        cli.FORK = False
 # --- end of test tiers ---------------------------------------------------------------------------
 
 

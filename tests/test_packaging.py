@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# The `build` tier: this module builds a wheel and installs it into fresh environments (not the pure tier).
+pytestmark = pytest.mark.build
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -13,6 +13,9 @@ from tunnelspec.lab import gguf_tiny
 
 from support.files import files_state
 
+# The `build` tier: this module downloads the llama.cpp sdist from PyPI and builds the fixture repository (not the pure tier).
+pytestmark = pytest.mark.build
+
 
 def git(cwd, *args) -> str:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=True,

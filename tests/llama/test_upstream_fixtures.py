@@ -16,6 +16,9 @@ from tunnelspec.llama import versions
 
 from support.files import files_state
 
+# The `build` tier: this module downloads the upstream sdists from PyPI and builds their repository (not the pure tier).
+pytestmark = pytest.mark.build
+
 # Fixed identity and date: the same SHAs on every machine, so inventories and tests can pin them.
 PINNED = {"b9093": "05c534942ce8fcc01d06b72d859b052398fb7f0f",
           "b11434": "d4f3039b1fa47e918560a0e6f29b9dec16fc54b5"}

@@ -27,12 +27,75 @@ class CliResult:
         return next(e for e in self.events if e.get("event") == "recap")["hosts"]
 
 
+# Set by tests/conftest.py for each test: True in the unit tier, whose CLI runs go through the fork
+# server (support/zygote.py: the same CLI code without an interpreter start per run).
+FORK = False
+# Read by tunnelspec when its modules are imported: a run that sets one needs a fresh interpreter.
+_IMPORT_TIME_ENV = ("TUNNELSPEC_TEST_KILL_AT", "TUNNELSPEC_LAB_CCACHE")
+
+
 def tunnelspec(*args: str, env: dict | None = None, timeout: float = 300, cwd=None) -> CliResult:
     e = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
     e.update(env or {})
+    if FORK and not any(k in e for k in _IMPORT_TIME_ENV):
+        return _forked([str(a) for a in args], e, timeout, cwd)
     p = subprocess.run([sys.executable, "-m", "tunnelspec", *args], capture_output=True, text=True, env=e,
                        timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
     return CliResult(p.returncode, p.stdout, p.stderr)
+
+
+_server: dict = {}
+
+
+def _zygote_socket() -> str:
+    """The fork server of this test process, started at its first use; it ends when this process does
+    (its stdin closes), and atexit stops it by PID first."""
+    if "path" not in _server:
+        import atexit
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="tunnelspec-zygote-")
+        path = os.path.join(d, "sock")
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+        env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        proc = subprocess.Popen([sys.executable, "-m", "support.zygote", path], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env, cwd=here)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready", "the fork server did not start"
+
+        def stop() -> None:
+            proc.kill()
+            proc.wait(timeout=10)
+            import shutil
+
+            shutil.rmtree(d, ignore_errors=True)
+
+        atexit.register(stop)
+        _server.update(path=path, proc=proc, dir=d)
+    return _server["path"]
+
+
+def _forked(argv: list[str], env: dict, timeout: float, cwd) -> CliResult:
+    import socket
+    import tempfile
+
+    path = _zygote_socket()
+    with tempfile.TemporaryDirectory(dir=_server["dir"]) as d:
+        out, err = os.path.join(d, "out"), os.path.join(d, "err")
+        for f in (out, err):
+            open(f, "wb").close()
+        req = {"argv": argv, "env": env, "cwd": str(cwd) if cwd is not None else os.getcwd(), "out": out,
+               "err": err, "timeout": timeout}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout + 30)
+            s.connect(path)
+            s.sendall((json.dumps(req) + "\n").encode())
+            reply = json.loads(s.makefile("rb").readline())
+        if reply.get("timeout"):
+            raise subprocess.TimeoutExpired([sys.executable, "-m", "tunnelspec", *argv], timeout)
+        with open(out, encoding="utf-8", errors="replace") as f_out, open(err, encoding="utf-8",
+                                                                          errors="replace") as f_err:
+            return CliResult(reply["rc"], f_out.read(), f_err.read())
 
 
 def make_repo(path) -> str:
