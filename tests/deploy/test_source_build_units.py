@@ -202,7 +202,9 @@ def test_build_refuses_known_vulnerable_pins(number, allowed, expect):
     from tunnelspec.components.build.build import LlamaBuild
 
     task = LlamaBuild(LlamaBuild.validate({"root": "/opt/t", "role": "main", "commit": BASE, "build_number": number}))
-    ctx = SimpleNamespace(options=SimpleNamespace(allow_vulnerable_llama=allowed))
+    from tunnelspec.llama import advisories
+
+    ctx = SimpleNamespace(options=SimpleNamespace(accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allowed else ())))
     if expect == "refuse":
         with pytest.raises(TaskFailed, match="known-vulnerable.*--allow-vulnerable-llama"):
             task._advisory_note(ctx)

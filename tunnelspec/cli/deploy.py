@@ -9,6 +9,7 @@ import click
 
 from tunnelspec.cli.options import (_INVENTORY_HELP, _builtin, _cluster_and_opts, _extra_vars_option, _play,
                                     _run_options, inventory_argument, lock_options, playbook_options, run_options)
+from tunnelspec.llama import advisories
 
 
 @click.command("play")
@@ -44,7 +45,7 @@ def play_cmd(inventory_option, paths, **kw):
 def deploy_cmd(inventory_file, allow_vulnerable_llama, no_rollback, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
     _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
-          allow_vulnerable_llama=allow_vulnerable_llama, lock="deploy", rollback=not no_rollback, **kw)
+          accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allow_vulnerable_llama else ()), lock="deploy", rollback=not no_rollback, **kw)
 
 
 @click.command("rollback")

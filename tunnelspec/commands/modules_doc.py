@@ -56,6 +56,8 @@ def module_section(cls: type[Task]) -> str:
         kind.append("a handler when given no arguments")
     if cls.read_only:
         kind.append("read-only (reports ok or failed, never changed)")
+    if cls.reads_cluster:
+        kind.append("reads the inventory's cluster (main and nodes) besides its arguments")
     out = [f"## `{cls.module}`", "", " ".join(doc.split("\n\n", 1)[0].split()), ""]
     if kind:
         out += [f"*{'; '.join(kind)}.*", ""]

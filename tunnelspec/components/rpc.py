@@ -187,6 +187,7 @@ class RpcUnit(Task):
     Notify a daemon-reload and a restart."""
 
     module = "rpc_unit"
+    reads_cluster = True
     args = {
         "binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
     }
@@ -272,6 +273,7 @@ class RpcRequestedDevices(Task):
     restarts forever. Nothing to do without rpc_devices (the server's own default choice)."""
 
     module = "rpc_requested_devices"
+    reads_cluster = True
     read_only = True
     args = {"binary": Arg(str, required=True, help="The RPC server binary the unit will run.")}
 
@@ -297,6 +299,7 @@ class RpcServedDevices(Task):
     deploy; a node still serving the wrong device is refused."""
 
     module = "rpc_served_devices"
+    reads_cluster = True
     args = {"binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
             "timeout": Arg((int, float), default=60, help="Seconds to wait for the banner after a restart."),
             "restart": Arg(bool, default=True,

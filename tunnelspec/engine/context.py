@@ -26,7 +26,9 @@ class RunOptions:
     forks: int = 20
     verbose: int = 0
     extra_vars: dict = field(default_factory=dict)
-    allow_vulnerable_llama: bool = False
+    # Named risks the command line accepted (deploy's --allow-vulnerable-llama: "vulnerable-llama"); the
+    # task that owns a name reads it, the engine only carries the set.
+    accepted: frozenset[str] = frozenset()
     lock: str = ""  # the command taking the run lock ("" = none: read-only, --check)
     lock_timeout: float = 1800  # seconds to wait for another run's lock
     lock_wait: bool = True  # False: --no-wait, exit 5 at once when locked
@@ -56,6 +58,8 @@ class HostContext:
     # One dict per run, the same for every host and task: what tasks must agree on across hosts
     # (e.g. which controller file goes to which upload path). Keys are the task module's name.
     memo: dict = field(default_factory=dict)
+    # The running task's class declares the cluster as an input (modules/base.py, `reads_cluster`).
+    declares_cluster: bool = True
 
     @property
     def check_mode(self) -> bool:
@@ -66,6 +70,11 @@ class HostContext:
         return await self.connect(host)
 
     def require_cluster(self) -> Cluster:
+        if not self.declares_cluster:
+            raise TaskFailed(
+                f"internal: {self.task_name or 'this task'} reads the cluster, and its module does not "
+                "declare reads_cluster"
+            )
         if self.cluster is None:
             raise TaskFailed(f"{self.task_name or 'this task'} needs a cluster inventory ([main] and [rpc] groups)")
         return self.cluster

@@ -59,7 +59,7 @@ class TaskExecution:
                 self.emit(result("skipped", f"condition false: {false}"))
                 return True
             task = TASKS[spec.module].build(render_value(spec.args, variables))
-            ctx = self._context(host, conn, variables, spec)
+            ctx = self._context(host, conn, variables, spec, task)
             status, ch = await self._converge(task, ctx, spec, play)
             if status == "changed":
                 notified.extend(spec.notify)
@@ -112,7 +112,8 @@ class TaskExecution:
             self.hosts[host].facts[spec.register] = {"changed": True, "msg": "planned"}
         return True
 
-    def _context(self, host: str, conn, variables: dict, spec: TaskSpec) -> HostContext:
+    def _context(self, host: str, conn, variables: dict, spec: TaskSpec, task: Task) -> HostContext:
+        declared = type(task).reads_cluster
         return HostContext(
             host=host,
             conn=conn,
@@ -122,10 +123,11 @@ class TaskExecution:
             emit=self.emit,
             task_name=spec.name,
             secrets=self.secrets,
-            cluster=self.cluster,
+            cluster=self.cluster if declared else None,
             inventory_dir=self.inventory.path.parent,
             connect=self.connection,
             memo=self.memo,
+            declares_cluster=declared,
         )
 
     async def _converge(self, task: Task, ctx: HostContext, spec: TaskSpec, play: Play) -> tuple[str, Change]:

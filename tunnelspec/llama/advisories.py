@@ -14,6 +14,8 @@ POSSIBLE = "possible"  # inside an approximate window: verify the named fix is i
 MITIGATED = "mitigated"  # affected range, but tunnelspec's build flags remove the vulnerable code
 CLEAN = "clean"
 UNKNOWN = "unknown"
+# The name deploy's --allow-vulnerable-llama puts in RunOptions.accepted (components/build/build.py reads it).
+ACCEPT_VULNERABLE = "vulnerable-llama"
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,10 @@ class Task:
     handler_only: ClassVar[bool] = False
     # Tasks that only observe (verify steps) report ok/failed and never "changed".
     read_only: ClassVar[bool] = False
+    # A task's inputs are its declared `args` and, when it declares `reads_cluster`, the typed,
+    # read-only cluster view (`ctx.cluster`, `ctx.require_cluster()`); a task that does not declare it
+    # is given no cluster (engine/task_exec.py), so what a task reads is what its class says.
+    reads_cluster: ClassVar[bool] = False
 
     def __init__(self, params: dict):
         self.p = params

@@ -74,6 +74,7 @@ class LlamaBuild(Task):
     """Build the role's llama.cpp targets from the checked-out source in a directory keyed by the tree and the options, then make it `current`; registers `llama_build`."""
 
     module = "llama_build"
+    reads_cluster = True
     args = {
         "root": Arg(str, required=True,
                     help="tunnelspec's directory on the host (`tunnelspec_root`): builds go to `<root>/build/<key>`."),
@@ -140,7 +141,7 @@ class LlamaBuild(Task):
     def _advisory_note(self, ctx) -> str:
         result = advisories.check(self.p["build_number"], rdma=False)
         if result.verdict in (advisories.AFFECTED, advisories.POSSIBLE):
-            if not ctx.options.allow_vulnerable_llama:
+            if advisories.ACCEPT_VULNERABLE not in ctx.options.accepted:
                 raise TaskFailed(f"refusing a known-vulnerable llama.cpp build: {result.message}; pin a fixed "
                                  "commit (see `tunnelspec advisories`) or pass --allow-vulnerable-llama")
             return f"; WARNING known-vulnerable build allowed by --allow-vulnerable-llama: {result.message}"

@@ -150,6 +150,7 @@ class GenerationRecord(Task):
     """After verify: record the cluster's state as a generation on main when it differs from the current one."""
 
     module = "generation_record"
+    reads_cluster = True
     args = {
         "keep": Arg(int, default=gen.DEFAULT_KEEP,
                     help="Generations kept (`tunnelspec_keep_generations`); their builds are never pruned."),

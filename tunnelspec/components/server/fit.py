@@ -97,6 +97,7 @@ class ModelFit(Task):
     device memory (llama/memory_fit.py check_fit): refused with both figures, a tight fit a warning."""
 
     module = "model_fit"
+    reads_cluster = True
     read_only = True
     args = {
         "draft_model": Arg(str, default="", help="The draft GGUF's path on main; empty: no draft (a target split)."),

@@ -111,6 +111,7 @@ class RpcDevices(Task):
     `service` task starts it again). Registers `rpc_devices` = {port: [names]}."""
 
     module = "rpc_devices"
+    reads_cluster = True
     args = {
         "binary": Arg(str, required=True, help="The built llama-server on main."),
         "cache": Arg(str, default=DEVICES_CACHE, help="The device map cached on main."),
@@ -178,6 +179,7 @@ class LlamaServerPlan(Task):
     template's variables."""
 
     module = "llama_server_plan"
+    reads_cluster = True
     read_only = True
     args = {
         "binary": Arg(str, required=True, help="The built llama-server on main."),
@@ -390,6 +392,7 @@ class LlamaVerify(Task):
     the draft node's RPC device. Reports ok or fails with the reason; never "changed"."""
 
     module = "llama_verify"
+    reads_cluster = True
     read_only = True
     # host: llama_server_host — 127.0.0.1 by default; main's own address with the public-bind opt-out,
     # where nothing listens on loopback.

@@ -81,6 +81,7 @@ class ServerTls(Task):
     """The front's (HAProxy's) TLS certificate and key on main for llama_server_public_bind=true: issued by the inventory's CA on the controller (or the user's own files), renewed before they end, removed without public bind. The key is `<cert>.key`, where HAProxy's `crt <cert>` looks for it."""
 
     module = "server_tls"
+    reads_cluster = True
     args = {
         "owner": Arg(str, required=True,
                      help="The front's user (HAProxy runs as it): owns the key (0600) and is the directory's group."),
@@ -203,6 +204,7 @@ class ServerTlsServed(Task):
     """Read-only: the front serves the certificate installed on main, seen through a TLS handshake with the inventory's CA pinned (after a reload HAProxy's new workers take over a moment later: this waits for them). Without public bind: nothing to check."""
 
     module = "server_tls_served"
+    reads_cluster = True
     read_only = True
     args = {
         "cert": Arg(str, default=TLS_CERT, help="The certificate on main the front must serve."),

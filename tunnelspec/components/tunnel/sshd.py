@@ -77,6 +77,7 @@ class TunnelSshdPolicy(Task):
     (and `tunnel_sessions_renew`, so existing tunnel sessions pick the limits up)."""
 
     module = "tunnel_sshd_policy"
+    reads_cluster = True
     args = {
         "user": Arg(str, required=True, help="The tunnel user the `Match User` block is for."),
         "path": Arg(str, default=SSHD_DROPIN, help="The drop-in file."),

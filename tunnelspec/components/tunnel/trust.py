@@ -96,6 +96,7 @@ class KnownHostsPin(Task):
     """known_hosts on main with each rpc node's host key as the controller verified it."""
 
     module = "known_hosts_pin"
+    reads_cluster = True
     args = {
         "path": Arg(str, default=KNOWN_HOSTS, help="The known_hosts file on main the tunnels trust."),
         "nodes": Arg((list, str), default="all",
@@ -163,6 +164,7 @@ class TunnelAuthorizedKey(Task):
     Root-owned and 0644 in a root-owned directory, so the tunnel user cannot widen it."""
 
     module = "tunnel_authorized_key"
+    reads_cluster = True
     args = {
         "user": Arg(str, required=True, help="The tunnel user on the node."),
         "pubkey": Arg(str, required=True, help="Main's tunnel public key (`tunnel_pubkey`)."),

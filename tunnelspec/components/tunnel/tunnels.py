@@ -31,6 +31,7 @@ class TunnelUnits(Task):
     stop and disable them (state=stopped). A unit whose file changed is restarted."""
 
     module = "tunnel_units"
+    reads_cluster = True
     args = {
         "nodes": Arg((list, str), default="all",
                      help="Nodes (a list or comma string; empty or `all`: every rpc node)."),
@@ -140,6 +141,7 @@ class TunnelProbe(Task):
     """Each tunnel answers HELLO with exactly the main build's RPC protocol version."""
 
     module = "tunnel_probe"
+    reads_cluster = True
     read_only = True
     args = {
         "nodes": Arg((list, str), default="all",
