@@ -8,7 +8,7 @@ export NO_COLOR=1
 if [ "${1:-}" = "--fast" ]; then
   shift
   if [ ! -x .venv/bin/python ]; then bash scripts/setup.sh; fi
-  exec .venv/bin/python -m pytest -q -m unit -p no:cacheprovider -n 4 "$@" tests
+  exec .venv/bin/python -m pytest -q -m unit -p no:cacheprovider -n 4 --dist worksteal "$@" tests
 fi
 bash scripts/setup.sh
 exec .venv/bin/python -m pytest -q -rs --durations=15 "$@" tests
