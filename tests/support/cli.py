@@ -34,8 +34,13 @@ FORK = False
 _IMPORT_TIME_ENV = ("TUNNELSPEC_TEST_KILL_AT", "TUNNELSPEC_LAB_CCACHE")
 
 
+def _clean_env() -> dict:
+    """This process's environment without the caller's TUNNELSPEC_* settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+
+
 def tunnelspec(*args: str, env: dict | None = None, timeout: float = 300, cwd=None) -> CliResult:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+    e = _clean_env()
     e.update(env or {})
     if FORK and not any(k in e for k in _IMPORT_TIME_ENV):
         return _forked([str(a) for a in args], e, timeout, cwd)
@@ -57,7 +62,7 @@ def _zygote_socket() -> str:
         d = tempfile.mkdtemp(prefix="tunnelspec-zygote-")
         path = os.path.join(d, "sock")
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+        env = _clean_env()
         env["PYTHONPATH"] = os.pathsep.join([here, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         proc = subprocess.Popen([sys.executable, "-m", "support.zygote", path], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, env=env, cwd=here)
@@ -82,8 +87,6 @@ def _forked(argv: list[str], env: dict, timeout: float, cwd) -> CliResult:
     path = _zygote_socket()
     with tempfile.TemporaryDirectory(dir=_server["dir"]) as d:
         out, err = os.path.join(d, "out"), os.path.join(d, "err")
-        for f in (out, err):
-            open(f, "wb").close()
         req = {"argv": argv, "env": env, "cwd": str(cwd) if cwd is not None else os.getcwd(), "out": out,
                "err": err, "timeout": timeout}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -39,8 +39,8 @@ def _child(req: dict) -> None:
         os.environ.update(req["env"])
         os.chdir(req["cwd"])
         null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(req["out"], os.O_WRONLY | os.O_TRUNC)
-        err = os.open(req["err"], os.O_WRONLY | os.O_TRUNC)
+        out = os.open(req["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(req["err"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
             os.close(fd)

@@ -45,7 +45,8 @@ def play_cmd(inventory_option, paths, **kw):
 def deploy_cmd(inventory_file, allow_vulnerable_llama, no_rollback, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
     _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
-          accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allow_vulnerable_llama else ()), lock="deploy", rollback=not no_rollback, **kw)
+          accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allow_vulnerable_llama else ()), lock="deploy",
+          rollback=not no_rollback, **kw)
 
 
 @click.command("rollback")
