@@ -18,6 +18,7 @@ from tunnelspec.llama import flags, props
 from tunnelspec.core import http
 from support.localserver import free_port, spawn
 from tunnelspec.components.server.args import build_server_argv, draft_placement, list_devices_argv
+from tunnelspec.llama.served_plan import ServedPlan
 
 pytestmark = pytest.mark.llama
 
@@ -63,7 +64,7 @@ llama_draft_model={draft}
         print(f"{spec_type}: draft_n={t['draft_n']} accepted={t['draft_n_accepted']} types={types['slots']}")
         assert t["draft_n"] > 0 and t["draft_n_accepted"] == t["draft_n"], t
         assert types["slots"] == spec_type
-        placed = draft_placement(proc.log(), plan.as_fact())
+        placed = draft_placement(proc.log(), ServedPlan.from_fact(plan.as_fact()))
         assert (placed.device, placed.port) == ("RPC0", rpc_server.port)
     finally:
         proc.stop()

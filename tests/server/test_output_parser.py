@@ -18,6 +18,7 @@ from tunnelspec.connection.local import LocalConnection
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core import http
 from tunnelspec.components.server.verify import verify_server
+from tunnelspec.llama.served_plan import ServedPlan
 
 B9093 = {"error": {"code": 500, "message": "Failed to parse input at pos 0: QgAuz\ufffd\ufffdsAuz",
                    "type": "server_error"}}
@@ -58,7 +59,7 @@ def serve(body: dict):
 def test_output_parser_500_is_named_once(body):
     srv, calls = serve(body)
     try:
-        plan = {"build": "b9093 (05c5349)", "argv": []}
+        plan = ServedPlan(argv=("llama-server",), kind="speculative", build="b9093 (05c5349)")
         with pytest.raises(TaskFailed) as e:
             asyncio.run(verify_server(LocalConnection("local"), srv.server_port, plan, health_timeout=10))
     finally:

@@ -3,6 +3,7 @@ systemd quoting; journal evidence; ss parsing; the bench baseline."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tunnelspec.cluster.model import Cluster
 from tunnelspec.llama import flags
 from tunnelspec.components.server.args import build_server_argv, draft_placement, last_acceptance, systemd_exec, systemd_quote, target_device_list
 from tunnelspec.components.teardown import listening_ports
+from tunnelspec.llama.served_plan import ServedPlan
 
 SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 # The new layout (llama.cpp after spring 2026): long spellings first, --spec-type mandatory.
@@ -183,14 +185,15 @@ load_tensors: RPC0[127.0.0.1:15052] model buffer size =     0.38 MiB
 slot print_timing: id  0 | task 0 | draft acceptance = 1.00000 (   24 accepted /    24 generated)
 slot print_timing: id  0 | task 3 | draft acceptance = 0.50000 (    4 accepted /     8 generated)
 """
-PLAN = {"draft_devices": ["RPC0"], "draft_port": 15052, "draft_node": "rpc-a"}
+PLAN = ServedPlan(argv=("llama-server",), kind="speculative", draft_devices=("RPC0",), draft_port=15052,
+                  draft_node="rpc-a")
 
 
 def test_draft_placement_found_on_the_draft_device():
     b = draft_placement(JOURNAL, PLAN)
     assert (b.device, b.port, b.size) == ("RPC0", 15052, "0.38 MiB")
     old = "load_tensors: RPC[127.0.0.1:15052] model buffer size =     0.38 MiB\n"
-    assert draft_placement(old, {**PLAN, "draft_devices": ["RPC[127.0.0.1:15052]"]}).device == "RPC"
+    assert draft_placement(old, dataclasses.replace(PLAN, draft_devices=("RPC[127.0.0.1:15052]",))).device == "RPC"
 
 
 def test_draft_placement_missing_says_where_buffers_went():

@@ -16,6 +16,7 @@ from tunnelspec.llama import flags
 from tunnelspec.core import http
 from support.localserver import free_port, spawn
 from tunnelspec.components.server.args import build_server_argv, draft_placement, list_devices_argv
+from tunnelspec.llama.served_plan import ServedPlan
 
 pytestmark = pytest.mark.llama
 
@@ -60,7 +61,7 @@ def test_real_build_argv_runs_with_the_draft_on_rpc0(llama_bin, llama_fixtures, 
         body = asyncio.run(go())
         t = body["timings"]
         assert t["draft_n"] > 0 and t["draft_n_accepted"] == t["draft_n"], t
-        placed = draft_placement(proc.log(), plan.as_fact())
+        placed = draft_placement(proc.log(), ServedPlan.from_fact(plan.as_fact()))
         assert (placed.device, placed.port) == ("RPC0", rpc_server.port)
     finally:
         proc.stop()

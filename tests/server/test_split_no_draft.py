@@ -14,6 +14,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama import flags, split_proof
+from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.components.server.args import build_server_argv, cpu_layers, layer_counts
 
 from support.placement import expected_layers
@@ -248,7 +249,7 @@ def test_check_split_reads_cpu_from_offloaded_and_nodes_from_buffer_sizes(tmp_pa
     s = fact["slot_bytes"]
     rpc0, rpc1 = sum(s[4:6]) / 2**20, sum(s[6:12]) / 2**20
     # Each server names its first device RPC0: the port says which node.
-    ok = split_proof.check_split(journal(4, [(0, 15052, rpc0), (0, 15053, rpc1)]), fact)
+    ok = split_proof.check_split(journal(4, [(0, 15052, rpc0), (0, 15053, rpc1)]), ServedPlan.from_fact(fact))
     assert ok.ok and ok.seen == [("CPU", 4), ("RPC0", 2), ("RPC1", 6)], ok.message
     assert [round(x, 2) for _, x in ok.asked] == [4.0, 2.0, 6.0]
 
@@ -257,12 +258,13 @@ def test_check_split_refuses_layers_elsewhere(tmp_path, tiny11):
     fact = plan_fact(tmp_path, tiny11)
     s = fact["slot_bytes"]
     # Everything offloaded, 3:9 over the nodes: what the inventory did not ask for.
-    bad = split_proof.check_split(journal(0, [(0, 15052, sum(s[:3]) / 2**20), (0, 15053, sum(s[3:]) / 2**20)]), fact)
+    plan = ServedPlan.from_fact(fact)
+    bad = split_proof.check_split(journal(0, [(0, 15052, sum(s[:3]) / 2**20), (0, 15053, sum(s[3:]) / 2**20)]), plan)
     assert not bad.ok and "not where the proportions say" in bad.message
     assert bad.seen == [("CPU", 0), ("RPC0", 3), ("RPC1", 9)]
     # Within one slot of the asked share is rounding (llama.cpp places whole layers).
     near = split_proof.check_split(journal(3, [(0, 15052, sum(s[3:6]) / 2**20), (0, 15053, sum(s[6:]) / 2**20)]),
-                                   fact)
+                                   plan)
     assert near.ok and near.seen == [("CPU", 3), ("RPC0", 3), ("RPC1", 6)], near.message
 
 
@@ -272,16 +274,16 @@ def test_check_split_reads_the_target_not_the_draft_and_waits_for_the_lines(tmp_
     text = journal(4, [(0, 15052, sum(s[4:6]) / 2**20), (0, 15053, sum(s[6:]) / 2**20)],
                    draft="0.00.090 I load_tensors: offloaded 3/3 layers to GPU\n"
                          "0.00.090 I load_tensors: RPC0[127.0.0.1:15052] model buffer size = 0.34 MiB")
-    assert split_proof.check_split(text, fact).ok
-    assert split_proof.check_split("0.00.01 I main: loading model", fact) is None
+    assert split_proof.check_split(text, ServedPlan.from_fact(fact)).ok
+    assert split_proof.check_split("0.00.01 I main: loading model", ServedPlan.from_fact(fact)) is None
 
 
 def test_check_split_without_slot_bytes_still_proves_main_cpu(tmp_path, tiny11):
     fact = plan_fact(tmp_path, tiny11)
     fact["slot_bytes"] = None
-    r = split_proof.check_split(journal(4, [(0, 15052, 0.63), (0, 15053, 1.98)]), fact)
+    r = split_proof.check_split(journal(4, [(0, 15052, 0.63), (0, 15053, 1.98)]), ServedPlan.from_fact(fact))
     assert r.ok and r.seen == [("CPU", 4), ("RPC0", None), ("RPC1", None)] and "slot bytes unknown" in r.message
-    assert not split_proof.check_split(journal(0, [(0, 15052, 0.63), (0, 15053, 1.98)]), fact).ok
+    assert not split_proof.check_split(journal(0, [(0, 15052, 0.63), (0, 15053, 1.98)]), ServedPlan.from_fact(fact)).ok
 
 
 def test_status_summary_from_the_load_lines_alone():

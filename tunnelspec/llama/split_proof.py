@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunnelspec.llama.gguf_header import read_kv
+from tunnelspec.llama.served_plan import ServedPlan
 
 MIB = 2**20
 # The relative error allowed when a buffer's size is matched with slot bytes (the log rounds to
@@ -93,8 +95,10 @@ def target_load(journal: str, nodes: dict[str, list[str]], ports: dict[str, int]
     if start is None:
         return None
     m = _OFFLOADED.search(lines[start])
+    assert m is not None  # the line `start` names matched it
     by_port = {ports[n]: devs for n, devs in nodes.items() if n in ports}
-    buffers, seen = {}, [lines[start].strip()]
+    buffers: dict[str, float] = {}
+    seen = [lines[start].strip()]
     for line in lines[start + 1:]:
         if "load_tensors:" not in line:
             break  # the next stage (context, KV cache) or the draft's own lines
@@ -114,7 +118,8 @@ def target_load(journal: str, nodes: dict[str, list[str]], ports: dict[str, int]
     return TargetLoad(int(m.group(1)), int(m.group(2)), buffers, tuple(seen))
 
 
-def observed_layers(load: TargetLoad, devices_in_order: list[str], slots: list[int] | None) -> list[tuple[str, int]]:
+def observed_layers(load: TargetLoad, devices_in_order: list[str], slots: Sequence[int] | None
+                    ) -> list[tuple[str, int | None]]:
     """Slots per device as the load lines show them: ("CPU", slots - offloaded), then each -dev device
     in order, the run of consecutive slots whose bytes are nearest its buffer (0 without a buffer).
     Without the slot bytes only the CPU's count is known: the others are None."""
@@ -141,11 +146,11 @@ def observed_layers(load: TargetLoad, devices_in_order: list[str], slots: list[i
     return out
 
 
-def asked_layers(plan: dict, slots: int) -> list[tuple[str, float]]:
+def asked_layers(plan: ServedPlan, slots: int) -> list[tuple[str, float]]:
     """What the inventory asked, in layer slots: ("CPU", …) and each -dev device, from the plan's
     proportions (a node's weight shared by its devices)."""
-    split = [(d, float(w)) for d, w in plan.get("tensor_split") or []]
-    cpu = float(plan.get("cpu_weight") or 0.0)
+    split = list(plan.tensor_split)
+    cpu = plan.cpu_weight
     total = sum(w for _, w in split) + cpu
     if total <= 0:
         return []
@@ -160,16 +165,16 @@ class SplitCheck:
     message: str
 
 
-def check_split(journal: str, plan: dict, tolerance: float = 1.0) -> SplitCheck | None:
+def check_split(journal: str, plan: ServedPlan, tolerance: float = 1.0) -> SplitCheck | None:
     """The target's layers per device against the asked proportions: each within `tolerance` slots
     (llama.cpp rounds to whole layers). None when the load lines are not in the journal yet."""
-    nodes = plan.get("nodes") or {}
-    ports = {n: int(ep.rsplit(":", 1)[1]) for n, ep in zip(nodes, plan.get("endpoints") or [])}
+    nodes = {n: list(devs) for n, devs in plan.nodes.items()}
+    ports = {n: int(ep.rsplit(":", 1)[1]) for n, ep in zip(nodes, plan.endpoints)}
     load = target_load(journal, nodes, ports)
     if load is None:
         return None
-    devs = [d for d in (plan.get("target_devices") or "").split(",") if d and d != "none"]
-    slots = plan.get("slot_bytes")
+    devs = [d for d in plan.target_devices.split(",") if d and d != "none"]
+    slots: tuple[int, ...] | None = plan.slot_bytes
     if slots and load.slots and len(slots) != load.slots:
         slots = None  # another model than the plan's: counts from the lines only
     seen = observed_layers(load, devs, slots)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama.flags import ServerHelp, DRAFT_SIMPLE
+from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.components.server.preflight import check_settings
 from tunnelspec.llama.speculative import SpecError, spec_type_argv
 
@@ -309,18 +310,18 @@ def rpc_model_buffers(journal: str) -> list[BufferLine]:
     return out
 
 
-def draft_placement(journal: str, plan: dict) -> BufferLine:
+def draft_placement(journal: str, plan: ServedPlan) -> BufferLine:
     """The log line proving the draft's weights are on the draft node's RPC device, else TaskFailed
-    saying where buffers went. `plan` is ServerPlan.as_fact()."""
+    saying where buffers went."""
     buffers = rpc_model_buffers(journal)
-    want = set(plan["draft_devices"])
+    want = set(plan.draft_devices)
     for b in buffers:
-        if b.port == plan["draft_port"] and (b.device in want or b.device == "RPC"):
+        if b.port == plan.draft_port and (b.device in want or b.device == "RPC"):
             return b
     seen = "; ".join(b.line for b in buffers) or "no RPC model buffer at all"
     raise TaskFailed(
         f"the draft model is not on the remote device {','.join(sorted(want))} "
-        f"({LOOPBACK}:{plan['draft_port']}, node {plan['draft_node']}): the llama-server journal shows {seen}. "
+        f"({LOOPBACK}:{plan.draft_port}, node {plan.draft_node}): the llama-server journal shows {seen}. "
         f"Without --spec-type {DRAFT_SIMPLE} the draft is loaded and freed; check the unit's ExecStart")
 
 

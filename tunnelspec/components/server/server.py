@@ -24,6 +24,7 @@ from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.components.server.mtp_draft import check_mtp_draft
 from tunnelspec.components.rpc import BACKEND_GROUPS, existing_groups
 from tunnelspec.components.front.model import add_serving
+from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.llama.speculative import spec_support
 from tunnelspec.llama.devices import served_text
 from tunnelspec.llama.memory_fit import gguf_shape, ram_available
@@ -425,10 +426,11 @@ class LlamaVerify(Task):
         return ApiTls(self.p["tls_ca_file"], self.p["tls_name"])
 
     async def check(self, ctx):
+        planned = ServedPlan.from_fact(self.p["plan"])  # the template boundary: typed from here on
         configured = self.p["health_timeout"]  # 0: from the sizes of the models llama-server loads
-        sizes = [] if configured else await model_sizes(ctx.conn, model_paths(self.p["plan"].get("argv") or []))
+        sizes = [] if configured else await model_sizes(ctx.conn, model_paths(list(planned.argv)))
         wait = start_timeout(configured, sizes)
-        plan, degraded_note = await self._mode_plan(ctx, wait)
+        plan, degraded_note = await self._mode_plan(ctx, planned, wait)
         try:
             result = await self._verify(ctx, plan, wait)
         except TaskFailed:
@@ -436,7 +438,7 @@ class LlamaVerify(Task):
             # watch serves without it (docs/degraded.md). Say that, not "no draft tokens".
             if degraded_note or not await self._went_degraded(ctx, plan):
                 raise
-            plan, degraded_note = await self._mode_plan(ctx, wait)
+            plan, degraded_note = await self._mode_plan(ctx, planned, wait)
             result = await self._verify(ctx, plan, wait)
         ctx.register("llama_verify", result)
         text = " ".join(result["content"].split())[:120]
@@ -450,17 +452,17 @@ class LlamaVerify(Task):
             return ok(f"{degraded_note}; {result['summary']}")
         return ok(result["summary"])
 
-    async def _verify(self, ctx, plan: dict, wait: int) -> dict:
+    async def _verify(self, ctx, plan: ServedPlan, wait: int) -> dict:
         return await verify_server(ctx.conn, self.p["port"], plan, host=self.p["host"],
                                    api_key_file=self.p["api_key_file"],
                                    health_timeout=wait, n_predict=self.p["n_predict"],
                                    prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
                                    add_secret=ctx.add_secret, tls=self._tls(), progress=ctx.progress)
 
-    async def _went_degraded(self, ctx, plan: dict, settle: float = 20.0) -> bool:
+    async def _went_degraded(self, ctx, plan: ServedPlan, settle: float = 20.0) -> bool:
         """After a failed proof: has llama-server left speculation because the draft node went away?
         The launcher writes its mode within seconds of the restart; wait up to `settle` for it."""
-        if not _has_degraded_mode(plan):
+        if not plan.has_degraded_mode:
             return False
         cluster = ctx.require_cluster()
         for _ in range(int(settle)):
@@ -470,14 +472,13 @@ class LlamaVerify(Task):
             await asyncio.sleep(1.0)  # speculative, or waiting/unknown while the launcher starts again
         return False
 
-    async def _mode_plan(self, ctx, health_wait: int) -> tuple[dict, str]:
+    async def _mode_plan(self, ctx, plan: ServedPlan, health_wait: int) -> tuple[ServedPlan, str]:
         """The plan to prove, from the mode llama-server runs in (docs/degraded.md). Speculative or the
         full split: the plan. Degraded (split-degraded) with the node unreachable in this run (a deploy
         while it is away): the target alone (the split without that node), with a warning — the run
         already fails for that node. Otherwise: wait up to `rejoin_wait` for the watcher to bring the
         node back, else fail with the reason."""
-        plan = self.p["plan"]
-        if not _has_degraded_mode(plan):
+        if not plan.has_degraded_mode:
             return plan, ""
         cluster = ctx.require_cluster()
         loop = asyncio.get_running_loop()
@@ -489,11 +490,10 @@ class LlamaVerify(Task):
                 return plan, ""
             node = sv["node"]
             if sv["mode"] == front.DEGRADED:
-                alt, label, what = plan.get("degraded"), "DEGRADED", "the target alone, without the draft on " + node
+                alt, label, what = plan.degraded, "DEGRADED", "the target alone, without the draft on " + node
                 back, whole = "the draft comes back", "the draft"
             else:
-                alt = (plan.get("without") or {}).get(node)
-                alt = alt if isinstance(alt, dict) else None  # a generation recorded before: argv only
+                alt = plan.without.get(node)
                 label, what = "SPLIT-DEGRADED", f"the split without {node}"
                 back, whole = "the full split comes back", node
             if node in (ctx.vars.get("unreachable_hosts") or []) and alt is not None:
@@ -517,19 +517,13 @@ class LlamaVerify(Task):
 _SERVED_WITHOUT = (front.DEGRADED, front.SPLIT_DEGRADED)
 
 
-def _has_degraded_mode(plan: dict) -> bool:
-    """Serving can go on without one of this plan's nodes: a draft-only node with a degraded plan, or
-    a split's target node the rest can hold the model without."""
-    return bool(plan.get("draft_skippable") and (plan.get("degraded") or plan.get("without")))
-
-
-def _served_devices(ctx, plan: dict) -> str:
+def _served_devices(ctx, plan: ServedPlan) -> str:
     """What each node in llama-server's --rpc serves, as main names it: `RPC0 = rpc-a Vulkan0 (llvmpipe …,
     23272/24105 MiB free)` — from the rpc nodes' start banners this run read (`rpc_served`)."""
     hostvars = ctx.vars.get("hostvars", {})
     out = []
-    for node, names in (plan.get("nodes") or {}).items():
+    for node, names in plan.nodes.items():
         served = (hostvars.get(node) or {}).get("rpc_served")
         if served:
-            out.append(f"{node}: {served_text(names, served)}")
+            out.append(f"{node}: {served_text(list(names), served)}")
     return "; ".join(out)

@@ -10,6 +10,7 @@ from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core import http
 from tunnelspec.llama import props, split_proof
+from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.components.server import death as server_death
 from tunnelspec.components.server.args import UNIT, draft_placement
 from tunnelspec.core.secrets import Secret
@@ -35,9 +36,9 @@ async def invocation_journal(conn, unit: str = UNIT) -> str:
     return (await conn.probe(argv, timeout=60)).stdout
 
 
-def output_parser_failure(plan: dict, e) -> str:
+def output_parser_failure(plan: ServedPlan, e) -> str:
     """One clear message for a build that generated text and refused it (core/http.py)."""
-    build = plan.get("build") or "this llama-server build"
+    build = plan.build or "this llama-server build"
     return (f"llama-server ({build}) generated the test completion and then refused its own output "
             f"(HTTP 500 from its output parser: {e.server_message!r}). This build checks generated text "
             "and fails on text that is not valid UTF-8 or not in the form it expects — a model whose "
@@ -143,7 +144,7 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
     return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
 
 
-async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, api_key_file=None,
+async def verify_server(conn, port: int, plan: ServedPlan, *, host: str = LOOPBACK, api_key_file=None,
                         health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
                         add_secret=None, tls: ApiTls | None = None, progress=None) -> dict:
     """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
@@ -181,7 +182,7 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
         restarted = f" (first completion failed: {e}; llama-server restarted, ok after)"
     timings = body.get("timings") or {}
     draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
-    if plan.get("draft_node") is None:
+    if plan.draft_node is None:
         return await _verify_split(conn, opener, plan, body, key, journal_timeout, tls, seen, restarted)
     if not draft_n:
         raise TaskFailed(f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
@@ -205,11 +206,10 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
     tps = timings.get("predicted_per_second")
     # The type llama-server runs, in its own words (after the completion a slot carries it).
     types = await props.read_spec_types(opener, key.reveal() if key else None)
-    want, running = plan.get("spec_type"), types["slots"]
+    want, running = plan.spec_type, types["slots"]
     # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
     # model alone speculates report "none" there although they draft.
-    implicit = "--spec-type" not in plan.get("argv", [])
-    if want and running and not implicit and want not in running.split(","):
+    if want and running and not plan.implicit_spec_type and want not in running.split(","):
         raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
                          f"not the {want} the inventory asks for")
     summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
@@ -222,7 +222,7 @@ async def verify_server(conn, port: int, plan: dict, *, host: str = LOOPBACK, ap
             "tls": seen.describe() if tls is not None else None}
 
 
-async def _verify_split(conn, opener, plan: dict, body: dict, key, journal_timeout: int, tls, seen,
+async def _verify_split(conn, opener, plan: ServedPlan, body: dict, key, journal_timeout: int, tls, seen,
                         restarted: str) -> dict:
     """No draft (a target split, or the draft node left out): the completion answered (no draft
     tokens expected), and the target's load lines put its layers where the proportions say."""
@@ -245,7 +245,7 @@ async def _verify_split(conn, opener, plan: dict, body: dict, key, journal_timeo
     tps = timings.get("predicted_per_second")
     summary = (f"health ok; split, no draft; {check.message}; completion {timings.get('predicted_n')} tokens at "
                f"{tps or 0:.1f} tok/s; {tls_summary(tls, seen)}{restarted}")
-    return {"kind": plan.get("kind") or "split", "draft_n": timings.get("draft_n") or 0,
+    return {"kind": plan.kind, "draft_n": timings.get("draft_n") or 0,
             "draft_n_accepted": timings.get("draft_n_accepted") or 0, "predicted_n": timings.get("predicted_n"),
             "predicted_per_second": tps, "placement": "; ".join(f"{d} {n}" for d, n in check.seen),
             "layers": {"asked": [[d, round(x, 2)] for d, x in check.asked], "seen": [list(p) for p in check.seen]},
