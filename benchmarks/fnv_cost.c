@@ -1,4 +1,4 @@
-/* What llama.cpp's RPC client spends hashing a cached tensor, against copying it (issue 22).
+/* What llama.cpp's RPC client spends hashing a cached tensor, against copying it (the warm-restart gap, docs/degraded.md).
  *
  *   cc -O3 -o /tmp/fnv_cost benchmarks/fnv_cost.c && /tmp/fnv_cost 513
  *

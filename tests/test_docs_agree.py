@@ -201,3 +201,33 @@ def test_the_mac_is_stated_plainly_where_a_topology_names_it():
     assert "does not deploy to macOS" in topologies
     assert "does not deploy to macOS" in _flat("docs/first-cluster.md")
     assert "does not deploy to macOS" in _flat("examples/seed000-mtp-laptop-gpu.ini")
+
+
+# A reference to an issue of tunnelspec's own tracker (which is not in the repository) says nothing
+# to a reader of the repository: the text says what the issue was about instead. Upstream's issues
+# (llama.cpp's, named as such) are references a reader can follow.
+_OWN_ISSUE = re.compile(r"(?<![\w.])[Ii]ssues? #?\d{1,3}\b")  # ours are 1-3 digits; upstream's 5
+_UPSTREAM = re.compile(r"(llama\.cpp|upstream|ggml)('s)?\s*$", re.I)
+_SCANNED = ("tunnelspec", "tests", "docs", "benchmarks", "scripts", "monitoring", "examples")
+
+
+def own_issue_references(text: str) -> list[str]:
+    return [m.group(0) for m in _OWN_ISSUE.finditer(text)
+            if not _UPSTREAM.search(text[max(0, m.start() - 24):m.start()])]
+
+
+def test_no_text_cites_an_issue_of_our_own_tracker():
+    found = []
+    for top in _SCANNED:
+        for path in sorted((REPO / top).rglob("*")):
+            if path.is_file() and path.suffix in {".py", ".md", ".c", ".sh", ".yml", ".yaml", ".ini", ".j2"}:
+                for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                    found += [f"{path.relative_to(REPO)}:{n}: {ref}" for ref in own_issue_references(line)]
+    found += [f"README.md: {ref}" for ref in own_issue_references((REPO / "README.md").read_text())]
+    assert not found, "\n".join(found)
+
+
+def test_the_issue_reference_finder_tells_ours_from_upstreams():
+    word = "ssue"  # not written whole here, or this test would find itself
+    assert own_issue_references(f"the watcher (i{word} 22) and I{word}s 38 item 5") == [f"i{word} 22", f"I{word}s 38"]
+    assert own_issue_references(f"llama.cpp i{word} 257; upstream i{word} 232; ggml's i{word} 12; i{word} 23242") == []

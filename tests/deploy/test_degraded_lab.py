@@ -1,4 +1,4 @@
-"""Issue 22 in the lab: the draft is an accelerator, not a single point of failure (docs/degraded.md).
+"""Degraded serving in the lab: the draft is an accelerator, not a single point of failure (docs/degraded.md).
 
 The lab's cluster: rpc-a holds the draft only (it may go away), rpc-b holds target layers (it may
 not). A client on main asks for a completion every 2 s through the front while a fault lasts:

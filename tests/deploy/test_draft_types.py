@@ -1,4 +1,4 @@
-"""Issue 16 in the lab: every draft type a tiny model can exercise, deployed for real with its draft
+"""Draft types in the lab: every draft type a tiny model can exercise, deployed for real with its draft
 on the remote device (rpc-a, RPC0 through its tunnel), one completion with draft tokens accepted.
 
 The models come from tests/support/gguf_drafts.py: a target that always predicts one token and

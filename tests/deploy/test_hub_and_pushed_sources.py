@@ -1,4 +1,4 @@
-"""Issue 17 in the lab (real hosts, systemd, llama.cpp build, tiny models):
+"""Model and source delivery in the lab (real hosts, systemd, llama.cpp build, tiny models):
 
 - pinned Hugging Face models: the target is a real split GGUF (two parts) and the draft the lab's tiny
   model, both served by the Hub stand-in on the controller's 127.0.0.1 (tests/support/hub_standin.py) to the

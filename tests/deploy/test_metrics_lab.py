@@ -1,4 +1,4 @@
-"""Issue 40 in the lab: a real Prometheus (Debian's /usr/bin/prometheus, run here on 127.0.0.1 with
+"""Metrics for operators, in the lab: a real Prometheus (Debian's /usr/bin/prometheus, run here on 127.0.0.1 with
 its own temporary data, stopped by PID) scrapes main's /metrics through the front's TLS with the CA
 and the scrape token. It sees `speculative`; the draft node's link cut shows `degraded` within 15 s of
 the switch and `speculative` after it returns; a tunnel ssh killed shows as a reconnect. Without the

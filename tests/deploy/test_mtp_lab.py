@@ -1,4 +1,4 @@
-"""Issue 27 in the lab: seed 000's own topology run for real — `--spec-type draft-mtp` with a separate
+"""Seed 000's own topology in the lab, run for real — `--spec-type draft-mtp` with a separate
 MTP draft file on the draft node's device (rpc-a, RPC0 through its tunnel), the target on main.
 
 The inventory is examples/seed000-mtp-laptop-gpu.ini itself with only the hosts, the models and

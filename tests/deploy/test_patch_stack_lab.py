@@ -1,4 +1,4 @@
-"""Issue 28 in the lab: both PR patch forms on real hosts, from the fixture repository's two-commit
+"""The patch stack in the lab: both PR patch forms on real hosts, from the fixture repository's two-commit
 pull request (refs/pull/28/head, published as GitHub does: outside refs/heads, so a clone does not
 bring it and each host fetches it).
 

@@ -1,4 +1,4 @@
-"""Issue 15 in the lab: what happens between runs and across reboots.
+"""Resilience in the lab: what happens between runs and across reboots.
 
 - A deploy SIGKILLed at a chosen point (TUNNELSPEC_TEST_KILL_AT, tunnelspec/core/testhooks.py):
   during the source step, during the build, after the rpc unit changed, after the tunnel key line

@@ -1,4 +1,4 @@
-"""Issue 38 in the lab: a deploy never leaves the cluster worse than it found it.
+"""Safe deploys, in the lab: a deploy never leaves the cluster worse than it found it.
 
 A local patch makes the new llama-server abort (an fprintf to stderr, then abort()) just before it
 loads the model. The deploy builds it (one file of tools/server recompiles, ccache has the rest),

@@ -1,4 +1,4 @@
-"""Issue 5 in the lab: RPC servers on loopback only, restricted tunnel keys, persistent tunnels.
+"""Isolation in the lab: RPC servers on loopback only, restricted tunnel keys, persistent tunnels.
 
 Runs the real deploy flow (source, build, rpc, tunnel plays) once per module against the session
 lab, then proves behaviour from the hosts themselves: probes run *on* main (python3 in the lab

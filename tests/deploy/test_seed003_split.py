@@ -163,7 +163,7 @@ def _wait_serving(inventory, mode: str, timeout: float) -> tuple[dict, float]:
 
 
 def test_target_node_cut_is_served_from_the_rest_and_the_split_comes_back(lab, inventory, deployed):
-    """Issue 38 item 5, a target node of a split lost while the rest holds the model: the deploy
+    """A target node of a split lost while the rest holds the model: the deploy
     rendered a line without rpc-a (the tiny model fits main's CPU and rpc-b many times over: the
     plan says so); rpc-a's link cut 100 s with a client every 2 s → every request answered,
     status and mode.json say split-degraded naming rpc-a, llama-server runs without rpc-a's

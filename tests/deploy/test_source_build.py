@@ -1,4 +1,4 @@
-"""Issue 4 in the lab: the same llama.cpp source on every host, proven by tree hash, and built.
+"""Source and build in the lab: the same llama.cpp source on every host, proven by tree hash, and built.
 
 Real hosts (systemd-nspawn), real git, real cmake/ccache builds. The tests share one install
 root of their own (ROOT, not the default /opt/tunnelspec other engineers deploy to). Each requests

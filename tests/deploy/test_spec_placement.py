@@ -1,4 +1,4 @@
-"""Issue 16 in the lab (CPU): target layers on two rpc nodes in proportion 1:3 *by node name*, a
+"""Placement by node name in the lab (CPU): target layers on two rpc nodes in proportion 1:3 *by node name*, a
 draft tuning flag passed through, the active type from the server, and a setting the build lacks
 refused before any host is touched.
 

@@ -1,4 +1,4 @@
-"""Issue 25's acceptance in the lab: llama_server_public_bind=true serves the API over TLS, from a
+"""The public bind in the lab: llama_server_public_bind=true serves the API over TLS, from a
 certificate of the inventory's CA, and nothing secret leaks. Since the front came, TLS terminates in the
 front (HAProxy, tunnelspec-front.service, its own user): its `bind ... ssl crt front.crt` with the key
 in front.crt.key; llama-server stays plain HTTP on 127.0.0.1:18080 behind it.
