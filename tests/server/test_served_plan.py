@@ -84,6 +84,7 @@ def test_the_plan_is_read_only(tmp_path):
     ({"tensor_split": [["RPC0", "1"]]}, r"^plan\.tensor_split: '1' is not a number$"),
     ({"degraded": {"argv": [7]}}, r"^plan\.degraded\.argv: \[7\] is not a list of strings$"),
     ({"without": {"rpc-b": {"kind": "split"}}}, r"^plan\.without\.rpc-b: no argv"),
+    ({"without": {"rpc-b": ["llama-server"]}}, r"^plan\.without\.rpc-b: not a llama_server fact \(a mapping\): list$"),
 ])
 def test_a_fact_that_is_not_a_plan_is_named_at_its_key(tmp_path, change, message):
     fact = {**served_fact(cluster(tmp_path, a="rpc_role=draft"), "/m/d.gguf"), **change}

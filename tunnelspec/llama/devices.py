@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunnelspec.llama.device_error import DeviceError
@@ -332,7 +333,7 @@ def static_target_default(backend: str) -> str:
     return f"{prefix}0" if prefix else "none"
 
 
-def served_text(names: list[str], served: list[dict] | None) -> str:
+def served_text(names: Sequence[str], served: list[dict] | None) -> str:
     """main's RPC<n> names of a node beside what the node serves, in order: `RPC0 = Vulkan0 (llvmpipe
     (LLVM 19.1.7, 256 bits), 17920/17920 MiB free)`."""
     if not names:

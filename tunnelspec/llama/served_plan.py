@@ -62,11 +62,11 @@ class ServedPlan:
             draft_node=r.get("draft_node", str, None),
             draft_devices=r.strs("draft_devices"),
             draft_port=r.get("draft_port", int, None),
-            target_devices=r.get("target_devices", str, "") or "",
+            target_devices=r.get("target_devices", str, ""),
             endpoints=r.strs("endpoints"),
             spec_type=r.get("spec_type", str, None),
             tensor_split=tuple((str(d), r.number(w, "tensor_split")) for d, w in r.pairs("tensor_split")),
-            cpu_weight=r.number(r.get("cpu_weight", (int, float), 0.0) or 0.0, "cpu_weight"),
+            cpu_weight=r.number(fact.get("cpu_weight") or 0.0, "cpu_weight"),
             nodes=MappingProxyType(
                 {str(n): _strs(v, f"{where}.nodes.{n}") for n, v in r.get("nodes", Mapping, {}).items()}
             ),
@@ -75,11 +75,7 @@ class ServedPlan:
             degraded=(
                 cls.from_fact(fact["degraded"], f"{where}.degraded") if fact.get("degraded") is not None else None
             ),
-            # A plan for each node the rest can serve without; anything else under a name (none is
-            # written today) is not a plan to prove and is left out.
-            without=MappingProxyType(
-                {str(n): cls.from_fact(p, f"{where}.without.{n}") for n, p in without.items() if isinstance(p, Mapping)}
-            ),
+            without=MappingProxyType({str(n): cls.from_fact(p, f"{where}.without.{n}") for n, p in without.items()}),
             draft_skippable=bool(fact.get("draft_skippable")),
         )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tunnelspec.llama.gguf_header import read_kv
@@ -86,7 +86,7 @@ class TargetLoad:
     lines: tuple[str, ...]  # the lines read, for messages
 
 
-def target_load(journal: str, nodes: dict[str, list[str]], ports: dict[str, int]) -> TargetLoad | None:
+def target_load(journal: str, nodes: Mapping[str, Sequence[str]], ports: dict[str, int]) -> TargetLoad | None:
     """The target's load lines: the first model loaded (a draft, when there is one, loads after it).
     `nodes`: node → its RPC device names in -dev (global) naming; `ports`: node → tunnel port. None
     when the journal has no "offloaded" line yet."""
@@ -168,9 +168,8 @@ class SplitCheck:
 def check_split(journal: str, plan: ServedPlan, tolerance: float = 1.0) -> SplitCheck | None:
     """The target's layers per device against the asked proportions: each within `tolerance` slots
     (llama.cpp rounds to whole layers). None when the load lines are not in the journal yet."""
-    nodes = {n: list(devs) for n, devs in plan.nodes.items()}
-    ports = {n: int(ep.rsplit(":", 1)[1]) for n, ep in zip(nodes, plan.endpoints)}
-    load = target_load(journal, nodes, ports)
+    ports = {n: int(ep.rsplit(":", 1)[1]) for n, ep in zip(plan.nodes, plan.endpoints)}
+    load = target_load(journal, plan.nodes, ports)
     if load is None:
         return None
     devs = [d for d in plan.target_devices.split(",") if d and d != "none"]

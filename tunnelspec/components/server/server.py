@@ -525,5 +525,5 @@ def _served_devices(ctx, plan: ServedPlan) -> str:
     for node, names in plan.nodes.items():
         served = (hostvars.get(node) or {}).get("rpc_served")
         if served:
-            out.append(f"{node}: {served_text(list(names), served)}")
+            out.append(f"{node}: {served_text(names, served)}")
     return "; ".join(out)
