@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from support.cli import failed_report, tunnelspec
+from support.cli import HOSTS_PLAY_TASKS, failed_report, tasks_run, tunnelspec
 from support.labdeploy import MODES, configured_cmdline
 
 pytestmark = [pytest.mark.lab, pytest.mark.upstream_builds, pytest.mark.extended]
@@ -257,7 +257,10 @@ def test_type_b9093_lacks_is_refused_before_any_host_is_touched(lab, inventories
     assert "draft-eagle3" in r.stderr and "9093" in r.stderr and "no host was changed" in r.stderr, r.stderr
     assert "draft model alone" in r.stderr or "ngram" in r.stderr, r.stderr  # what the build has
     assert re.search(r"b9093-eagle3\.ini:\d+:", r.stderr), r.stderr
-    assert "TASK" not in r.stdout and "PLAY" not in r.stdout, r.stdout
+    # Refused by the preflight play that read main's build: nothing after it ran, nothing changed.
+    ran = tasks_run(r.stdout)
+    assert ("failed", "main", "llama-server settings against the pinned build") in ran, r.stdout
+    assert {task for _, _, task in ran} <= HOSTS_PLAY_TASKS and all(st != "changed" for st, _, _ in ran), r.stdout
     assert {h: sh(lab, h, "sh", "-c", units) for h in ("main", *NODES)} == before
     assert sh(lab, "main", "systemctl", "show", "-p", "MainPID", "--value", UNIT).strip() == pid
 

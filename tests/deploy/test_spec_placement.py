@@ -20,7 +20,7 @@ import pytest
 from tunnelspec.lab import gguf_tiny
 from tunnelspec.llama.props import spec_types
 
-from support.cli import failed_report, tunnelspec
+from support.cli import HOSTS_PLAY_TASKS, failed_report, tasks_run, tunnelspec
 from support.labdeploy import completion_on_main, configured_cmdline
 from support.placement import BLOCKS, SHARES, check_one_to_three
 
@@ -127,7 +127,10 @@ def test_a_setting_the_build_lacks_is_refused_before_any_host_is_touched(lab, de
     assert r.rc == 2, r.stdout[-3000:] + r.stderr[-2000:]
     assert "--spec-draft-ctx-size" in r.stderr and "no host was changed" in r.stderr
     assert re.search(r"inventory-spec-placement\.ini:\d+:", r.stderr), r.stderr
-    assert "TASK" not in r.stdout and "PLAY" not in r.stdout, r.stdout
+    # Refused by the preflight play that read main's build: nothing after it ran, nothing changed.
+    ran = tasks_run(r.stdout)
+    assert ("failed", "main", "llama-server settings against the pinned build") in ran, r.stdout
+    assert {task for _, _, task in ran} <= HOSTS_PLAY_TASKS and all(st != "changed" for st, _, _ in ran), r.stdout
     # With the record written by that look, the same check needs no connection at all.
     assert list((tmp_path / "cache" / "tunnelspec" / "builds").glob("*.json"))
     after = {h: sh(lab, h, "sh", "-c", "ls -la --time-style=full-iso /etc/systemd/system/ | sha256sum")

@@ -1,5 +1,7 @@
 """The early check: inventory settings against a build's --help before any host is touched
-(controller record; real CLI, no host reachable: exit 2 proves nothing was even connected to)."""
+(controller record, read by `tunnelspec check` and so first by deploy; real CLI, no host reachable:
+exit 2 proves nothing was even connected to). Without a record, main's current build is read by the
+deploy's preflight play (the lab's tests/deploy/test_spec_placement.py and test_builds.py)."""
 
 from __future__ import annotations
 
@@ -72,6 +74,11 @@ def test_lacking_type_is_exit_2_naming_build_and_types(tmp_path, cache):
     assert f"{inv}:2:" in res.stderr and "b10001-shaped" in res.stderr
     assert "draft-simple, draft-eagle3, draft-mtp, draft-dflash" in res.stderr
     assert "unreachable" not in (res.stdout + res.stderr).lower()
+    # `tunnelspec check` runs the same check: what deploy refuses, check finds first.
+    checked = subprocess.run([sys.executable, "-m", "tunnelspec", "check", str(inv)], env=env,
+                             capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert f"ERROR: {inv}:2: host main: variable spec_type:" in checked.stdout and "b10001-shaped" in checked.stdout
 
 
 def test_extra_flag_the_build_lacks_is_exit_2(tmp_path, cache):

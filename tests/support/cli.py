@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -153,3 +154,12 @@ def failed_report(res, stderr_tail: int = 2000) -> str:
         lines.append("stdout (end):\n" + res.stdout[-stderr_tail:])
     lines.append("stderr (end):\n" + res.stderr[-stderr_tail:])
     return "\n".join(lines)
+
+
+# The deploy's preflight play (playbooks/hosts.yml): what may run before a refusal stops the deploy.
+HOSTS_PLAY_TASKS = {"host facts", "llama-server settings against the pinned build", "prerequisites can be met"}
+
+
+def tasks_run(human_stdout: str) -> list[tuple[str, str, str]]:
+    """(status, host, task) of every task result in a deploy's human output."""
+    return re.findall(r"^(ok|changed|failed|would change): \[([^\]]+)\] (.+?)(?: — .*)?$", human_stdout, re.M)

@@ -86,9 +86,9 @@ def tls_of(hv: HostVars) -> TlsSettings:
         raise hv.fail(
             given[0], f"your own certificate needs all three of {', '.join(OWN_VARS)}; missing: {', '.join(missing)}"
         )
-    # The files themselves are read and checked before a deploy changes any host (certs.preflight,
-    # components/tls/own.py), errors naming the variable; commands that only read (status, client-config) need
-    # no key file on this controller.
+    # The files themselves are read by `tunnelspec check`, which deploy runs first (commands/certs.py
+    # check_tls_files, components/tls/own.py), errors naming the variable; commands that only read
+    # (status, client-config) need no key file on this controller.
     tls_dir = _controller_path(hv, "tunnelspec_tls_dir")
     return TlsSettings(
         names=tuple(names),

@@ -20,9 +20,10 @@ def _tls(cluster, what: str):
     return tls
 
 
-def preflight(cluster) -> None:
-    """Before a deploy changes any host: your own files are usable, or the inventory's CA (when it
-    exists) loads — a CA key others may read is refused as ssh refuses such a key. Exit 2, by name."""
+def check_tls_files(cluster) -> None:
+    """Offline, in `tunnelspec check` and so before a deploy contacts any host: your own files are
+    usable, or the inventory's CA (when it exists) loads — a CA key others may read is refused as ssh
+    refuses such a key. ClusterError (exit 2), by name."""
     tls = cluster.main.tls
     if tls is None:
         return

@@ -25,6 +25,7 @@ from tunnelspec.components.source.controller_repo import check_controller_source
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.collect import collect_cluster_errors
 from tunnelspec.commands.plan import build_plan
+from tunnelspec.components.server import preflight
 from tunnelspec.components.source import controller_repo
 from tunnelspec.llama import versions
 
@@ -55,6 +56,7 @@ class Report:
     inventory: str
     findings: list[Finding] = field(default_factory=list)
     plan: object | None = None  # plan.Plan, when the cluster could be read
+    settings: str | None = None  # the llama-server settings' check against the recorded build, when one is
 
     @property
     def errors(self) -> list[Finding]:
@@ -142,6 +144,8 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     if cluster is None:
         return report
     _check_extra_args(cluster, report)
+    _check_recorded_build(cluster, report)
+    _check_tls_files(cluster, report)
     if controller_git and ("llama_patches" not in {v for _, v in collected.set_aside}):
         _check_patches_apply(cluster, report)
 
@@ -216,6 +220,30 @@ def _check_extra_args(cluster, report: Report) -> None:
         if problem:
             err = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
             report.add(Finding("warning", str(err), err.file, err.line, main.name, "llama_server_extra_args"))
+
+
+def _check_recorded_build(cluster, report: Report) -> None:
+    """The llama-server settings against the controller's record of the pinned build's --help, when
+    it holds one (components/server/preflight.py; without one, deploy's preflight play asks main)."""
+    try:
+        result = preflight.check_recorded(cluster)
+    except ClusterError as err:
+        report.add(_from_error("error", err))
+        return
+    if result is not None:
+        report.settings = result.line()
+
+
+def _check_tls_files(cluster, report: Report) -> None:
+    """A public bind's TLS files usable: your own, or the inventory's CA when it exists (commands/certs.py)."""
+    if cluster.main.tls is None:
+        return
+    from tunnelspec.commands.certs import check_tls_files  # lazy: the x509 library, for a public bind only
+
+    try:
+        check_tls_files(cluster)
+    except ClusterError as err:
+        report.add(_from_error("error", err))
 
 
 def _is_json(text: str) -> bool:

@@ -65,6 +65,8 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
         if fmt == "human":
             for warning in report.warnings:
                 print(f"WARNING: {warning.message}", file=sys.stderr)
+            if report.settings is not None:
+                print(report.settings, file=sys.stderr)
     # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
     inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
     cluster = load_cluster(inv) if not require_cluster else None
@@ -93,29 +95,12 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
 
     run = Run(inv, options, tee if rollback is not None else emit, connect_options, cluster)
 
-    async def go():
-        if preflight and cluster is not None:
-            try:
-                # spec_type, split mode and extra args against the pinned build's --help: a setting the
-                # build lacks stops here (exit 2), before any play changes a host. Main's connection is
-                # the run's own (with its pre-opened socket): the run goes on over it.
-                from tunnelspec.components.server.preflight import preflight as check_build  # lazy: deploy only
-
-                run.preconnect(playbook)
-                note = await check_build(cluster, lambda: run.connection(cluster.main.name))
-                # Public bind = TLS: your own certificate files, or the inventory's CA key, usable (tls/).
-                from tunnelspec.commands.certs import preflight as check_tls  # lazy: deploy only
-
-                check_tls(cluster)
-            except BaseException:
-                await run.close()
-                raise
-            if fmt == "human":
-                print(note.line(), file=sys.stderr)
-        return await run.run_playbook(playbook)
-
-    summary = asyncio.run(go())
+    summary = asyncio.run(run.run_playbook(playbook))
     code = summary.exit_code()
+    for refusal in summary.refusals:
+        # An input error found by a preflight play: said as every input error is (the task's result
+        # carries it too, for --format json).
+        print(f"ERROR: {refusal}", file=sys.stderr)
     if rollback is not None and code == EXIT_FAILED and not options.check:
         from tunnelspec.commands.rollback import after_failed_deploy  # lazy: deploy only
 

@@ -10,7 +10,7 @@ import traceback
 from typing import TYPE_CHECKING
 
 from tunnelspec.core import testhooks
-from tunnelspec.core.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError
+from tunnelspec.core.errors import ArgumentError, HostUnreachable, TaskFailed, TunnelspecError, UsageError
 from tunnelspec.core.templating import TemplateError, evaluate, render_value
 from tunnelspec.engine import pending
 from tunnelspec.engine.checkplan import CheckPlan
@@ -84,6 +84,10 @@ class TaskExecution:
             if isinstance(e, TaskFailed) and self._planned(result, spec, host, e, started):
                 return True
             st.failed = True
+            # Refused input in a preflight play (read-only, before anything changes): the inventory
+            # is what must change, so the run exits 2, as for any input error.
+            if play.preflight and isinstance(e, UsageError):
+                st.refused_input = st.refused_input or str(e)
             self.emit(result("failed", str(e)))
             return False
         except Exception as e:  # noqa: BLE001 - a bug in one task must not take down other hosts

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from tunnelspec.core.errors import EXIT_DRIFT, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
+from tunnelspec.core.errors import EXIT_DRIFT, EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 STATUSES = ("ok", "changed", "failed", "skipped", "unreachable")
 
@@ -14,6 +14,9 @@ class Summary:
         self.check = check
         self.counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(STATUSES, 0))
         self.gate_failed = False
+        # A task of a preflight play refused its input (UsageError): the inventory must change, and
+        # nothing was changed anywhere. Exit 2, as for every input error, before an unreachable host.
+        self.refusals: list[str] = []
 
     def record(self, event: dict) -> None:
         kind = event.get("event")
@@ -34,6 +37,8 @@ class Summary:
         return sum(c[status] for c in self.counts.values())
 
     def exit_code(self) -> int:
+        if self.refusals:
+            return EXIT_USAGE
         if self.total("unreachable"):
             return EXIT_UNREACHABLE
         if self.total("failed") or self.gate_failed:

@@ -2,21 +2,23 @@
 flag, llama_server_extra_args) against the pinned build's own `--help` *before any host is
 changed* (see docs/speculative.md for the decision).
 
-Where the controller gets that `--help`, in order:
+Where that `--help` comes from, in order:
 1. the controller-side record of the last deploy of this exact source pin (repo, commit, patches)
    and main's build settings: `$XDG_CACHE_HOME/tunnelspec/builds/<key>.json` (default
-   `~/.cache/...`), written by the `llama_server_plan` task each time it reads a built `--help`;
-2. otherwise, read-only on the main host: `{root}/current/bin/llama-server --help`, used only
-   when `current`'s build stamp names the pinned commit and no patches are pinned (a patched tree's
-   options cannot be told from its base commit);
+   `~/.cache/...`), written by the `llama_server_plan` task each time it reads a built `--help`.
+   `tunnelspec check` reads it (`check_recorded`), and so does deploy, which runs the same checks
+   first: exit 2, no host contacted;
+2. otherwise, read-only on the main host, in the deploy's preflight play (the `llama_settings`
+   task): `{root}/current/bin/llama-server --help`, used only when `current`'s build stamp names the
+   pinned commit and no patches are pinned (a patched tree's options cannot be told from its base
+   commit). A refusal there is the task refusing its input: exit 2, before any host changes;
 3. otherwise (this source was never built here): nothing is known yet; the same checks run at the
    `llama_server_plan` task, on the freshly built binary, before the llama-server unit is written.
-   The deploy says so in its first line.
+   The preflight task says so.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
@@ -29,6 +31,7 @@ from tunnelspec.core.errors import ClusterError
 from tunnelspec.llama import flags
 from tunnelspec.llama.speculative import SpecError, check_extra_args, spec_support, spec_type_argv, split_modes
 from tunnelspec.cluster.fields import cluster_error
+from tunnelspec.modules.base import Task, ok, register_task
 
 RECORD_VERSION = 1
 STAMP = ".tunnelspec-stamp"
@@ -125,19 +128,39 @@ def check_known(cluster, h: flags.ServerHelp, source: str) -> PreflightResult:
     return PreflightResult(source, h.build, spec_support(h).describe())
 
 
-async def preflight(cluster, connection) -> PreflightResult:
-    """Raises ClusterError (exit 2) before any play runs; read-only everywhere. `connection`: called
-    for the run's own connection to main (engine Run.connection), only when the
-    controller has no record: the run goes on over it, so the check costs one command, not a login."""
+def check_recorded(cluster) -> PreflightResult | None:
+    """The settings against the controller's record of the pinned build, when it holds one (None
+    otherwise); ClusterError (exit 2) naming the variable. Offline: `tunnelspec check` and deploy's
+    first step."""
     recorded = load_record(cluster)
-    if recorded is not None:
-        return check_known(cluster, recorded, "controller's record of the last deploy")
-    if cluster.source.patches:
-        return PreflightResult("none", None, None)
-    h = await _read_main_build(cluster, connection)
-    if h is None:
-        return PreflightResult("none", None, None)
-    return check_known(cluster, h, "main host's current build")
+    if recorded is None:
+        return None
+    return check_known(cluster, recorded, "controller's record of the last deploy")
+
+
+@register_task
+class LlamaSettings(Task):
+    """Main's own check of the inventory's llama-server settings, read-only, in the deploy's preflight
+    play: without a controller record, against main's current build when it is the pinned commit
+    (no patches pinned); otherwise what the controller checked, or that the new build's --help
+    decides. A refusal raises ClusterError: the task refuses its input, the run exits 2 before any
+    host changes (engine/task_exec.py)."""
+
+    module = "llama_settings"
+    reads_cluster = True
+    read_only = True
+
+    async def check(self, ctx):
+        cluster = ctx.require_cluster()
+        recorded = check_recorded(cluster)
+        if recorded is not None:
+            return ok(recorded.line())
+        if cluster.source.patches:
+            return ok(PreflightResult("none", None, None).line())
+        h = await _read_main_build(cluster, ctx.conn)
+        if h is None:
+            return ok(PreflightResult("none", None, None).line())
+        return ok(check_known(cluster, h, "main host's current build").line())
 
 
 # $1: main's `current` build directory, $2: a boundary line, $3: the pinned commit. The binary runs
@@ -153,18 +176,12 @@ exec "$1/bin/llama-server" --help 2>/dev/null
 """
 
 
-async def _read_main_build(cluster, connection) -> flags.ServerHelp | None:
+async def _read_main_build(cluster, conn) -> flags.ServerHelp | None:
     current = posixpath.join(cluster.main.root, "current")
     binary = posixpath.join(current, "bin", "llama-server")
     boundary = "tunnelspec-preflight-" + secrets.token_hex(8)
-    try:
-        # Never longer than 5 s: an unreachable main is reported properly (exit 4) by the run's
-        # first play, which tries again with the full timeout.
-        conn = await asyncio.wait_for(connection(), 5.0)
-        res = await conn.probe(["sh", "-c", _READ_BUILD, "sh", current, boundary, cluster.source.commit],
-                               timeout=120)
-    except Exception:  # noqa: BLE001 - unreachable or slow now: the run decides and reports
-        return None
+    res = await conn.probe(["sh", "-c", _READ_BUILD, "sh", current, boundary, cluster.source.commit],
+                           timeout=120)
     if res.rc != 0:
         return None
     stamp, _, rest = res.stdout.partition(f"\n{boundary}\n")
