@@ -156,8 +156,10 @@ def failed_report(res, stderr_tail: int = 2000) -> str:
     return "\n".join(lines)
 
 
-# The deploy's preflight play (playbooks/hosts.yml): what may run before a refusal stops the deploy.
-HOSTS_PLAY_TASKS = {"host facts", "llama-server settings against the pinned build", "prerequisites can be met"}
+# The deploy's preflight play (playbooks/hosts.yml): what may run before a refusal stops the deploy
+# (its tasks, and its gate, which reports the hosts it stops).
+HOSTS_PLAY_TASKS = {"host facts", "llama-server settings against the pinned build", "prerequisites can be met",
+                    "every host can be served"}
 
 
 def tasks_run(human_stdout: str) -> list[tuple[str, str, str]]:
