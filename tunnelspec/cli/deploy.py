@@ -44,7 +44,7 @@ def play_cmd(inventory_option, paths, **kw):
 @run_options
 def deploy_cmd(inventory_file, allow_vulnerable_llama, no_rollback, **kw):
     """Converge every host: same llama.cpp source, built, RPC services, tunnels, llama-server."""
-    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, preflight=True,
+    _play(inventory_file, _builtin("deploy.yml"), require_cluster=True, require_models=True, check_first=True,
           accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allow_vulnerable_llama else ()), lock="deploy",
           rollback=not no_rollback, **kw)
 

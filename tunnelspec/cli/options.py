@@ -111,7 +111,7 @@ def playbook_options(f):
 
 
 def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
-          preflight=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False,
+          check_first=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False,
           rollback=None, **kw):
     from tunnelspec.commands.runner import connect_options_from_env, run_playbook_file  # lazy: CLI startup
 
@@ -127,7 +127,7 @@ def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=F
                            lock_wait=not no_wait, **kw)
     code = run_playbook_file(inventory_file, playbook, options, fmt,
                              connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster,
-                             require_models=require_models, preflight=preflight, rollback=rollback)
+                             require_models=require_models, check_first=check_first, rollback=rollback)
     sys.exit(code)
 
 

@@ -50,12 +50,12 @@ def load_cluster(inv):
 
 def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
                       connect_options: ConnectOptions | None = None, require_cluster: bool = False,
-                      stream=None, require_models: bool = False, preflight: bool = False,
+                      stream=None, require_models: bool = False, check_first: bool = False,
                       rollback: bool | None = None) -> int:
     """`rollback`: a deploy — True returns every host to the last verified generation when the run
     fails (docs/generations.md); False (--no-rollback) leaves them as the failure left them, and says
     so; None: not a deploy."""
-    if preflight:
+    if check_first:
         # deploy: every mistake of the inventory at once (`tunnelspec check`), before any connection.
         from tunnelspec.commands.check import check_inventory  # lazy: deploy only
 
