@@ -19,25 +19,15 @@ from tunnelspec.cluster.model import Cluster
 from tunnelspec.components.server import preflight
 from tunnelspec.llama.props import spec_types
 
+from support.offline import SHA, unreachable_inventory
+
 HELP = Path(__file__).parent / "data" / "llama-server-help.txt"
 LABEL = "0.5.0-dev (build 0, commit 8c22f3ff0)"
-SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
 
 
 def inventory(tmp_path: Path, main_vars: str) -> Path:
-    inv = tmp_path / "inventory.ini"
     # Port 9 on loopback: nothing listens; a connection attempt would end in exit 4, not 2.
-    inv.write_text(f"""[main]
-main ansible_host=127.0.0.1 ansible_port=9 {main_vars}
-[rpc]
-rpc-a ansible_host=127.0.0.1 ansible_port=9
-[all:vars]
-llama_repo=/srv/llama.cpp.git
-llama_commit="{SHA}"
-llama_model=/m/t.gguf
-llama_draft_model=/m/d.gguf
-""")
-    return inv
+    return unreachable_inventory(tmp_path, main_vars)
 
 
 @pytest.fixture

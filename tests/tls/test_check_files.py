@@ -5,50 +5,38 @@ any host is contacted (nothing listens on the inventory's port 9: a connection w
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from tunnelspec.components.tls import ca as C
 
-SHA = "8c22f3ff082f60e8b97ed51afbf8e51e63208260"
+from support.cli import tunnelspec
+from support.offline import unreachable_inventory
+
+PUBLIC = ("llama_server_public_bind=true llama_server_host=10.77.0.9 "
+          "llama_server_api_key_file=/etc/tunnelspec/llama-api-key")
 
 
 def inventory(tmp_path: Path, main_vars: str) -> Path:
-    inv = tmp_path / "inventory.ini"
-    inv.write_text(f"""[main]
-main ansible_host=127.0.0.1 ansible_port=9 llama_server_public_bind=true llama_server_host=10.77.0.9 \
-llama_server_api_key_file=/etc/tunnelspec/llama-api-key {main_vars}
-[rpc]
-rpc-a ansible_host=127.0.0.1 ansible_port=9
-[all:vars]
-llama_repo=/srv/llama.cpp.git
-llama_commit="{SHA}"
-llama_model=/m/t.gguf
-llama_draft_model=/m/d.gguf
-""")
-    return inv
+    return unreachable_inventory(tmp_path, f"{PUBLIC} {main_vars}")
 
 
-def tunnelspec(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "XDG_CACHE_HOME": str(cwd / "cache")}
-    return subprocess.run([sys.executable, "-m", "tunnelspec", *args], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=60)
+def run(*args: str, cwd: Path):
+    return tunnelspec(*args, env={"XDG_CACHE_HOME": str(cwd / "cache")}, cwd=cwd, timeout=60)
 
 
 def test_a_ca_key_others_may_read_stops_check_and_deploy(tmp_path):
     inv = inventory(tmp_path, "")
-    assert tunnelspec("check", str(inv), cwd=tmp_path).returncode == 0  # no CA yet: deploy makes one
+    assert run("check", str(inv), cwd=tmp_path).rc == 0  # no CA yet: deploy makes one
     C.ensure_ca(C.ca_dir_for(inv))
     os.chmod(C.ca_dir_for(inv) / C.CA_KEY, 0o644)
     for command in ("check", "deploy"):
-        res = tunnelspec(command, str(inv), cwd=tmp_path)
-        assert res.returncode == 2, res.stdout + res.stderr
+        res = run(command, str(inv), cwd=tmp_path)
+        assert res.rc == 2, res.stdout + res.stderr
         said = res.stdout + res.stderr  # check reports on stdout, deploy's ERROR is on stderr
         assert f"{inv}:2: " in said and "llama_server_public_bind" in said and "too open" in said, said
-        assert "unreachable" not in (res.stdout + res.stderr).lower()
+        assert "unreachable" not in said.lower()
     os.chmod(C.ca_dir_for(inv) / C.CA_KEY, 0o600)
-    assert tunnelspec("check", str(inv), cwd=tmp_path).returncode == 0
+    assert run("check", str(inv), cwd=tmp_path).rc == 0
 
 
 def test_own_files_that_are_not_a_key_stop_check_naming_the_variable(tmp_path):
@@ -59,6 +47,6 @@ def test_own_files_that_are_not_a_key_stop_check_naming_the_variable(tmp_path):
     (tmp_path / "ca.crt").write_bytes((tmp_path / "pki" / C.CA_CERT).read_bytes())
     inv = inventory(tmp_path, "llama_server_tls_cert_file=server.crt llama_server_tls_key_file=server.key "
                               "llama_server_tls_ca_file=ca.crt")
-    res = tunnelspec("check", str(inv), cwd=tmp_path)
-    assert res.returncode == 2, res.stdout + res.stderr
+    res = run("check", str(inv), cwd=tmp_path)
+    assert res.rc == 2, res.stdout + res.stderr
     assert f"{inv}:2: host main: variable llama_server_tls_key_file" in res.stdout, res.stdout

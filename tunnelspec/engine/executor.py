@@ -39,7 +39,6 @@ class HostState:
     conn: Connection | None = None
     failed: bool = False
     unreachable: bool = False
-    refused_input: str = ""  # why a preflight task refused its input (exit 2)
 
 
 class HostvarsView(Mapping):
@@ -210,7 +209,6 @@ class Run(Prefetch, TaskExecution):
             if lock is not None:
                 await lock.release()
             await self.close()
-        self.summary.refusals = [st.refused_input for st in self.hosts.values() if st.refused_input]
         self.emit(events.recap(self.summary.per_host(), self.summary.exit_code()))
         return self.summary
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from tunnelspec.engine.context import RunOptions
     from tunnelspec.engine.executor import HostState
     from tunnelspec.inventory.model import Inventory
+    from tunnelspec.reporting.summary import Summary
 
 
 class TaskExecution:
@@ -38,6 +39,7 @@ class TaskExecution:
     memo: dict
     secrets: list[str]
     hosts: dict[str, HostState]
+    summary: Summary
     emit: Callable[[dict], None]
     connection: Callable[[str], Awaitable[Connection]]
     template_vars: Callable[..., dict]
@@ -87,7 +89,7 @@ class TaskExecution:
             # Refused input in a preflight play (read-only, before anything changes): the inventory
             # is what must change, so the run exits 2, as for any input error.
             if play.preflight and isinstance(e, UsageError):
-                st.refused_input = st.refused_input or str(e)
+                self.summary.refusals.append(str(e))
             self.emit(result("failed", str(e)))
             return False
         except Exception as e:  # noqa: BLE001 - a bug in one task must not take down other hosts
