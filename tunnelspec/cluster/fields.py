@@ -72,6 +72,8 @@ KNOWN_VARS = frozenset(
         "metrics",
         "metrics_port",
         "metrics_token_file",  # cluster/front_vars.py (docs/metrics.md)
+        "metrics_readers",  # cluster/front_vars.py: who besides root and the front may connect to metrics_port
+        "bench_port",  # cluster/front_vars.py: bench's baseline llama-server (cluster/ports.py)
         "llama_keep_builds",
         "tunnel_from",  # playbooks/build.yml, tunnel.yml
         "tunnelspec_keep_generations",  # playbooks/server.yml (components/generation/tasks.py, docs/generations.md)

@@ -19,6 +19,9 @@ DEFAULT_HOLD_TIMEOUT = 180
 DEFAULT_REJOIN_AFTER = 20
 DEFAULT_FRONT_USER = "tunnelspec-front"
 DEFAULT_METRICS_PORT = 9466
+# bench's baseline llama-server (commands/bench): a registered, guarded port of its own (cluster/ports.py),
+# never the first free one (a local user who bound that first would get the API key of its requests).
+DEFAULT_BENCH_PORT = 18081
 VARS = (
     "llama_server_internal_port",
     "llama_server_hold_timeout",
@@ -27,6 +30,8 @@ VARS = (
     "metrics",
     "metrics_port",
     "metrics_token_file",
+    "metrics_readers",
+    "bench_port",
 )
 
 
@@ -37,6 +42,9 @@ class MetricsSettings:
 
     port: int
     token_file: str | None  # public bind only (required then)
+    # Users besides root and the front's that may connect to the exporter's port (a local Prometheus):
+    # the port is guarded like every other (cluster/ports.py).
+    readers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,6 +54,7 @@ class FrontSettings:
     rejoin_after: int  # seconds of steady HELLO answers before the draft comes back
     user: str  # the front's system user (the only one let through to internal_port)
     metrics: MetricsSettings | None = None  # None: metrics off (nothing installed, nothing listens)
+    bench_port: int = DEFAULT_BENCH_PORT  # bench's baseline llama-server, 127.0.0.1, root's connections only
 
 
 def front_of(hv, server_port: int) -> FrontSettings:
@@ -61,8 +70,10 @@ def front_of(hv, server_port: int) -> FrontSettings:
         raise hv.fail(
             "front_user", f"{user!r} is not a valid unprivileged system user name (e.g. {DEFAULT_FRONT_USER})"
         )
+    bench = hv.port("bench_port", DEFAULT_BENCH_PORT)
     return FrontSettings(
         internal_port=internal,
+        bench_port=bench,
         hold_timeout=hv.integer("llama_server_hold_timeout", DEFAULT_HOLD_TIMEOUT, minimum=5),
         rejoin_after=hv.integer("draft_rejoin_after", DEFAULT_REJOIN_AFTER, minimum=1),
         user=user,
@@ -72,7 +83,7 @@ def front_of(hv, server_port: int) -> FrontSettings:
 
 def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
     if not hv.boolean("metrics", False):
-        for var in ("metrics_port", "metrics_token_file"):
+        for var in ("metrics_port", "metrics_token_file", "metrics_readers"):
             if hv.raw(var, None) is not None:
                 raise hv.fail(var, "is set but metrics is not: add metrics=true (docs/metrics.md), or remove it")
         return None
@@ -112,4 +123,8 @@ def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
                 "is the API key's file: the scrape token is a credential of its "
                 "own (a leaked scrape config must not give the API); write another file",
             )
-    return MetricsSettings(port=port, token_file=token)
+    readers = hv.csv("metrics_readers")
+    for user in readers:
+        if not USER_NAME.match(user) or user == "root":
+            raise hv.fail("metrics_readers", f"{user!r} is not a user name (root may connect anyway)")
+    return MetricsSettings(port=port, token_file=token, readers=readers)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.cluster.fields import HostVars, cluster_error
 from tunnelspec.cluster.host_sections import (
     BuildSettings,
@@ -23,6 +22,7 @@ from tunnelspec.cluster.host_sections import (
     source_of,
 )
 from tunnelspec.inventory.model import Inventory
+from tunnelspec.cluster import ports
 from tunnelspec.cluster.placement import TargetPlacement, parse_placement
 
 # Checks the pinned source where it lives (the inventory, the main host's name, the pin); raises ClusterError.
@@ -79,6 +79,14 @@ class Cluster:
 
     def node(self, name: str) -> RpcNode:
         return next(n for n in self.rpc if n.name == name)
+
+    def guards(self, host: str) -> dict:
+        """local_isolation's arguments on `host`, derived from the registry of listeners (cluster/ports.py)."""
+        return ports.isolation_args(self, host)
+
+    def listener_ports(self, host: str) -> list[int]:
+        """Every port a tunnelspec service listens on on `host` (teardown proves none is left)."""
+        return sorted({x.port for x in ports.on_host(self, host) if x.listen is not None})
 
     @property
     def speculative(self) -> bool:
@@ -268,32 +276,16 @@ def _check_roles(inv: Inventory, nodes: tuple[RpcNode, ...]) -> None:
 
 
 def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> None:
-    # Every tunnel's local end and llama-server listen on the main host: one port each.
-    taken: dict[int, str] = {main.server_port: f"llama_server_port of {main.name}"}
-    if main.front is not None:
-        taken[main.front.internal_port] = f"llama_server_internal_port of {main.name}"
-        if main.front.metrics is not None:
-            taken[main.front.metrics.port] = f"metrics_port of {main.name}"
-    for node in nodes:
-        if node.tunnel_port in taken:
+    """One port per listener per machine, from the registry of listeners (cluster/ports.py)."""
+    for other, x, address in ports.collisions(inv, main, nodes):
+        if x.host == other.host:
             raise cluster_error(
-                inv,
-                node.name,
-                "tunnel_port",
-                f"port {node.tunnel_port} on the main host is already used by {taken[node.tunnel_port]}; "
-                "give each rpc node its own tunnel_port",
+                inv, x.owner, x.var,
+                f"port {x.port} on the {'main host' if x.host == main.name else 'host'} is already used by "
+                f"{other.var or other.name} of {other.owner}; "
+                + ("give each rpc node its own tunnel_port" if x.var == other.var == "tunnel_port"
+                   else f"give {x.name} a port of its own"),
             )
-        taken[node.tunnel_port] = f"tunnel_port of {node.name}"
-    # Two nodes that are the same machine (same address) cannot share an rpc_port.
-    seen: dict[tuple[str, int], str] = {}
-    for node in nodes:
-        address = ssh_host(node.name, inv.host_vars(node.name))
-        key = (address, node.rpc_port)
-        if key in seen:
-            raise cluster_error(
-                inv,
-                node.name,
-                "rpc_port",
-                f"{seen[key]} on the same address {address} already uses rpc_port {node.rpc_port}",
-            )
-        seen[key] = node.name
+        raise cluster_error(
+            inv, x.owner, x.var, f"{other.owner} on the same address {address} already uses {other.var} {x.port}",
+        )

@@ -132,13 +132,13 @@ def _opted_out(hv: dict) -> bool:
     return str(hv.get("rpc_local_isolation", "true")).strip().lower() in ("false", "no", "0", "off")
 
 
-async def _squatters(conn, seen, listeners: list[tuple[list[int], str | None]]) -> list[str]:
-    """Guarded ports held by another user than their service's (or root): each with its owner and
+async def _squatters(conn, seen, listeners: list[dict]) -> list[str]:
+    """Registered ports held by another user than their service's (or root): each with its owner and
     command line."""
     allowed: dict[int, set[int]] = {}
-    for ports, user in listeners:
-        for p in ports:
-            allowed.setdefault(p, set()).update({seen.uids[user]} if user and seen.uids.get(user) is not None else set())
+    for g in listeners:
+        for p in g["ports"]:
+            allowed.setdefault(int(p), set()).update(seen.uids[u] for u in g["users"] if seen.uids.get(u) is not None)
     try:
         return [f"port {b.port}: {b.describe()}"
                 for b in port_owners.squatters(await port_owners.observe(conn), allowed)]
@@ -146,36 +146,39 @@ async def _squatters(conn, seen, listeners: list[tuple[list[int], str | None]]) 
         return [f"listeners unreadable: {e}"]
 
 
-async def _isolation(conn, hv: dict, groups: list[tuple[list[int], str]], label: str,
-                     listeners: list[tuple[list[int], str | None]] = ()) -> dict:
-    """The loopback isolation as loaded now: `state` ok | missing | changed | off | error. `groups`:
-    (ports, the one user allowed besides root) of each guard; `listeners`: (ports, the one user that
-    may listen there besides root, or None). `squatters`: guarded ports another user holds."""
-    users = list(dict.fromkeys([u for _, u in groups] + [u for _, u in listeners if u]))
+async def _isolation(conn, hv: dict, guards: dict) -> dict:
+    """The loopback isolation as loaded now, against the registry of listeners (cluster/ports.py):
+    `state` ok | missing | changed | off | error. `squatters`: registered ports another user holds."""
+    groups = _connect_groups(guards)
+    users = list(dict.fromkeys([u for g in groups + guards["listeners"] for u in g["users"]]))
     try:
         seen = await nft.observe(conn, users)
     except Exception as e:  # noqa: BLE001 - a row, not a crash
-        return {"state": "error", "label": label, "msg": f"error: {e}"}
-    out = _isolation_rules(seen, hv, groups, label, listeners)
-    out["squatters"] = await _squatters(conn, seen, list(listeners))
+        return {"state": "error", "label": guards["label"], "msg": f"error: {e}"}
+    out = _isolation_rules(seen, hv, guards)
+    out["squatters"] = await _squatters(conn, seen, guards["listeners"])
     return out
 
 
-def _isolation_rules(seen, hv: dict, groups, label: str, listeners) -> dict:
+def _connect_groups(guards: dict) -> list[dict]:
+    return [{"ports": guards["ports"], "users": guards["users"]}, *guards["more"]]
+
+
+def _isolation_rules(seen, hv: dict, guards: dict) -> dict:
+    label = guards["label"]
     if _opted_out(hv):
         return {"state": "off", "label": label, "msg": "OFF (rpc_local_isolation=false): WARNING, every local "
                 "user can connect"}
     if seen.table_error:
         return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
-    known = all(seen.uids.get(u) is not None for _, u in groups) and all(
-        seen.uids.get(u) is not None for _, u in listeners if u)
+    groups = _connect_groups(guards)
+    known = all(seen.uids.get(u) is not None for g in groups + guards["listeners"] for u in g["users"])
     want: tuple = ()
-    for ports, user in groups:
-        uid = seen.uids.get(user)
-        want += nft.rules_for(ports, [uid] if uid is not None else [], label)
-    for ports, user in listeners:
-        uid = seen.uids.get(user) if user else None
-        want += nft.listen_rules_for(ports, [uid] if uid is not None else [], label)
+    for g in groups:
+        want += nft.rules_for(g["ports"], [seen.uids[u] for u in g["users"] if seen.uids.get(u) is not None], label)
+    for g in guards["listeners"]:
+        want += nft.listen_rules_for(g["ports"], [seen.uids[u] for u in g["users"] if seen.uids.get(u) is not None],
+                                     label)
     want = nft.ordered(want)
     if known and nft.matches(seen.table, want):
         return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
@@ -205,17 +208,9 @@ async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> 
         facts = await _facts(conn, cluster.main.root if name == cluster.main.name else cluster.node(name).root)
         if name == cluster.main.name:
             out = await _main_status(conn, cluster)
-            out["isolation"] = await _isolation(
-                conn, hv, [([n.tunnel_port for n in cluster.rpc], cluster.main.users.llama),
-                           ([cluster.main.front.internal_port], cluster.main.front.user)],
-                "tunnel ports: llama-server only; llama-server's port: the front only",
-                [([n.tunnel_port for n in cluster.rpc], cluster.main.users.tunnel),
-                 ([cluster.main.front.internal_port], cluster.main.users.llama), ([1], None)])
-            return {**out, "facts": facts}
-        node = cluster.node(name)
-        out = await _rpc_status(conn, node)
-        out["isolation"] = await _isolation(conn, hv, [([node.rpc_port], node.users.tunnel)], "rpc port: tunnel user only",
-                                            [([node.rpc_port], node.users.rpc)])
+        else:
+            out = await _rpc_status(conn, cluster.node(name))
+        out["isolation"] = await _isolation(conn, hv, cluster.guards(name))
         return {**out, "facts": facts}
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"}

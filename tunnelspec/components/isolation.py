@@ -53,6 +53,20 @@ def opted_in(value) -> bool:
     raise TaskFailed(f"{OPT_OUT} must be true or false, got {value!r}")
 
 
+_GUARDS = Arg(dict, default=None,
+              help="Everything else at once, as cluster/ports.py derives it for this host from the registry of "
+                   "listeners (`cluster.guards(inventory_hostname)`): how the playbooks call it.")
+
+
+def expand_guards(params: dict) -> dict:
+    """`guards` (the registry's view of one host) spread into the task's own arguments; an argument
+    given beside it wins."""
+    guards = params.get("guards")
+    if not isinstance(guards, dict):
+        return params
+    return {**{k: v for k, v in guards.items() if k != "what"}, **{k: v for k, v in params.items() if k != "guards"}}
+
+
 def warning(host: str, what: str) -> str:
     return (f"WARNING: {host}: local isolation is off ({OPT_OUT}=false): every local user can connect to "
             f"{what} on 127.0.0.1 and speak the unauthenticated RPC protocol")
@@ -120,7 +134,16 @@ class LocalIsolationAvailable(Task):
             "what": Arg(str, default="the guarded ports", help="What the warning says is exposed."),
             "listeners": Arg(list, default=[],
                              help="As local_isolation's: a guarded port held by anyone else stops the run here, "
-                                  "before anything is touched (also when opted out).")}
+                                  "before anything is touched (also when opted out)."),
+            "guards": _GUARDS}
+
+    @classmethod
+    def validate(cls, params: dict) -> dict:
+        guards = params.get("guards")
+        if isinstance(guards, dict):
+            params = {**{k: v for k, v in params.items() if k != "guards"},
+                      "listeners": params.get("listeners") or guards.get("listeners") or []}
+        return super().validate(params)
 
     def probes(self) -> list[list[str]]:
         out = [nft.observe_argv([])]
@@ -173,7 +196,12 @@ class LocalIsolation(Task):
                            help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns."),
             "state": Arg(str, default="present", choices=("present", "absent"),
                          help="absent: table, unit, links and file removed (teardown)."),
-            "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing.")}
+            "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing."),
+            "guards": _GUARDS}
+
+    @classmethod
+    def validate(cls, params: dict) -> dict:
+        return super().validate(expand_guards(params))
 
     def _want_present(self) -> bool:
         return self.p["state"] == "present" and opted_in(self.p["enabled"])
@@ -406,6 +434,10 @@ class LocalIsolationVerify(Task):
     read_only = True
     args = {k: v for k, v in LocalIsolation.args.items() if k not in ("state", "install")}
 
+    @classmethod
+    def validate(cls, params: dict) -> dict:
+        return super().validate(expand_guards(params))
+
     async def check(self, ctx):
         if not opted_in(self.p["enabled"]):
             msg = warning(ctx.host, self.p["label"].split(":")[0])
@@ -422,3 +454,45 @@ class LocalIsolationVerify(Task):
             raise TaskFailed(f"isolation rules missing or changed (live: {live}; want: {nft.describe(rules)}): "
                              "run `tunnelspec deploy`")
         return ok(f"{self.p['label']} ({nft.describe(rules)}; {seen.table.rejected} connection(s) refused so far)")
+
+
+@register_task
+class ListenersGuarded(Task):
+    """Read-only, after services started (deploy, verify, rollback): every TCP socket that an account
+    tunnelspec created listens on is guarded by the rules in force now — a listen guard that lets its
+    owner answer and a connect guard (the API at the front: anyone may connect). The registry of
+    listeners (cluster/ports.py) makes the rules; this holds the running services to them, whatever
+    generation or code started them: a listener added without its registry entry, or a generation
+    restored without its rules, fails here instead of serving unguarded."""
+
+    module = "listeners_guarded"
+    read_only = True
+    args = {"open_ports": Arg(list, default=[], help="Ports anyone may connect to (the API at the front): only "
+                                                     "their listen guard is required."),
+            "enabled": Arg((str, bool), default=True, help="The inventory's rpc_local_isolation: false warns instead.")}
+
+    def probes(self) -> list[list[str]]:
+        return [port_owners.argv(), nft.observe_argv([])]
+
+    async def check(self, ctx):
+        if not opted_in(self.p["enabled"]):
+            msg = warning(ctx.host, "every port its services listen on")
+            ctx.emit(events.message(msg))
+            return ok(msg)
+        owned = [x for x in await port_owners.observe(ctx.conn) if x.ours]
+        seen = await nft.observe(ctx.conn, [])
+        if seen.table_error:
+            raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")
+        open_ports = {int(p) for p in self.p["open_ports"]}
+        bad = []
+        for x in owned:
+            gaps = nft.guard_gaps(seen.table, x.port, x.uid, x.port in open_ports)
+            if gaps:
+                bad.append(f"{x.describe()}: {', '.join(gaps)}")
+        if bad:
+            raise TaskFailed(f"{ctx.host}: listening without the isolation's guards: " + "; ".join(bad)
+                             + ". Every port a tunnelspec service listens on must be in the registry of listeners "
+                               "(cluster/ports.py) and its rules loaded: run `tunnelspec deploy`")
+        ports = sorted({x.port for x in owned})
+        return ok(f"{len(ports)} port(s) tunnelspec's accounts listen on, each guarded"
+                  + (f" ({', '.join(map(str, ports))})" if ports else ""))

@@ -219,6 +219,22 @@ def matches(live: LiveTable, want: tuple) -> bool:
     return live.present and live.chain_ok and live.foreign == 0 and live.rules == ordered(want)
 
 
+def guard_gaps(live: LiveTable, port: int, owner_uid: int, open_port: bool = False) -> list[str]:
+    """What the live table lacks to guard a socket of `owner_uid` listening on loopback `port`: a
+    listen guard that lets that owner answer, and a connect guard (unless anyone may connect: the
+    API at the front). [] when both hold."""
+    listen = [r for r in live.rules if isinstance(r, ListenRule) and r.port == port]
+    connect = [r for r in live.rules if isinstance(r, PortRule) and r.port == port]
+    gaps = []
+    if not listen:
+        gaps.append("no listen guard")
+    elif owner_uid not in listen[0].uids:
+        gaps.append(f"its listen guard lets uids {','.join(map(str, listen[0].uids))} answer, not its owner's")
+    if not connect and not open_port:
+        gaps.append("no connect guard")
+    return gaps
+
+
 def describe(rules: tuple) -> str:
     return "; ".join(f"{'listen ' if isinstance(r, ListenRule) else ''}tcp/{r.port} uids {','.join(map(str, r.uids))}"
                      for r in ordered(rules)) or "no rule"

@@ -17,6 +17,7 @@ import posixpath
 from dataclasses import dataclass
 
 from tunnelspec.core.constants import DEVICES_CACHE, STATE_DIR
+from tunnelspec.facts import nft
 
 GEN_DIR = f"{STATE_DIR}/generations"
 CURRENT = f"{GEN_DIR}/current"
@@ -34,9 +35,16 @@ FRONT_UNIT = "tunnelspec-front.service"
 WATCH_UNIT = "tunnelspec-draftwatch.service"
 RPC_UNIT = "tunnelspec-rpc.service"
 FRONT_CONFIG = "/etc/tunnelspec/front.cfg"
+# The loopback isolation (components/isolation.py, facts/nft.py): part of every generation, so that a
+# return loads the rules its services were guarded by before they start (action "nft": `nft -f` of
+# the restored file, in the one transaction that replaces only tunnelspec's table).
+ISOLATION_RULES = nft.RULES_PATH
+ISOLATION_UNIT = nft.UNIT
 
 # What serving reads on each role, and which unit a change of it restarts (or reloads).
 MAIN_FILES = {
+    ISOLATION_RULES: ("nft", ""),
+    f"{UNIT_DIR}/{ISOLATION_UNIT}": ("none", ""),
     f"{UNIT_DIR}/{LLAMA_UNIT}": ("restart", LLAMA_UNIT),
     "/etc/tunnelspec/llama-server.json": ("restart", LLAMA_UNIT),
     DEVICES_CACHE: ("none", ""),
@@ -45,7 +53,8 @@ MAIN_FILES = {
     f"{UNIT_DIR}/{WATCH_UNIT}": ("restart", WATCH_UNIT),
     "/usr/local/lib/tunnelspec/tunnelspec-draftwatch": ("restart", WATCH_UNIT),
 }
-RPC_FILES = {f"{UNIT_DIR}/{RPC_UNIT}": ("restart", RPC_UNIT)}
+RPC_FILES = {ISOLATION_RULES: ("nft", ""), f"{UNIT_DIR}/{ISOLATION_UNIT}": ("none", ""),
+             f"{UNIT_DIR}/{RPC_UNIT}": ("restart", RPC_UNIT)}
 STACK_FILE = "src/llama.cpp/.git/tunnelspec-stack"   # under the host's root: the source's stack record
 
 
@@ -104,7 +113,8 @@ def host_diff(recorded: dict, live: dict) -> list[str]:
     if recorded.get("build") != live.get("build"):
         out.append(f"build {build_key(live.get('build') or '-')[:16]} → {build_key(recorded.get('build') or '-')[:16]}")
     rf, lf = recorded.get("files", {}), live.get("files", {})
-    for path in sorted(set(rf) | set(lf)):
+    # A path the record does not name (a generation from before tunnelspec kept it) is left as it is.
+    for path in sorted(rf):
         if (rf.get(path) or None) != (lf.get(path) or None):
             out.append(posixpath.basename(path))
     return out

@@ -18,6 +18,7 @@ import time
 
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.facts.nft import NFT
 from tunnelspec.llama import source_stack as ss
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 from tunnelspec.components.models.files import parse_proofs, parts_of, proof_argv
@@ -285,6 +286,8 @@ class GenerationRestore(Task):
             if not gen.runs_build(await running_exe(ctx.conn, unit), want["build"]):
                 restart.add(unit)
         for path, (action, unit) in files.items():
+            if path not in want["files"]:   # a generation from before tunnelspec kept this file
+                continue
             w, have = want["files"].get(path), live["files"].get(path)
             if (w or None) == (have or None):
                 continue
@@ -297,7 +300,14 @@ class GenerationRestore(Task):
                 await run(["sh", "-c", 'install -D -m "$3" -- "$1" "$2.tunnelspec-tmp" && mv -f -- "$2.tunnelspec-tmp" "$2"',
                            "sh", src, path, w["mode"] or "644"], check=True)
             units_changed |= path.endswith(".service")
-            if action == "source" and w is not None:
+            if action == "nft" and w is not None:
+                # The generation's rules before any of its services (re)starts below: a port it
+                # serves on is guarded from its first connection.
+                res = await run([NFT, "-f", path], timeout=30)
+                if res.rc != 0:
+                    raise TaskFailed(f"{ctx.host}: the isolation rules of generation {self.p['record'].get('n')} "
+                                     f"did not load: {res.stderr.strip()}")
+            elif action == "source" and w is not None:
                 await self._source(ctx, path, want["root"])
             elif action == "restart":
                 restart.add(unit)
@@ -324,13 +334,16 @@ class GenerationRestore(Task):
             if (await run(["test", "-f", posixpath.join(want["build"], ".tunnelspec-stamp")])).rc != 0:
                 raise TaskFailed(f"{ctx.host}: the build of generation {n} ({want['build']}) is gone; cannot return "
                                  "to it without a build (nothing was changed)")
-        for path in files:
+        for path, (action, _) in files.items():
             w = want["files"].get(path)
             if not w or w == live["files"].get(path):
                 continue
             src = posixpath.join(gen.FILES_DIR, w["sha256"])
             if (await run(["test", "-f", src])).rc != 0:
                 raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing "
+                                 "(nothing was changed)")
+            if action == "nft" and (await run([NFT, "--check", "-f", src], timeout=30)).rc != 0:
+                raise TaskFailed(f"{ctx.host}: the isolation rules of generation {n} do not load here any more "
                                  "(nothing was changed)")
             if path == gen.FRONT_CONFIG:
                 # It may name files that are no longer there (a TLS certificate, a metrics token).
