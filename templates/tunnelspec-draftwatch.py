@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -58,12 +59,33 @@ def load_config(path):
         return json.load(f)
 
 
+# The mode file lies in llama-server's runtime directory, which its user controls; the watcher runs
+# as root. So it is opened without following a link and without blocking (a FIFO there would hang the
+# watcher), and read only as a regular file of one name, owned by the directory's owner, and small
+# (SECURITY.md, invariant A).
+STATE_CAP = 256 * 1024
+
+
 def read_state(cfg):
     try:
-        with open(cfg["state"]) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        fd = os.open(cfg["state"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
         return {}
+    try:
+        st = os.fstat(fd)
+        owner = os.stat(os.path.dirname(cfg["state"])).st_uid
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in (0, owner) or st.st_size > STATE_CAP:
+            return {}
+        data = os.read(fd, STATE_CAP + 1)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    try:
+        doc = json.loads(data.decode("utf-8", "replace"))
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
 
 
 # Cumulative figures the metrics exporter reads (docs/metrics.md): seconds spent in each mode, switches

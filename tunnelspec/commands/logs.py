@@ -33,6 +33,7 @@ from tunnelspec.components.server.args import last_acceptance
 from tunnelspec.core.secrets import mask_text, masked, secret_values
 from tunnelspec.commands import status
 from tunnelspec.components.front import model as front
+from tunnelspec.facts import safe_read
 from tunnelspec.components.tls.ca import CA_KEY, ca_dir_for
 from tunnelspec.core.errors import UsageError
 
@@ -176,11 +177,15 @@ async def _collect_server(conn, b: HostBundle) -> None:
     """What the deployed llama-server binary says about itself, without touching the rpc-servers."""
     # The unit starts llama-server through its launcher: the command lines, the mode it chose and the
     # front's configuration are files (no secret in them: the API key file is named, never read).
+    # Read without following a link (SECURITY.md, invariant A): mode.json lies in llama-server's own
+    # runtime directory, where its user could leave a symlink to a file only root may read.
     for path, name in ((front.MODES_PATH, "llama-server.json"), (front.STATE_PATH, "mode.json"),
                        (front.FRONT_CONFIG, "front.cfg")):
-        rc, text = await _run(conn, ["cat", "--", path])
+        rc, text = await _run(conn, safe_read.argv(path))
         if rc == 0:
             b.files[name] = text
+        elif rc != safe_read.ABSENT:
+            b.files[name + ".refused"] = f"{path}: not read ({text.strip()})\n"
     binary = None
     try:
         binary = (json.loads(b.files.get("llama-server.json") or "{}").get("modes") or {}).get("speculative", [None])[0]

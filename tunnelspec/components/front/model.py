@@ -107,7 +107,7 @@ def metrics_fact(cluster) -> dict | None:
     if main.front.metrics is None:
         return None
     return {"config_json": json.dumps(metrics_document(cluster), indent=1, sort_keys=True) + "\n",
-            "unit": {"front_user": main.front.user, "loopback": LOOPBACK, "state_path": STATE_PATH, "exporter": METRICS_EXPORTER, "config": METRICS_CONFIG,
+            "unit": {"front_user": main.front.user, "loopback": LOOPBACK, "exporter": METRICS_EXPORTER, "config": METRICS_CONFIG,
                      "api_key_file": main.api_key_file or "", "port": main.front.metrics.port,
                      "front_unit": FRONT_UNIT, "llama_unit": "tunnelspec-llama-server.service"},
             "token_file": main.front.metrics.token_file or "", "api_key_file": main.api_key_file or ""}

@@ -8,6 +8,10 @@ import time
 
 from tunnelspec.components.front import model as front
 from tunnelspec.components.server.args import tunnel_unit
+from tunnelspec.facts import safe_read
+
+# The launcher's mode file is a few hundred bytes; anything much larger is not its.
+STATE_CAP = 256 * 1024
 
 
 async def sh(conn, argv, timeout=20) -> str:
@@ -32,10 +36,17 @@ async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
     (the draft on its node's device), degraded (the target alone while a draft-only node is away, since
     when and why), split-degraded (a split served from the remaining devices while a target node is
     away), waiting (a node with target layers holds serving down), or plain (no draft)."""
-    raw = await sh(conn, ["cat", front.STATE_PATH])
+    # llama-server's user owns the directory of this file: read without following a link (SECURITY.md,
+    # invariant A) — a symlink, FIFO or huge file there is an unknown mode, never read through.
     try:
-        state = json.loads(raw) if raw and not raw.startswith("error") else {}
+        raw, why = await safe_read.read(conn, front.STATE_PATH, cap=STATE_CAP)
+    except Exception as e:  # noqa: BLE001 - reported as an unknown mode, other fields still gathered
+        raw, why = None, str(e)
+    try:
+        state = json.loads(raw) if raw else {}
     except ValueError:
+        state = {}
+    if not isinstance(state, dict):
         state = {}
     mode = state.get("mode") or "unknown"
     draft = cluster.draft_node
