@@ -21,12 +21,15 @@
 # Why the front's user: it alone may reach llama-server's port, it owns the front's sockets and reads
 # the certificate's directory. No secret is ever a label or a value here.
 import http.server
+import io
 import json
 import os
+import selectors
 import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 
 MODES = ("speculative", "degraded", "split-degraded", "waiting", "plain")
@@ -300,14 +303,37 @@ def scrape(cfg, now=None):
     return out.text() + "".join(extra)
 
 
+# ---- serving -----------------------------------------------------------------------------------------
+# Any local user may connect to 127.0.0.1:<metrics_port>, so each connection costs a bounded share: a
+# connection waits in one selector, with no thread, until its request's head is complete (request line
+# and headers: a GET has no body); only then does a thread answer it. Connections that send nothing, or
+# too slowly, cost a file descriptor for CLIENT_TIMEOUT at most and never keep a scrape out.
+MAX_CLIENTS = 8        # requests answered at once (a thread each); a request past them is closed unanswered
+MAX_WAITING = 128      # connections whose head is not complete yet; past them the oldest is closed
+CLIENT_TIMEOUT = 5.0   # seconds from the connect to the head's end; and for each write of the answer
+MAX_HEAD = 8192        # bytes of request line and headers (HAProxy's GET of /metrics takes a few hundred)
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
+    """One request whose head the server has read already (Server.heads): GET or HEAD of /metrics."""
+
     cfg_path = None
     server_version = "tunnelspec-metrics"
     sys_version = ""
 
-    def do_GET(self):
+    def setup(self):
+        super().setup()
+        self.rfile.close()
+        self.rfile = io.BytesIO(self.server.heads.pop(self.request, b""))
+
+    def _metrics_only(self):
         if self.path.split("?")[0] != "/metrics":
             self.send_error(404)
+            return False
+        return True
+
+    def do_GET(self):
+        if not self._metrics_only():
             return
         body = scrape(load_config(self.cfg_path)).encode()
         self.send_response(200)
@@ -316,8 +342,114 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_HEAD(self):
+        # The headers of a scrape without making one: a HEAD costs nothing.
+        if self._metrics_only():
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.end_headers()
+
     def log_message(self, fmt, *args):
         pass  # one line per scrape would flood the journal
+
+
+class Server(http.server.HTTPServer):
+    """Reads each connection's head in one selector loop (serve), then answers it in a thread of at
+    most MAX_CLIENTS. stop() ends the loop (from another thread)."""
+
+    request_queue_size = 64  # the listen backlog: a burst of connections is accepted, not refused
+
+    def __init__(self, address, handler):
+        super().__init__(address, handler)
+        self.socket.setblocking(False)
+        self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        self.waiting = {}  # socket -> [head so far, deadline, address], oldest first
+        self.heads = {}    # socket -> its whole head, for the Handler
+        self._stopping = threading.Event()
+
+    def stop(self):
+        self._stopping.set()
+
+    def serve(self):
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.socket, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                now = time.monotonic()
+                first = min((w[1] for w in self.waiting.values()), default=now + 0.5)
+                for key, _ in sel.select(max(0.0, min(first - now, 0.5))):
+                    if key.fileobj is self.socket:
+                        self._accept(sel)
+                    elif key.fileobj in self.waiting:
+                        self._read(sel, key.fileobj)
+                now = time.monotonic()
+                for conn in [c for c, w in self.waiting.items() if w[1] <= now]:
+                    self._drop(sel, conn)  # its head did not come within CLIENT_TIMEOUT
+            for conn in list(self.waiting):
+                self._drop(sel, conn)
+
+    def _accept(self, sel):
+        while True:
+            try:
+                conn, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # out of file descriptors, say: the connection waits in the backlog
+            if len(self.waiting) >= MAX_WAITING:
+                self._drop(sel, next(iter(self.waiting)))
+            conn.setblocking(False)
+            self.waiting[conn] = [b"", time.monotonic() + CLIENT_TIMEOUT, address]
+            sel.register(conn, selectors.EVENT_READ)
+
+    def _drop(self, sel, conn):
+        self.waiting.pop(conn, None)
+        sel.unregister(conn)
+        self.shutdown_request(conn)
+
+    def _read(self, sel, conn):
+        try:
+            data = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        entry = self.waiting[conn]
+        entry[0] += data
+        head = entry[0]
+        if not data or len(head) > MAX_HEAD:
+            if data:
+                try:
+                    conn.send(b"HTTP/1.0 431 Request Header Fields Too Large\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+            self._drop(sel, conn)
+            return
+        if b"\r\n\r\n" not in head and b"\n\n" not in head:
+            return
+        del self.waiting[conn]
+        sel.unregister(conn)
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(conn)  # MAX_CLIENTS answers under way: closed at once, unanswered
+            return
+        conn.setblocking(True)
+        conn.settimeout(CLIENT_TIMEOUT)
+        self.heads[conn] = head
+        try:
+            threading.Thread(target=self._answer, args=(conn, entry[2]), daemon=True).start()
+        except RuntimeError:
+            self.heads.pop(conn, None)
+            self.shutdown_request(conn)
+            self.slots.release()
+
+    def _answer(self, conn, address):
+        try:
+            self.finish_request(conn, address)
+        except Exception:  # noqa: BLE001 - one client's failure ends its connection, not the exporter
+            pass
+        finally:
+            self.heads.pop(conn, None)
+            self.shutdown_request(conn)
+            self.slots.release()
 
 
 def serve(cfg_path):
@@ -327,10 +459,9 @@ def serve(cfg_path):
         print("tunnelspec-metrics: listens on 127.0.0.1 only, not %r" % host, file=sys.stderr)
         return 2
     Handler.cfg_path = cfg_path
-    srv = http.server.ThreadingHTTPServer((host, int(port)), Handler)
-    srv.daemon_threads = True
+    srv = Server((host, int(port)), Handler)
     print("tunnelspec: metrics on http://%s:%d/metrics" % (host, int(port)), flush=True)
-    srv.serve_forever()
+    srv.serve()
     return 0
 
 

@@ -253,3 +253,38 @@ def test_patch_file_checked_against_the_controller_tree(tmp_path, guard, applies
     else:
         assert p.returncode == 2 and "inventory.ini:16:" in p.stdout and "does not apply to the pinned tree" in p.stdout
     assert _git(repo, "status", "--porcelain") == "" and _git(repo, "rev-parse", "HEAD") == commit
+
+
+@pytest.mark.parametrize("hook_vars", ["index", "dir-index-work-tree"])
+def test_check_run_from_a_git_hook_leaves_the_hooks_repository_alone(tmp_path, guard, hook_vars):
+    """A pre-commit hook runs `tunnelspec check` with GIT_DIR, GIT_INDEX_FILE and GIT_WORK_TREE of the
+    repository being committed: the patch check still reads the controller's llama.cpp tree, and its
+    scratch `read-tree` writes no index of the hook's repository."""
+    env, _ = guard
+    repo = tmp_path / "llama.cpp"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "README.md").write_text("one\ntwo\n")
+    _git(repo, "add", "README.md")
+    _git(repo, "commit", "-q", "-m", "base")
+    commit = _git(repo, "rev-parse", "HEAD")
+    (tmp_path / "fix.patch").write_text("--- a/README.md\n+++ b/README.md\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n")
+    text = BASE.format(main_var="", host_extra="").replace(
+        "llama_repo=https://github.com/ggml-org/llama.cpp", f"llama_repo=controller:{repo}").replace(
+        "0123456789abcdef0123456789abcdef01234567", commit) + 'llama_patches=[{"file": "fix.patch"}]\n'
+    (tmp_path / "inventory.ini").write_text(text)
+    hooked = tmp_path / "ops"  # the user's repository, mid-commit: one file staged
+    hooked.mkdir()
+    _git(hooked, "init", "-q")
+    (hooked / "notes.txt").write_text("staged\n")
+    _git(hooked, "add", "notes.txt")
+    index = hooked / ".git" / "index"
+    before = index.read_bytes()
+    hook_env = {**env, "GIT_INDEX_FILE": str(index)}
+    if hook_vars != "index":
+        hook_env.update(GIT_DIR=str(hooked / ".git"), GIT_WORK_TREE=str(hooked), GIT_PREFIX="")
+    p, _ = run(hook_env, "check", "inventory.ini", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert index.read_bytes() == before
+    assert _git(hooked, "diff", "--cached", "--name-only") == "notes.txt"
+    assert _git(repo, "status", "--porcelain") == "" and _git(repo, "rev-parse", "HEAD") == commit

@@ -194,3 +194,36 @@ def test_kernel_refuses_a_squatter_at_once_and_serves_root_and_the_service(tmp_p
     owners = port_owners.parse((tmp_path / "owners").read_text())
     bad = port_owners.squatters(owners, {PORT: {SERVICE}})
     assert [(o.port, o.owner) for o in bad] == [(PORT, "nobody")], owners
+
+
+NAMED = r"""
+set -e
+ip link set lo up
+for spec in "$2:uid:0" "$(($2 + 1)):\" uid:0 (" ; do
+  setpriv --reuid=65534 --regid=65534 --clear-groups "$1" -c '
+import ctypes, socket, sys, time
+ctypes.CDLL(None).prctl(15, sys.argv[2].encode(), 0, 0, 0)  # PR_SET_NAME: the name ss shows
+s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(1); time.sleep(30)' "${spec%%:*}" "${spec#*:}" &
+  pids="$pids $!"
+done
+i=0; while [ "$(ss -Hltn | grep -c '127.0.0.1:')" -lt 2 ]; do i=$((i+1)); [ $i -lt 100 ] || exit 9; sleep 0.05; done
+# (each renames itself before listen(): listed means named)
+sh -c "$3"
+kill $pids
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux" or os.geteuid() != 0, reason="needs root on Linux (a network namespace)")
+def test_the_owner_probe_reads_no_uid_from_a_process_name():
+    """nobody's listeners named `uid:0` and `" uid:0 (`: the real probe (its ss and its getent loop)
+    names nobody as their owner, so both are squatters; no uid is looked up that no socket has."""
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else shutil.which("python3")
+    res = subprocess.run(["unshare", "-n", "sh", "-c", NAMED, "sh", python, str(PORT), port_owners.SCRIPT],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert 'users:(("uid:0",' in res.stdout, res.stdout
+    owners = port_owners.parse(res.stdout)
+    assert sorted((o.port, o.uid, o.owner) for o in owners) == [(PORT, 65534, "nobody"), (PORT + 1, 65534, "nobody")]
+    assert sorted(o.port for o in port_owners.squatters(owners, {PORT: {SERVICE}, PORT + 1: {SERVICE}})) == [PORT, PORT + 1]
+    users = res.stdout.split("== users\n", 1)[1].split("== end", 1)[0].split()
+    assert users[0] == "65534" and "0" not in users, res.stdout

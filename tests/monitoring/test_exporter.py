@@ -9,8 +9,11 @@ import importlib.machinery
 import importlib.util
 import json
 import shutil
+import socket
 import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +180,148 @@ def test_the_exporter_survives_rendering_as_a_template():
     from tunnelspec.core.templating import render_file
     text = (REPO / "templates" / "tunnelspec-metrics.py").read_text()
     assert render_file(text, {}) == text.rstrip("\n") or render_file(text, {}) == text
+
+
+# ---- serving: any local user may connect ---------------------------------------------------------------
+def _get(port, path="/metrics", method="GET", timeout=10.0):
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(f"{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+
+
+def _closed_after(s, limit):
+    """Seconds until the server closes `s` (it sends nothing first), or None past `limit`."""
+    start = time.monotonic()
+    s.settimeout(limit)
+    try:
+        data = s.recv(100)
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        data = b""
+    assert data == b"", data
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def exporter(tmp_path, monkeypatch):
+    """The exporter's server in this process on 127.0.0.1:0, with a 1 s client timeout."""
+    monkeypatch.setattr(EXP, "CLIENT_TIMEOUT", 1.0)
+    (tmp_path / "mode.json").write_text(json.dumps({"mode": "plain", "since": 1.0, "at": 1.0}))
+    cfg = tmp_path / "metrics.json"
+    cfg.write_text(json.dumps(cfg_for(tmp_path, tunnels={}, listen=["127.0.0.1", 0])))
+    monkeypatch.setattr(EXP.Handler, "cfg_path", str(cfg))
+    srv = EXP.Server(("127.0.0.1", 0), EXP.Handler)
+    t = threading.Thread(target=srv.serve, daemon=True)
+    t.start()
+    yield srv, srv.server_address[1]
+    srv.stop()
+    t.join(5)
+    srv.server_close()
+
+
+def test_idle_and_slow_clients_are_dropped_and_cost_no_thread(exporter):
+    srv, port = exporter
+    idle = socket.create_connection(("127.0.0.1", port))
+    slow = socket.create_connection(("127.0.0.1", port))
+    slow.sendall(b"GET /metr")  # a head that never ends
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(EXP.MAX_CLIENTS * 4)]
+    threads = threading.active_count()
+    try:
+        answer = _get(port)
+        assert answer.startswith(b"HTTP/1.0 200") and b"tunnelspec_serving_mode{" in answer, answer[:200]
+        assert threading.active_count() <= threads + 1
+        for s in (idle, slow):
+            took = _closed_after(s, 4.0)
+            assert took is not None and took < 2.5, took
+    finally:
+        for s in [idle, slow, *flood]:
+            s.close()
+
+
+def test_more_idle_connections_than_it_keeps_close_the_oldest(exporter):
+    srv, port = exporter
+    first = socket.create_connection(("127.0.0.1", port))
+    rest = [socket.create_connection(("127.0.0.1", port)) for _ in range(EXP.MAX_WAITING + 5)]
+    try:
+        took = _closed_after(first, 0.9)  # before its timeout: evicted by the newer ones
+        assert took is not None, "the oldest idle connection was kept"
+        assert _get(port).startswith(b"HTTP/1.0 200")
+    finally:
+        for s in [first, *rest]:
+            s.close()
+
+
+def test_requests_past_the_answering_threads_are_closed_at_once(exporter, monkeypatch):
+    srv, port = exporter
+    release, started = threading.Event(), threading.Semaphore(0)
+
+    def slow_scrape(cfg, now=None):
+        started.release()
+        release.wait(10)
+        return "tunnelspec_generation 1\n"
+
+    monkeypatch.setattr(EXP, "scrape", slow_scrape)
+    busy = []
+    for _ in range(EXP.MAX_CLIENTS):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        busy.append(s)
+    try:
+        for _ in range(EXP.MAX_CLIENTS):
+            assert started.acquire(timeout=5)
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        took = _closed_after(extra, 3.0)
+        assert took is not None and took < 0.5, took
+        extra.close()
+        release.set()
+        for s in busy:
+            s.settimeout(5)
+            assert s.recv(100).startswith(b"HTTP/1.0 200")
+        assert _get(port).startswith(b"HTTP/1.0 200")  # the slots came back
+    finally:
+        release.set()
+        for s in busy:
+            s.close()
+
+
+def test_only_get_and_head_of_metrics_and_a_bounded_head(exporter):
+    srv, port = exporter
+    assert _get(port, "/").startswith(b"HTTP/1.0 404")
+    assert _get(port, "/metrics", "POST").startswith(b"HTTP/1.0 501")
+    head = _get(port, "/metrics", "HEAD")
+    assert head.startswith(b"HTTP/1.0 200") and head.endswith(b"\r\n\r\n") and b"tunnelspec_" not in head
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X-Pad: " + b"a" * (EXP.MAX_HEAD + 10) + b"\r\n\r\n")
+        assert s.recv(100).startswith(b"HTTP/1.0 431")
+
+
+def test_the_installed_program_serves_and_drops_an_idle_client(tmp_path):
+    """`tunnelspec-metrics serve CONFIG` as the unit runs it: its default timeout (5 s) drops a
+    client that sends nothing, and a scrape is answered meanwhile, many idle connections or not."""
+    from support.localserver import free_port
+
+    port = free_port()
+    (tmp_path / "mode.json").write_text(json.dumps({"mode": "plain", "since": 1.0, "at": 1.0}))
+    cfg = tmp_path / "metrics.json"
+    cfg.write_text(json.dumps(cfg_for(tmp_path, tunnels={}, listen=["127.0.0.1", port])))
+    proc = subprocess.Popen([sys.executable, str(REPO / "templates" / "tunnelspec-metrics.py"), "serve", str(cfg)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    idle = []
+    try:
+        assert f"metrics on http://127.0.0.1:{port}/metrics" in proc.stdout.readline()
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(64)]
+        assert _get(port).startswith(b"HTTP/1.0 200")
+        took = _closed_after(idle[-1], 8.0)  # CLIENT_TIMEOUT is 5 s
+        assert took is not None and took < 6.5, took
+    finally:
+        for s in idle:
+            s.close()
+        proc.kill()
+        proc.wait(10)

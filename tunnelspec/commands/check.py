@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import shlex
 import subprocess
 import tempfile
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunnelspec.core.errors import ClusterError, EXIT_OK, EXIT_USAGE, InventoryError, SourceError
+from tunnelspec.core.gitenv import git_env
 from tunnelspec.cluster.fields import KNOWN_VARS, USER_VAR_PREFIX, cluster_error, is_unknown_var, nearest_var
 from tunnelspec.components.source.controller_repo import check_controller_source
 from tunnelspec.inventory import load_inventory
@@ -162,7 +162,7 @@ def _rpc_server_name(cluster) -> str | None:
     repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
     for name in (versions.RPC_TOOL_CMAKELISTS, versions.RPC_TOOL_CMAKELISTS_OLD):
         res = subprocess.run(["git", "-C", str(repo), "show", f"{source.commit}:{name}"], capture_output=True,
-                             text=True, timeout=60)
+                             text=True, timeout=60, env=git_env())
         if res.returncode == 0:
             try:
                 return versions.rpc_server_target(res.stdout)
@@ -277,7 +277,7 @@ def _check_patches_apply(cluster, report: Report) -> None:
 def _apply_in_scratch(repo: Path, commit: str, patches: list[Path]) -> str | None:
     """The patches applied, in order, to the commit's tree in a scratch index: the user's
     repository gets no write (the scratch repository borrows its objects, as the bundle does)."""
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    env = git_env(GIT_TERMINAL_PROMPT="0", LC_ALL="C")  # never the index of a hook's repository
 
     def git(*args, cwd):
         return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)

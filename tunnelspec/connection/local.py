@@ -9,10 +9,15 @@ import os
 from tunnelspec.connection import relay
 from tunnelspec.connection.base import Connection, Spawned, reveal_argv
 from tunnelspec.connection.become import Become
+from tunnelspec.core.gitenv import git_env
 from collections import deque
 
 
 class LocalConnection(Connection):
+    """The host's commands get tunnelspec's environment less the variables that pick a git repository
+    (core/gitenv.py), as ssh passes none to a host: the host's `git -C` of its checkout works on that
+    checkout, never on the repository whose hook started tunnelspec."""
+
     def __init__(self, name: str, become: bool = False, become_password=None):
         self.name = name
         self.is_root = os.geteuid() == 0
@@ -27,6 +32,7 @@ class LocalConnection(Connection):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
+            env=git_env(),
         )
         try:
             out, err = await proc.communicate(input)
@@ -43,6 +49,7 @@ class LocalConnection(Connection):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            env=git_env(),
         )
         tail: deque[str] = deque(maxlen=60)
         assert proc.stdout is not None  # stdout=PIPE
@@ -72,6 +79,7 @@ class LocalConnection(Connection):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            env=git_env(),
         )
         if prefix:
             assert proc.stdin is not None  # stdin=PIPE

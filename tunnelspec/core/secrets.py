@@ -7,9 +7,24 @@ from collections.abc import Iterable
 
 MASK = "***"
 
+# Every secret value this process has met (each Secret made, each value secret_values found): the crash
+# report (cli/crash.py) masks them in an exception's text, which no run's own masking reaches.
+_SEEN: set[str] = set()
+
+
+def seen() -> list[str]:
+    """The secret values met so far, longest first (a secret that contains another is masked whole)."""
+    return sorted(_SEEN, key=len, reverse=True)
+
 
 class Secret(str):
     """A string whose repr/str-for-display is masked. Use `.reveal()` to get the value."""
+
+    def __new__(cls, value: object = "") -> Secret:
+        obj = super().__new__(cls, value)
+        if str.__len__(obj):
+            _SEEN.add(str.__str__(obj))
+        return obj
 
     def reveal(self) -> str:
         return str.__str__(self)
@@ -66,6 +81,7 @@ def secret_values(variables: dict) -> list[str]:
                     out += secret_values(item)
                 elif isinstance(item, Secret):
                     out.append(item.reveal())
+    _SEEN.update(out)
     return out
 
 

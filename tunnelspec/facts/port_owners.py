@@ -5,6 +5,8 @@ processes holding it (pid, user, command line), in one probe.
 not 0), e.g.
 `LISTEN 0 0 127.0.0.1:50052 0.0.0.0:* users:(("python3",pid=812,fd=3)) uid:65534 ino:96841 sk:3 <->`;
 `ps` gives each process's user and full command line, `getent passwd` each owner's name and comment.
+The process names in `users:((…))` are the processes' own: any user names its process `uid:0`, so the
+owner is read where ss prints it, right after that list (_OWNER), never found by a search of the line.
 A guarded port held by another owner than its service's is a squatter (components/isolation.py refuses to
 deploy through it; status names it) — unless the owner is one of tunnelspec's own service accounts
 (marked by their comment): a deploy that gives a service another user (llama_user, front_user, …)
@@ -20,14 +22,18 @@ from tunnelspec.core.constants import SERVICE_USER_MARK
 from tunnelspec.facts import sections
 from tunnelspec.facts.sockets import _PROC, _split_endpoint
 
-_UID = re.compile(r"\buid:(\d+)\b")
+# The socket's owner: `uid:N ` (only when not root) then `ino:N`, right after the process list's end
+# (`…",pid=N,fd=N)) `) or at the start when no process is visible. A name cannot forge that end: ss
+# cuts a name at its first `)` (it reads /proc/PID/stat with `%[^)]`) and the kernel keeps 15 bytes.
+_OWNER = re.compile(r'(?:^|",pid=\d+,fd=\d+\)\) )(?:uid:(\d+) )?ino:\d+(?= |$)')
 
 SCRIPT = r"""
 echo "== ss"; ss -Hltnpe
 pids=$(ss -Hltnp | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un | paste -sd, -)
 echo "== ps"; [ -z "$pids" ] || ps -ww -o pid=,user:32=,args= -p "$pids"
 echo "== users"
-for u in $(ss -Hltnpe | grep -o 'uid:[0-9]*' | cut -d: -f2 | sort -un); do
+# Owners from a listing without process names (nothing a user chose before the 6th column).
+for u in $(ss -Hltne | awk '$6 ~ /^uid:[0-9]+$/ { print substr($6, 5) }' | sort -un); do
   echo "$u $(getent passwd "$u" | cut -d: -f1,5)"
 done
 echo "== end"
@@ -83,9 +89,12 @@ def parse(text: str) -> list[OwnedListener]:
             address, port = _split_endpoint(parts[3])
         except ValueError:
             continue
-        rest = " ".join(parts[5:])
-        m = _UID.search(rest)
-        uid = int(m.group(1)) if m else 0
+        rest = line.split(None, 5)[5] if len(parts) > 5 else ""
+        m = _OWNER.search(rest)
+        if m is None:
+            # Read as root it would never be a squatter: an owner not found is an error, not uid 0.
+            raise ValueError(f"port owner probe: no socket owner (ino:) in the ss line {line.strip()!r}")
+        uid = int(m.group(1) or 0)
         holders = tuple(procs.get(int(pid), Holder(int(pid), "?", name)) for name, pid in _PROC.findall(rest))
         out.append(OwnedListener(address, port, uid, names.get(uid, ""), uid in marked, tuple(dict.fromkeys(holders))))
     return out

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from tunnelspec.core.constants import LOOPBACK
 
 COMMAND = ["ss", "-Hltnp"]
-_PROC = re.compile(r'\("([^"]*)",pid=(\d+),fd=\d+\)')
+# A name may hold `"` (a process names itself): the shortest text up to `",pid=N,fd=N)` (ss cuts a
+# name at its first `)`, so that end is never inside one).
+_PROC = re.compile(r'\("(.*?)",pid=(\d+),fd=\d+\)')
 # Addresses that accept connections from every interface.
 WILDCARDS = {"0.0.0.0", "::", "*"}
 

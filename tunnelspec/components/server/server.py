@@ -17,6 +17,7 @@ from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts import units
 from tunnelspec.llama import flags, known_bugs
+from tunnelspec.components import secret_file
 from tunnelspec.components.server import preflight
 from tunnelspec.components.server.args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
 from tunnelspec.components.server.verify import model_paths, model_sizes, start_timeout, verify_server
@@ -50,24 +51,17 @@ class ApiKeyFile(Task):
         "owner": Arg(str, required=True, help="The user that must own it and alone read it (llama-server's user)."),
     }
 
-    async def _stat(self, ctx) -> tuple[str, str, str]:
-        # Never through a symlink or onto a file with other names: the fix below is a root chown,
-        # and a link planted there would hand the key's owner whatever it points to.
-        res = await ctx.conn.probe(["stat", "-c", "%h %a %U %s %F", "--", self.p["path"]])
-        if res.rc != 0:
-            raise TaskFailed(f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; "
-                             "write the key there (one line) first")
-        links, mode, owner, size, kind = res.stdout.strip().split(" ", 4)
-        if kind not in ("regular file", "regular empty file") or links != "1":
-            raise TaskFailed(f"{ctx.host}: API key file {self.p['path']} is a {kind} with {links} name(s), not a "
-                             "plain file: tunnelspec changes the owner only of a regular file with one name. "
-                             "Put the key in a regular file (e.g. /etc/tunnelspec/llama-api-key)")
-        return mode, owner, size
+    async def _stat(self, ctx) -> tuple[str, str, int]:
+        # Never through a symlink or onto a file with other names (components/secret_file.py).
+        return await secret_file.plain_file(
+            ctx.conn, ctx.host, self.p["path"], "API key file",
+            f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; write the key there (one line) first",
+            "/etc/tunnelspec/llama-api-key")
 
     async def check(self, ctx):
         mode, owner, size = await self._stat(ctx)
-        if int(size) == 0:
-            raise TaskFailed(f"API key file {self.p['path']} is empty")
+        if size == 0:
+            raise TaskFailed(f"{ctx.host}: API key file {self.p['path']} is empty")
         if (mode, owner) != ("600", self.p["owner"]):
             return change(f"{self.p['path']}: mode {mode} owner {owner} → 600 {self.p['owner']}")
         # Owner and mode are not enough: every parent directory must let the user through, else
@@ -81,8 +75,7 @@ class ApiKeyFile(Task):
 
     async def apply(self, ctx, ch):
         await self._stat(ctx)
-        await ctx.conn.run(["chown", "--no-dereference", f"{self.p['owner']}:", "--", self.p["path"]], check=True)
-        await ctx.conn.run(["chmod", "600", "--", self.p["path"]], check=True)
+        await secret_file.make_private(ctx.conn, ctx.host, self.p["path"], self.p["owner"], "API key file")
 
 
 def _nodes_key(cluster, binary_id: str) -> str:

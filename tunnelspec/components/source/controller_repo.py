@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 import subprocess
 import tempfile
 from pathlib import Path
 from tunnelspec.cluster.fields import cluster_error
+from tunnelspec.core.gitenv import git_env
 from tunnelspec.connection.upload import upload_file
 
 PREFIX = "controller:"
@@ -46,7 +46,8 @@ def canonical(repo: str, base_dir: Path) -> str:
 
 
 def _git(path: Path, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
+    # Not the repository a hook of the user's runs in (core/gitenv.py): `path`'s.
+    env = git_env(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, env=env,
                           timeout=_TIMEOUT, check=check, **kw)
 
@@ -93,7 +94,7 @@ def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path,
     objects = _git(path, "rev-parse", "--path-format=absolute", "--git-path", "objects").stdout.strip()
     with tempfile.TemporaryDirectory(prefix="tunnelspec-bundle-") as tmp:
         scratch = Path(tmp) / "scratch.git"
-        subprocess.run(["git", "init", "-q", "--bare", str(scratch)], check=True, capture_output=True)
+        subprocess.run(["git", "init", "-q", "--bare", str(scratch)], check=True, capture_output=True, env=git_env())
         (scratch / "objects" / "info" / "alternates").write_text(objects + "\n")
         refs = {BASE_REF: resolve(path, commit)}
         for i, sha in enumerate(patch_commits):
