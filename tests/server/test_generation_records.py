@@ -2,7 +2,8 @@
 generation is kept on main and each host acts on it as root, so a record that asks a host for what
 the deploy never writes there — a digest that is a path, a setuid mode, a build outside
 `<root>/build`, a file tunnelspec does not manage, another role or root than the inventory's — is
-refused before anything changes; a serving file that is a link is never followed."""
+refused before anything changes; a serving file that is a link is never followed; `tunnelspec
+rollback` applies the deploy's known-vulnerable gate to the build it brings back."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from tunnelspec.commands import rollback as rb
 from tunnelspec.components.generation import record as gen
 from tunnelspec.components.generation import tasks as tg
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.core.templating import render_value
 from tunnelspec.engine.context import HostContext, RunOptions
+from tunnelspec.engine.playbook import builtin_playbook, load_playbook
+from tunnelspec.llama import advisories
 from tunnelspec.modules.base import change
+from tunnelspec.reporting.summary import Summary
 
 ROOT = "/opt/t"
 KEY = "0123456789abcdef"
@@ -288,8 +294,8 @@ def test_a_return_needs_the_build_and_the_copies_themselves_never_links(tmp_path
             preconditions({**node.live, "files": {str(node.stack): {"sha256": sha, "mode": "644"}}})
 
 
-# ---- generation_pick on main: every host's part -------------------------------------------------------
-def _pick(tmp_path, monkeypatch, build_number, accepted=(), node_over=None):
+# ---- generation_pick on main: every host's part, and the known-vulnerable gate -------------------------
+def _pick(tmp_path, monkeypatch, build_number, vulnerable="refuse", accepted=(), node_over=None):
     root = tmp_path / "root"
     build = root / "build" / KEY
     build.mkdir(parents=True)
@@ -308,7 +314,7 @@ def _pick(tmp_path, monkeypatch, build_number, accepted=(), node_over=None):
     ctx = HostContext(host="main", conn=LocalConnection("main"), vars={}, facts={},
                       options=RunOptions(accepted=frozenset(accepted)), emit=lambda e: None,
                       task_name="generation picked", cluster=cluster)
-    task = tg.GenerationPick.build({"to": 4})
+    task = tg.GenerationPick.build({"to": 4, "vulnerable": vulnerable})
     return asyncio.run(task.check(ctx)), ctx
 
 
@@ -316,3 +322,61 @@ def test_pick_refuses_a_node_part_edited_before_any_host_is_touched(tmp_path, mo
     with pytest.raises(TaskFailed, match=r"rpc-a: generation 4 is refused: its build '/tmp/x' is not a build "
                                          r"directory directly under /opt/tunnelspec/build/ \(nothing was changed\)"):
         _pick(tmp_path, monkeypatch, 13000, node_over={"build": "/tmp/x"})
+
+
+def test_rollback_refuses_a_known_vulnerable_build_unless_allowed(tmp_path, monkeypatch):
+    # b8000: before the fix of GHSA-j8rj-fmpv-wcxw (b8492).
+    with pytest.raises(TaskFailed) as e:
+        _pick(tmp_path / "a", monkeypatch, 8000)
+    assert str(e.value).startswith("refusing to return to generation 4: its build is a known-vulnerable llama.cpp "
+                                   "build: b8000: GHSA-j8rj-fmpv-wcxw")
+    assert "(nothing was changed)" in str(e.value) and "--allow-vulnerable-llama" in str(e.value)
+    ch, ctx = _pick(tmp_path / "b", monkeypatch, 8000, accepted={advisories.ACCEPT_VULNERABLE})
+    assert "WARNING known-vulnerable build allowed by --allow-vulnerable-llama: b8000" in ch.msg
+    assert ctx.facts["generation"]["n"] == 4
+    # A failed deploy's own return goes back to what served until it started: a warning.
+    ch, _ = _pick(tmp_path / "c", monkeypatch, 8000, vulnerable="warn")
+    assert "WARNING returning to the known-vulnerable build that served before the deploy: b8000" in ch.msg
+    ch, _ = _pick(tmp_path / "d", monkeypatch, 13000)
+    assert ch.msg.startswith("generation 4: ") and "WARNING" not in ch.msg
+    ch, _ = _pick(tmp_path / "e", monkeypatch, None)
+    assert "WARNING build number unknown" in ch.msg
+
+
+def test_the_playbook_warns_only_in_a_failed_deploys_own_return():
+    pick = next(t for t in load_playbook(builtin_playbook("rollback.yml")).plays[0].tasks
+                if t.module == "generation_pick")
+    assert render_value(pick.args, {"rollback_to": 2})["vulnerable"] == "refuse"
+    assert render_value(pick.args, {"rollback_after_failed_deploy": True})["vulnerable"] == "warn"
+
+
+def test_a_failed_deploys_return_says_so_to_the_playbook(monkeypatch):
+    seen = []
+
+    def run(_inv, _cluster, options, emit, _conn, _to, event=None):
+        seen.append(options.extra_vars)
+        return Summary(check=options.check)
+
+    monkeypatch.setattr(rb, "_run", run)
+    rb.after_failed_deploy("inv.ini", RunOptions(extra_vars={"x": "1"}), lambda e: None, None, None, [])
+    assert seen and all(v == {"x": "1", "rollback_after_failed_deploy": True} for v in seen)
+
+
+def test_rollback_passes_allow_vulnerable_llama_to_the_run(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from support.offline import unreachable_inventory
+    from tunnelspec.cli.main import main as cli
+
+    seen = []
+
+    def rollback(_inv, _cluster, options, _emit, _conn, to=0):
+        seen.append((options.accepted, to))
+        return 0
+
+    monkeypatch.setattr(rb, "rollback", rollback)
+    inv = str(unreachable_inventory(tmp_path))
+    for argv in (["rollback", inv, "--to", "2"], ["rollback", inv, "--to", "2", "--allow-vulnerable-llama"]):
+        res = CliRunner().invoke(cli, argv)
+        assert res.exit_code == 0, res.output
+    assert seen == [(frozenset(), 2), (frozenset({advisories.ACCEPT_VULNERABLE}), 2)]

@@ -5,7 +5,7 @@ generation_record (main, the deploy's last step, after verify): the live state o
 generation; a new state is recorded as generation N+1 (copies of the files kept on each host, the
 build keys pinned against pruning), a state equal to a kept generation makes that one current again.
 generation_pick (main): the generation a rollback returns to, every host's part held to what the deploy
-writes there (record.validate_host_record); registers `generation`.
+writes there (record.validate_host_record) and its build to the known-vulnerable gate; registers `generation`.
 generation_restore (every host): its own part checked again, then the host back to the picked generation —
 files, `current`, source checkout — with a daemon-reload and a restart of what changed.
 generation_current (main): the picked generation becomes the current one.
@@ -19,6 +19,7 @@ import time
 
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.llama import advisories
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import source_stack as ss
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
@@ -153,6 +154,16 @@ def recordable(host: str, state: dict) -> None:
                          "was recorded") from None
 
 
+async def stamped_build_number(conn, build: str) -> int | None:
+    """The upstream build number (bNNNN) a build's stamp names; None when it names none or has no stamp."""
+    raw = await conn.get(posixpath.join(build, bp.STAMP))
+    try:
+        number = json.loads(raw or b"{}").get("build_number")
+    except (ValueError, AttributeError):
+        return None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
 async def host_state(conn, role: str, root: str) -> dict:
     files = gen.managed_files(role, root)
     res = await conn.probe(["sh", "-c", gen.STATE_SCRIPT, "sh", root, *files], check=True)
@@ -276,7 +287,11 @@ class GenerationPick(Task):
     module = "generation_pick"
     read_only = True
     reads_cluster = True
-    args = {"to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one.")}
+    args = {"to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one."),
+            "vulnerable": Arg(str, default="refuse", choices=("refuse", "warn"),
+                              help="A generation whose build is in a known-vulnerable range "
+                                   "(`tunnelspec advisories`): `refuse` it unless --allow-vulnerable-llama, or "
+                                   "`warn` (a failed deploy's return to what served before it).")}
 
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
@@ -294,9 +309,34 @@ class GenerationPick(Task):
         for name, _role, _root in _hosts(cluster):
             if name in record["hosts"]:
                 checked(record, cluster, name)
+        note = await self._advisory(ctx, record)
         ctx.register("generation", record)
         ctx.register("generation_current", current)
-        return ok(gen.summary(record) + (" (current)" if n == current else f" (current: {current})"))
+        return ok(gen.summary(record) + (" (current)" if n == current else f" (current: {current})") + note)
+
+    async def _advisory(self, ctx, record: dict) -> str:
+        """The deploy's known-vulnerable gate (components/build/build.py), for the build the generation
+        brings back. The record holds no build number; the build's stamp does (written by llama_build).
+        Main's stands for the cluster's: every host builds the same source, its build number included
+        (cluster/model.py refuses hosts whose source settings differ)."""
+        want = record["hosts"].get(ctx.host) or {}
+        number = await stamped_build_number(ctx.conn, want["build"]) if want.get("build") else None
+        result = advisories.check(number, rdma=False)
+        if result.verdict in (advisories.AFFECTED, advisories.POSSIBLE):
+            if self.p["vulnerable"] == "warn":
+                # Refusing would leave a failed deploy's hosts half switched; this build served until it started.
+                return ("; WARNING returning to the known-vulnerable build that served before the deploy: "
+                        + result.message)
+            if advisories.ACCEPT_VULNERABLE not in ctx.options.accepted:
+                raise TaskFailed(f"refusing to return to generation {record.get('n')}: its build is a known-vulnerable "
+                                 f"llama.cpp build: {result.message} (nothing was changed); pick another generation "
+                                 "(`tunnelspec status` lists them), deploy a fixed commit, or pass "
+                                 "--allow-vulnerable-llama")
+            return f"; WARNING known-vulnerable build allowed by --allow-vulnerable-llama: {result.message}"
+        if result.verdict == advisories.UNKNOWN:
+            return "; WARNING build number unknown (its build's stamp names none): known-vulnerable RPC builds " \
+                   "cannot be ruled out"
+        return f"; {result.message}" if result.verdict == advisories.MITIGATED else ""
 
 
 @register_task
