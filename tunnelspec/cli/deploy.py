@@ -53,10 +53,13 @@ def deploy_cmd(inventory_file, allow_vulnerable_llama, no_rollback, **kw):
 @inventory_argument
 @click.option("--to", "to", type=click.IntRange(1), default=None,
               help="The kept generation to return to (`tunnelspec status` lists them); default: the current one.")
+@click.option("--allow-vulnerable-llama", is_flag=True,
+              help="Return even when the generation's build is in a known-vulnerable range "
+                   "(see `tunnelspec advisories`).")
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
 @_extra_vars_option
 @lock_options
-def rollback_cmd(inventory_file, to, fmt, extra_vars, lock_timeout, no_wait):
+def rollback_cmd(inventory_file, to, allow_vulnerable_llama, fmt, extra_vars, lock_timeout, no_wait):
     """Return every host to a kept generation (its build, files and source; no compile, no download) and verify."""
     from tunnelspec.commands.rollback import rollback  # lazy: CLI startup
     from tunnelspec.commands.runner import reporter  # lazy: CLI startup
@@ -64,7 +67,8 @@ def rollback_cmd(inventory_file, to, fmt, extra_vars, lock_timeout, no_wait):
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     options = _run_options(False, False, None, (), (), 20, 0, extra_vars=extra_vars,
                            lock=f"rollback{f' --to {to}' if to else ''}", lock_timeout=lock_timeout,
-                           lock_wait=not no_wait)
+                           lock_wait=not no_wait,
+                           accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allow_vulnerable_llama else ()))
     sys.exit(rollback(inventory_file, cluster, options, reporter(fmt), opts, to or 0))
 
 

@@ -63,6 +63,9 @@ def after_failed_deploy(inventory_path: str, options: RunOptions, emit, connect_
     path started to change), return every host to it, verify, and say so. True when serving the
     generation again."""
     failed = _failure_text(failures[0]) if failures else "a task failed"
+    # Back to what served until the deploy started: a known-vulnerable build there is a warning, not a
+    # refusal that would leave the hosts half switched (playbooks/rollback.yml, generation_pick).
+    options = dataclasses.replace(options, extra_vars={**options.extra_vars, "rollback_after_failed_deploy": True})
     # What would change, read-only and silent: nothing means the serving path was never touched.
     dry: list[dict] = []
     try:

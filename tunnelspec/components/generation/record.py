@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 
 from tunnelspec.core.constants import DEVICES_CACHE, STATE_DIR
@@ -64,12 +65,95 @@ def managed_files(role: str, root: str) -> dict[str, tuple[str, str]]:
     return files
 
 
-# One round trip: where `current` points, and each file's sha256 and mode ("-" when absent).
+# What a host checks before it acts on a record (docs/generations.md). A record is data kept on main,
+# and each host acts on it as root: an absolute or `../` digest would install any file of the host at
+# a serving path, a recorded 4777 would make a setuid file, a recorded build any directory `current`.
+# So every value that becomes a path, a mode or a link is held to what this code itself writes there,
+# and the host's role and root are the inventory's, never the record's: root on main does not become
+# root on every node.
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# The deploy names its builds by 16 hex digits (llama/build_plan.py, build_key); any plain name is a
+# key, never one with a `/`, nor `.` or `..` (it starts with a letter or a digit).
+BUILD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MODE = re.compile(r"[0-7]{3,4}")
+COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")   # a git object name: sha1 or sha256
+# The draft watch's program is the one managed file the deploy writes executable (0755,
+# playbooks/server.yml); it writes every other one 0644: the units (modules/systemd.py),
+# llama-server.json and front.cfg (playbooks/server.yml), the device map (components/server/server.py),
+# the stack record (components/source/checkout.py).
+EXECUTABLES = frozenset({"/usr/local/lib/tunnelspec/tunnelspec-draftwatch"})
+
+
+def written_mode(path: str) -> int:
+    """The mode the deploy writes `path` with."""
+    return 0o755 if path in EXECUTABLES else 0o644
+
+
+class RecordRefused(ValueError):
+    """A record asks a host for something the deploy never writes there: nothing is done with it."""
+
+    def __init__(self, host: str, n, field: str, value, why: str):
+        self.host, self.n, self.field, self.value, self.why = host, n, field, value, why
+        super().__init__(f"{host}: generation {n} is refused: its {field} {self.shown} {why} (nothing was changed)")
+
+    @property
+    def shown(self) -> str:
+        text = repr(self.value)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+
+def validate_host_record(want, role: str, root: str, host: str, n=None) -> None:
+    """Raise RecordRefused unless `want`, generation `n`'s record of `host`, asks only for what the
+    deploy itself writes on that host: its role and root as the inventory gives them (`role`, `root`:
+    never taken from the record), a build directory directly under `<root>/build`, only the files
+    managed_files names for the role, each by a sha256 (the name of its copy in FILES_DIR) and a mode
+    within the one the deploy writes it with (written_mode: a narrower one is accepted, it grants
+    nothing more; a setuid, setgid or sticky bit, or a bit writable by others, never)."""
+
+    def refuse(field: str, value, why: str):
+        raise RecordRefused(host, n, field, value, why)
+
+    if not isinstance(want, dict):
+        refuse("record", want, "is not a mapping")
+    if want.get("role") != role:
+        refuse("role", want.get("role"), f"is not the inventory's role of {host} ({role})")
+    if want.get("root") != root:
+        refuse("root", want.get("root"), f"is not the inventory's tunnelspec_root of {host} ({root})")
+    build, prefix = want.get("build"), posixpath.join(root, "build") + "/"
+    key = build[len(prefix):] if isinstance(build, str) and build.startswith(prefix) else ""
+    if not BUILD_KEY.fullmatch(key):
+        refuse("build", build, f"is not a build directory directly under {prefix}")
+    files = want.get("files")
+    if not isinstance(files, dict):
+        refuse("files", files, "are not a mapping of path to file")
+    managed = managed_files(role, root)
+    for path, f in files.items():
+        if path not in managed:
+            refuse("file path", path, f"is not a file tunnelspec manages on a {role} host")
+        if f is None:
+            continue                       # absent in the generation: the restore removes it
+        if not isinstance(f, dict):
+            refuse(f"file {path}", f, "is not a {sha256, mode} mapping")
+        if not isinstance(f.get("sha256"), str) or not SHA256.fullmatch(f["sha256"]):
+            refuse(f"sha256 of {path}", f.get("sha256"), "is not a sha256 (64 lowercase hex digits)")
+        mode = f.get("mode") or ""
+        if mode and (not isinstance(mode, str) or not MODE.fullmatch(mode)
+                     or int(mode, 8) & ~written_mode(path)):
+            refuse(f"mode of {path}", mode, f"is not within the mode tunnelspec writes it with "
+                   f"({written_mode(path):o}: no setuid, setgid or sticky bit, nothing writable by others)")
+
+
+# One round trip: where `current` points, and each file's sha256 and mode ("-" when absent). A path
+# that is a symbolic link (dangling or not) or not a regular file is reported as such (`!` and its
+# kind), never followed: its sum and mode would be another file's (a link's own mode reads 777), and
+# the copy kept of it would be that other file.
 STATE_SCRIPT = r"""
 root=$1; shift
 printf 'build %s\n' "$(readlink -- "$root/current" 2>/dev/null)"
 for f in "$@"; do
-  if [ -f "$f" ]; then printf 'file %s %s %s\n' "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %a -- "$f")" "$f"
+  if [ -L "$f" ]; then printf 'file ! link %s\n' "$f"
+  elif [ -f "$f" ]; then printf 'file %s %s %s\n' "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %a -- "$f")" "$f"
+  elif [ -e "$f" ]; then printf 'file ! other %s\n' "$f"
   else printf 'file - - %s\n' "$f"; fi
 done
 """
@@ -85,14 +169,16 @@ class FileState:
 
 
 def parse_state(text: str) -> dict:
-    """STATE_SCRIPT's output → {"build": dir or "", "files": {path: {sha256, mode} | None}}."""
+    """STATE_SCRIPT's output → {"build": dir or "", "files": {path: {sha256, mode} | {"kind": "link" or
+    "other"} | None}}. A kind is never recorded (generation_record refuses it) and never equals a recorded
+    file: a restore replaces it with the file."""
     build, files = "", {}
     for line in text.splitlines():
         if line.startswith("build "):
             build = line[6:].strip()
         elif line.startswith("file "):
             _, sha, mode, path = line.split(" ", 3)
-            files[path] = None if sha == "-" else {"sha256": sha, "mode": mode}
+            files[path] = None if sha == "-" else {"kind": mode} if sha == "!" else {"sha256": sha, "mode": mode}
     return {"build": build, "files": files}
 
 

@@ -4,9 +4,10 @@ generation_record (main, the deploy's last step, after verify): the live state o
 `current` points, the serving files by sha256, the source's stack record — compared with the current
 generation; a new state is recorded as generation N+1 (copies of the files kept on each host, the
 build keys pinned against pruning), a state equal to a kept generation makes that one current again.
-generation_pick (main): the generation a rollback returns to; registers `generation`.
-generation_restore (every host): the host back to the picked generation — files, `current`, source
-checkout — with a daemon-reload and a restart of what changed.
+generation_pick (main): the generation a rollback returns to, every host's part held to what the deploy
+writes there (record.validate_host_record) and its build to the known-vulnerable gate; registers `generation`.
+generation_restore (every host): its own part checked again, then the host back to the picked generation —
+files, `current`, source checkout — with a daemon-reload and a restart of what changed.
 generation_current (main): the picked generation becomes the current one.
 """
 
@@ -19,6 +20,8 @@ import time
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.nft import NFT
+from tunnelspec.llama import advisories
+from tunnelspec.llama import build_plan as bp
 from tunnelspec.llama import source_stack as ss
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 from tunnelspec.components.models.files import parse_proofs, parts_of, proof_argv
@@ -30,15 +33,22 @@ for f in "$d"/*.json; do [ -f "$f" ] || continue; n=${f##*/}; printf -- '--- %s\
 printf -- '--- current %s\n' "$(cat -- "$d/current" 2>/dev/null)"
 """
 
+# The copies of a host's serving files, each named by its sha256. Never through a link: a path that is
+# one now is refused, and the sum is taken of the copy itself, so a file swapped for a link (or changed)
+# between the state read and the copy is refused too, never kept under the sum of what it replaced.
 _STORE = r"""
 store=$1; shift
 install -d -m 700 -- "$store"
 while [ $# -gt 1 ]; do
   sha=$1; f=$2; shift 2
   [ -e "$store/$sha" ] && continue
-  got=$(sha256sum < "$f" | cut -d' ' -f1)
-  [ "$got" = "$sha" ] || { echo "$f changed while it was recorded" >&2; exit 4; }
-  install -m 600 -- "$f" "$store/$sha.tmp" && mv -f -- "$store/$sha.tmp" "$store/$sha"
+  if [ -L "$f" ] || [ ! -f "$f" ]; then
+    echo "$f is not a regular file (a link or another kind): not copied" >&2; exit 4
+  fi
+  install -m 600 -- "$f" "$store/$sha.tmp" || exit 4
+  got=$(sha256sum < "$store/$sha.tmp" | cut -d' ' -f1)
+  [ "$got" = "$sha" ] || { rm -f -- "$store/$sha.tmp"; echo "$f changed while it was recorded" >&2; exit 4; }
+  mv -f -- "$store/$sha.tmp" "$store/$sha"
 done
 """
 
@@ -109,6 +119,52 @@ def _hosts(cluster) -> list[tuple[str, str, str]]:
     return [(cluster.main.name, "main", cluster.main.root), *((n.name, "rpc", n.root) for n in cluster.rpc)]
 
 
+def checked(record, cluster, host: str) -> dict:
+    """`host`'s part of generation `record`, held to what the deploy itself writes there
+    (gen.validate_host_record) with the role and root the inventory gives the host, never the record's;
+    refused before anything changes."""
+    n = record.get("n") if isinstance(record, dict) else None
+    where = {name: (role, root) for name, role, root in _hosts(cluster)}.get(host)
+    if where is None:
+        raise TaskFailed(f"{host} is neither main nor an rpc node in the inventory: generation {n} has nothing "
+                         "to restore there (nothing was changed)")
+    hosts = record.get("hosts") if isinstance(record, dict) else None
+    want = hosts.get(host) if isinstance(hosts, dict) else None
+    if not want:
+        raise TaskFailed(f"generation {n} has no record of {host}")
+    try:
+        gen.validate_host_record(want, *where, host, n)
+    except gen.RecordRefused as e:
+        raise TaskFailed(str(e)) from None
+    return want
+
+
+def recordable(host: str, state: dict) -> None:
+    """A host's live state is recorded only as a return would accept it: its serving files themselves
+    (never a link: its copy would be another file), with the modes the deploy writes."""
+    for path, f in state["files"].items():
+        if f and "kind" in f:
+            what = "a symbolic link" if f["kind"] == "link" else "not a regular file"
+            raise TaskFailed(f"{host}: {path} is {what}; a generation keeps the serving files themselves, never "
+                             "what a link points to: nothing was recorded (the deploy writes it as a file: "
+                             "remove what is there and deploy again)")
+    try:
+        gen.validate_host_record(state, state["role"], state["root"], host)
+    except gen.RecordRefused as e:
+        raise TaskFailed(f"{host}: its {e.field} {e.shown} {e.why}: a return could not put it back, so nothing "
+                         "was recorded") from None
+
+
+async def stamped_build_number(conn, build: str) -> int | None:
+    """The upstream build number (bNNNN) a build's stamp names; None when it names none or has no stamp."""
+    raw = await conn.get(posixpath.join(build, bp.STAMP))
+    try:
+        number = json.loads(raw or b"{}").get("build_number")
+    except (ValueError, AttributeError):
+        return None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
 async def host_state(conn, role: str, root: str) -> dict:
     files = gen.managed_files(role, root)
     res = await conn.probe(["sh", "-c", gen.STATE_SCRIPT, "sh", root, *files], check=True)
@@ -168,6 +224,8 @@ class GenerationRecord(Task):
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
         live = await live_state(ctx)
+        for name, st in live.items():
+            recordable(name, st)
         sums = await model_sums(ctx.conn, self.p["models"])
         self._records, self._live, self._sums = records, live, sums
         state = {"hosts": live, "model_sha256": sums}
@@ -229,7 +287,12 @@ class GenerationPick(Task):
 
     module = "generation_pick"
     read_only = True
-    args = {"to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one.")}
+    reads_cluster = True
+    args = {"to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one."),
+            "vulnerable": Arg(str, default="refuse", choices=("refuse", "warn"),
+                              help="A generation whose build is in a known-vulnerable range "
+                                   "(`tunnelspec advisories`): `refuse` it unless --allow-vulnerable-llama, or "
+                                   "`warn` (a failed deploy's return to what served before it).")}
 
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
@@ -239,9 +302,42 @@ class GenerationPick(Task):
         n = self.p["to"] or current or max(records)
         if n not in records:
             raise TaskFailed(f"generation {n} is not kept on {ctx.host}; kept: {', '.join(map(str, sorted(records)))}")
-        ctx.register("generation", records[n])
+        record, cluster = records[n], ctx.require_cluster()
+        if not isinstance(record, dict) or not isinstance(record.get("hosts"), dict):
+            raise TaskFailed(f"generation {n} on {ctx.host} is damaged: no record of its hosts (nothing was changed)")
+        # Every host's part checked here, on main, before any host changes anything; each host checks
+        # its own part again before it acts (generation_restore).
+        for name, _role, _root in _hosts(cluster):
+            if name in record["hosts"]:
+                checked(record, cluster, name)
+        note = await self._advisory(ctx, record)
+        ctx.register("generation", record)
         ctx.register("generation_current", current)
-        return ok(gen.summary(records[n]) + (" (current)" if n == current else f" (current: {current})"))
+        return ok(gen.summary(record) + (" (current)" if n == current else f" (current: {current})") + note)
+
+    async def _advisory(self, ctx, record: dict) -> str:
+        """The deploy's known-vulnerable gate (components/build/build.py), for the build the generation
+        brings back. The record holds no build number; the build's stamp does (written by llama_build).
+        Main's stands for the cluster's: every host builds the same source, its build number included
+        (cluster/model.py refuses hosts whose source settings differ)."""
+        want = record["hosts"].get(ctx.host) or {}
+        number = await stamped_build_number(ctx.conn, want["build"]) if want.get("build") else None
+        result = advisories.check(number, rdma=False)
+        if result.verdict in (advisories.AFFECTED, advisories.POSSIBLE):
+            if self.p["vulnerable"] == "warn":
+                # Refusing would leave a failed deploy's hosts half switched; this build served until it started.
+                return ("; WARNING returning to the known-vulnerable build that served before the deploy: "
+                        + result.message)
+            if advisories.ACCEPT_VULNERABLE not in ctx.options.accepted:
+                raise TaskFailed(f"refusing to return to generation {record.get('n')}: its build is a known-vulnerable "
+                                 f"llama.cpp build: {result.message} (nothing was changed); pick another generation "
+                                 "(`tunnelspec status` lists them), deploy a fixed commit, or pass "
+                                 "--allow-vulnerable-llama")
+            return f"; WARNING known-vulnerable build allowed by --allow-vulnerable-llama: {result.message}"
+        if result.verdict == advisories.UNKNOWN:
+            return "; WARNING build number unknown (its build's stamp names none): known-vulnerable RPC builds " \
+                   "cannot be ruled out"
+        return f"; {result.message}" if result.verdict == advisories.MITIGATED else ""
 
 
 @register_task
@@ -250,13 +346,13 @@ class GenerationRestore(Task):
     daemon-reload and a restart of what changed."""
 
     module = "generation_restore"
+    reads_cluster = True
     args = {"record": Arg(dict, required=True, help="The generation (`generation` from generation_pick).")}
 
     def _want(self, ctx) -> dict:
-        want = self.p["record"].get("hosts", {}).get(ctx.host)
-        if not want:
-            raise TaskFailed(f"generation {self.p['record'].get('n')} has no record of {ctx.host}")
-        return want
+        # Checked in check and again in apply, before anything changes: the record is data from main, and
+        # this host acts on it as root. Its role and root are then the inventory's (checked equal).
+        return checked(self.p["record"], ctx.require_cluster(), ctx.host)
 
     async def check(self, ctx):
         want = self._want(ctx)
@@ -330,18 +426,25 @@ class GenerationRestore(Task):
         """Everything the switch needs, checked before anything changes: a rollback that cannot be
         whole leaves the host as it is and says why."""
         n, run = self.p["record"].get("n"), ctx.conn.run
+        # A directory or a copy itself, never a link to one: `current` and the serving files point at
+        # what the deploy made, nothing else.
         if want["build"] != live["build"]:
-            if (await run(["test", "-f", posixpath.join(want["build"], ".tunnelspec-stamp")])).rc != 0:
+            if (await run(["sh", "-c", '[ -d "$1" ] && [ ! -L "$1" ] && [ -f "$1/$2" ]', "sh", want["build"],
+                           bp.STAMP])).rc != 0:
                 raise TaskFailed(f"{ctx.host}: the build of generation {n} ({want['build']}) is gone; cannot return "
                                  "to it without a build (nothing was changed)")
-        for path, (action, _) in files.items():
+        for path, (action, _unit) in files.items():
             w = want["files"].get(path)
             if not w or w == live["files"].get(path):
                 continue
             src = posixpath.join(gen.FILES_DIR, w["sha256"])
-            if (await run(["test", "-f", src])).rc != 0:
-                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing "
-                                 "(nothing was changed)")
+            if (await run(["sh", "-c", '[ -f "$1" ] && [ ! -L "$1" ]', "sh", src])).rc != 0:
+                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing, or is "
+                                 "no file of its own (nothing was changed)")
+            if action == "source" and not _stack_head(await ctx.conn.get(src)):
+                # Its HEAD is checked out afterwards: a commit's hash, never an option or a ref's name.
+                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) names no commit "
+                                 "hash as its HEAD (nothing was changed)")
             if action == "nft" and (await run([NFT, "--check", "-f", src], timeout=30)).rc != 0:
                 raise TaskFailed(f"{ctx.host}: the isolation rules of generation {n} do not load here any more "
                                  "(nothing was changed)")
@@ -355,11 +458,7 @@ class GenerationRestore(Task):
     async def _source(self, ctx, stack_path: str, root: str) -> None:
         """The checkout back at the generation's HEAD (its commits are still in the repository: the
         HEAD's reflog keeps them), so the next deploy's source check sees the stack it recorded."""
-        raw = await ctx.conn.get(stack_path)
-        try:
-            head = json.loads(raw or b"{}").get("head")
-        except ValueError:
-            head = None
+        head = _stack_head(await ctx.conn.get(stack_path))
         if not head:
             return
         src = posixpath.join(root, "src", "llama.cpp")
@@ -368,6 +467,15 @@ class GenerationRestore(Task):
         if res.rc != 0:
             raise TaskFailed(f"{ctx.host}: cannot check out {head[:12]} in {src} again: {res.stderr.strip()}")
         await ctx.conn.run(["git", *ss.GIT_CONFIG_ARGS, "-C", src, "update-ref", "refs/tunnelspec/stack", head])
+
+
+def _stack_head(raw: bytes | None) -> str | None:
+    """The HEAD a stack record names, when it is a commit's hash (sha1 or sha256)."""
+    try:
+        head = json.loads(raw or b"{}").get("head")
+    except (ValueError, AttributeError):
+        return None
+    return head if isinstance(head, str) and gen.COMMIT.fullmatch(head) else None
 
 
 @register_task
