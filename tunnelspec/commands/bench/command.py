@@ -30,7 +30,8 @@ from tunnelspec.commands.bench.render import render
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed, UsageError
-from tunnelspec.facts import sockets
+from tunnelspec.components import isolation
+from tunnelspec.facts import nft, port_owners
 from tunnelspec.core import http
 from tunnelspec.components.server.args import UNIT
 from tunnelspec.components.server.verify import read_api_key, start_timeout
@@ -132,13 +133,26 @@ async def _fit(conn, argv: list[str], local: str, n_ctx: int | None, size, shape
     return figs.fit_on_main(size, shape, n_ctx, found, note)
 
 
-async def _free_port(conn, start: int) -> int:
-    used = {s.port for s in await sockets.listening_sockets(conn)}
-    for port in range(start, start + 100):
-        if port not in used:
-            return port
-    raise TaskFailed(f"main: no free loopback port in {start}..{start + 99} for bench's baseline server; "
-                     f"stop what listens there or set another llama_server_port")
+async def _guarded_port(conn, main, hv: dict) -> int:
+    """bench's baseline port (`bench_port`, the registry of listeners: cluster/ports.py), only when it is
+    safe to send the API key there: nothing listens on it now, and the rules in force let only root
+    connect and only llama-server's user answer (a local user who bound it, or read it, would get the
+    key of bench's completions). With the isolation opted out, a warning (as every run gives)."""
+    port = main.front.bench_port
+    held = [x for x in await port_owners.observe(conn) if x.port == port]
+    if held:
+        raise TaskFailed(f"main: bench's port {port} (bench_port) is taken: {held[0].describe()}; stop that "
+                         "process (and find out who started it), or set another bench_port (nothing was changed)")
+    if not isolation.opted_in(hv.get(isolation.OPT_OUT, True)):
+        return port
+    seen = await nft.observe(conn, [main.users.llama])
+    uid = seen.uids.get(main.users.llama)
+    gaps = nft.guard_gaps(seen.table, port, uid) if uid is not None else ["no such user " + main.users.llama]
+    if seen.table_error or gaps:
+        raise TaskFailed(f"main: bench's port {port} (bench_port) is not guarded by the isolation rules in force "
+                         f"({seen.table_error or ', '.join(gaps)}): run `tunnelspec deploy` first, which loads them "
+                         "(nothing was changed)")
+    return port
 
 
 # A unit that restarts llama-server on its own (the draft's watcher, docs/degraded.md): held while
@@ -231,7 +245,7 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         size, shape, note = await gguf_facts(conn, model) if model else (0, None, "no -m in the unit")
         wait_s = start_timeout(main.start_timeout, [size])
         local = local_devices(argv, main.target_devices)
-        port = await _free_port(conn, main.server_port + 1)
+        port = await _guarded_port(conn, main, inventory.host_vars(main.name))
         base = baseline_argv(argv, local, port, same_placement)
         baseline = {"kind": "same_placement" if same_placement else "main_alone",
                     "title": "same placement, no draft" if same_placement else "main alone",
