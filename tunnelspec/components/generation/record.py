@@ -59,10 +59,25 @@ RPC_FILES = {ISOLATION_RULES: ("nft", ""), f"{UNIT_DIR}/{ISOLATION_UNIT}": ("non
 STACK_FILE = "src/llama.cpp/.git/tunnelspec-stack"   # under the host's root: the source's stack record
 
 
-def managed_files(role: str, root: str) -> dict[str, tuple[str, str]]:
+TUNNEL_UNIT = "tunnelspec-tunnel-{}.service"   # on main, one per rpc node (components/tunnel/tunnels.py)
+
+
+def managed_files(role: str, root: str, nodes: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
+    """What a generation keeps of a host. `nodes`: the rpc nodes' names (main keeps each one's tunnel
+    unit: its `-L` names the node's rpc port, which a return across an rpc_port change restores)."""
     files = dict(MAIN_FILES if role == "main" else RPC_FILES)
+    if role == "main":
+        for node in nodes:
+            unit = TUNNEL_UNIT.format(node)
+            files[f"{UNIT_DIR}/{unit}"] = ("restart", unit)
     files[posixpath.join(root, STACK_FILE)] = ("source", "")
     return files
+
+
+def recorded_rpc_port(want: dict) -> int | None:
+    """The rpc port a node's part of a record names (None: recorded before tunnelspec kept it)."""
+    port = want.get("rpc_port")
+    return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
 
 
 # What a host checks before it acts on a record (docs/generations.md). A record is data kept on main,
@@ -102,7 +117,7 @@ class RecordRefused(ValueError):
         return text if len(text) <= 120 else text[:117] + "..."
 
 
-def validate_host_record(want, role: str, root: str, host: str, n=None) -> None:
+def validate_host_record(want, role: str, root: str, host: str, n=None, nodes: tuple[str, ...] = ()) -> None:
     """Raise RecordRefused unless `want`, generation `n`'s record of `host`, asks only for what the
     deploy itself writes on that host: its role and root as the inventory gives them (`role`, `root`:
     never taken from the record), a build directory directly under `<root>/build`, only the files
@@ -126,7 +141,9 @@ def validate_host_record(want, role: str, root: str, host: str, n=None) -> None:
     files = want.get("files")
     if not isinstance(files, dict):
         refuse("files", files, "are not a mapping of path to file")
-    managed = managed_files(role, root)
+    if "rpc_port" in want and (role != "rpc" or recorded_rpc_port(want) is None):
+        refuse("rpc_port", want.get("rpc_port"), "is not a port (1-65535) of an rpc node")
+    managed = managed_files(role, root, nodes)
     for path, f in files.items():
         if path not in managed:
             refuse("file path", path, f"is not a file tunnelspec manages on a {role} host")

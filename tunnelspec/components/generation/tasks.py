@@ -119,6 +119,11 @@ def _hosts(cluster) -> list[tuple[str, str, str]]:
     return [(cluster.main.name, "main", cluster.main.root), *((n.name, "rpc", n.root) for n in cluster.rpc)]
 
 
+def _nodes(cluster, role: str) -> tuple[str, ...]:
+    """The rpc nodes whose tunnel units main keeps in a generation (none on a node)."""
+    return tuple(n.name for n in cluster.rpc) if role == "main" else ()
+
+
 def checked(record, cluster, host: str) -> dict:
     """`host`'s part of generation `record`, held to what the deploy itself writes there
     (gen.validate_host_record) with the role and root the inventory gives the host, never the record's;
@@ -133,13 +138,13 @@ def checked(record, cluster, host: str) -> dict:
     if not want:
         raise TaskFailed(f"generation {n} has no record of {host}")
     try:
-        gen.validate_host_record(want, *where, host, n)
+        gen.validate_host_record(want, *where, host, n, _nodes(cluster, where[0]))
     except gen.RecordRefused as e:
         raise TaskFailed(str(e)) from None
     return want
 
 
-def recordable(host: str, state: dict) -> None:
+def recordable(host: str, state: dict, nodes: tuple[str, ...] = ()) -> None:
     """A host's live state is recorded only as a return would accept it: its serving files themselves
     (never a link: its copy would be another file), with the modes the deploy writes."""
     for path, f in state["files"].items():
@@ -149,7 +154,7 @@ def recordable(host: str, state: dict) -> None:
                              "what a link points to: nothing was recorded (the deploy writes it as a file: "
                              "remove what is there and deploy again)")
     try:
-        gen.validate_host_record(state, state["role"], state["root"], host)
+        gen.validate_host_record(state, state["role"], state["root"], host, None, nodes)
     except gen.RecordRefused as e:
         raise TaskFailed(f"{host}: its {e.field} {e.shown} {e.why}: a return could not put it back, so nothing "
                          "was recorded") from None
@@ -165,8 +170,8 @@ async def stamped_build_number(conn, build: str) -> int | None:
     return number if isinstance(number, int) and not isinstance(number, bool) else None
 
 
-async def host_state(conn, role: str, root: str) -> dict:
-    files = gen.managed_files(role, root)
+async def host_state(conn, role: str, root: str, nodes: tuple[str, ...] = ()) -> dict:
+    files = gen.managed_files(role, root, nodes)
     res = await conn.probe(["sh", "-c", gen.STATE_SCRIPT, "sh", root, *files], check=True)
     return {"role": role, "root": root, **gen.parse_state(res.stdout)}
 
@@ -198,7 +203,11 @@ async def live_state(ctx) -> dict:
     out = {}
     for name, role, root in _hosts(cluster):
         conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
-        out[name] = await host_state(conn, role, root)
+        out[name] = await host_state(conn, role, root, _nodes(cluster, role))
+        if role == "rpc":
+            # As data (a port), what the node's tunnel key and its tunnel on main forward to: a
+            # return re-renders the key's line for it (the key itself may have been rotated since).
+            out[name]["rpc_port"] = cluster.node(name).rpc_port
     return out
 
 
@@ -224,8 +233,9 @@ class GenerationRecord(Task):
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
         live = await live_state(ctx)
+        cluster = ctx.require_cluster()
         for name, st in live.items():
-            recordable(name, st)
+            recordable(name, st, _nodes(cluster, st["role"]))
         sums = await model_sums(ctx.conn, self.p["models"])
         self._records, self._live, self._sums = records, live, sums
         state = {"hosts": live, "model_sha256": sums}
@@ -356,7 +366,11 @@ class GenerationRestore(Task):
 
     async def check(self, ctx):
         want = self._want(ctx)
-        live = await host_state(ctx.conn, want["role"], want["root"])
+        nodes = _nodes(ctx.require_cluster(), want["role"])
+        live = await host_state(ctx.conn, want["role"], want["root"], nodes)
+        if want["role"] == "rpc":
+            # The tunnel key's line is restored by its own task for this port (playbooks/rollback.yml).
+            ctx.register("generation_rpc_port", gen.recorded_rpc_port(want) or ctx.require_cluster().node(ctx.host).rpc_port)
         self._live = live
         diff = gen.host_diff(want, live)
         n = self.p["record"].get("n")
@@ -370,7 +384,7 @@ class GenerationRestore(Task):
 
     async def apply(self, ctx, ch):
         want, live, run = self._want(ctx), self._live, ctx.conn.run
-        files = gen.managed_files(want["role"], want["root"])
+        files = gen.managed_files(want["role"], want["root"], _nodes(ctx.require_cluster(), want["role"]))
         restart, reload_, units_changed = set(), set(), False
         await self._preconditions(ctx, want, live, files)
         if want["build"] != live["build"]:
@@ -413,7 +427,8 @@ class GenerationRestore(Task):
             await run(["systemctl", "daemon-reload"], check=True)
         for unit in sorted(reload_ - restart):
             await run(["systemctl", "reload-or-restart", unit])
-        for unit in sorted(restart):
+        # The tunnels before llama-server: its launcher probes them as it starts.
+        for unit in sorted(restart, key=lambda u: (not u.startswith("tunnelspec-tunnel-"), u)):
             if unit == gen.WATCH_UNIT and want["files"].get(f"{gen.UNIT_DIR}/{unit}") is None:
                 continue
             res = await run(["systemctl", "restart", unit])
