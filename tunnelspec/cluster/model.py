@@ -280,12 +280,20 @@ def _check_ports(inv: Inventory, main: MainHost, nodes: tuple[RpcNode, ...]) -> 
     for other, x, address in ports.collisions(inv, main, nodes):
         if x.host == other.host:
             raise cluster_error(
-                inv, x.owner, x.var,
+                inv,
+                x.owner,
+                x.var,
                 f"port {x.port} on the {'main host' if x.host == main.name else 'host'} is already used by "
                 f"{other.var or other.name} of {other.owner}; "
-                + ("give each rpc node its own tunnel_port" if x.var == other.var == "tunnel_port"
-                   else f"give {x.name} a port of its own"),
+                + (
+                    "give each rpc node its own tunnel_port"
+                    if x.var == other.var == "tunnel_port"
+                    else f"give {x.name} a port of its own"
+                ),
             )
         raise cluster_error(
-            inv, x.owner, x.var, f"{other.owner} on the same address {address} already uses {other.var} {x.port}",
+            inv,
+            x.owner,
+            x.var,
+            f"{other.owner} on the same address {address} already uses {other.var} {x.port}",
         )

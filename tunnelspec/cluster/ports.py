@@ -25,14 +25,14 @@ HOLD_PORT = 1
 
 @dataclass(frozen=True)
 class Listener:
-    name: str                          # what it is, for messages: "rpc-server", "tunnel to rpc-a", …
-    host: str                          # inventory host name
+    name: str  # what it is, for messages: "rpc-server", "tunnel to rpc-a", …
+    host: str  # inventory host name
     port: int
-    listen: str | None                 # who may listen besides root (None: nobody)
-    connect: tuple[str, ...] | None    # who may connect besides root; None: anyone (the API)
-    unit: str = ""                     # the unit serving it; it must not start without the rules
-    var: str = ""                      # the inventory variable that sets the port (for errors)
-    var_host: str = ""                 # the host whose variable it is ('' : `host`; a tunnel's is its node's)
+    listen: str | None  # who may listen besides root (None: nobody)
+    connect: tuple[str, ...] | None  # who may connect besides root; None: anyone (the API)
+    unit: str = ""  # the unit serving it; it must not start without the rules
+    var: str = ""  # the inventory variable that sets the port (for errors)
+    var_host: str = ""  # the host whose variable it is ('' : `host`; a tunnel's is its node's)
     # Guarded by the loopback rules: False only for a public API, which answers on the network (its
     # guard there is TLS and the API key, docs/tls.md).
     loopback: bool = True
@@ -40,7 +40,8 @@ class Listener:
     @property
     def owner(self) -> str:
         return self.var_host or self.host
-    label: str = ""                    # status's and verify's words for the guard
+
+    label: str = ""  # status's and verify's words for the guard
 
     @property
     def open(self) -> bool:
@@ -56,30 +57,86 @@ def listeners(cluster) -> list[Listener]:
 def listeners_of(main, nodes) -> list[Listener]:
     out: list[Listener] = []
     for n in nodes:
-        out.append(Listener(f"tunnel to {n.name}", main.name, n.tunnel_port, listen=main.users.tunnel,
-                            connect=(main.users.llama,), unit=f"tunnelspec-tunnel-{n.name}.service",
-                            var="tunnel_port", var_host=n.name, label="tunnel ports: llama-server only"))
+        out.append(
+            Listener(
+                f"tunnel to {n.name}",
+                main.name,
+                n.tunnel_port,
+                listen=main.users.tunnel,
+                connect=(main.users.llama,),
+                unit=f"tunnelspec-tunnel-{n.name}.service",
+                var="tunnel_port",
+                var_host=n.name,
+                label="tunnel ports: llama-server only",
+            )
+        )
     front = main.front
     if front is not None:
-        out.append(Listener("llama-server", main.name, front.internal_port, listen=main.users.llama,
-                            connect=(front.user,), unit="tunnelspec-llama-server.service",
-                            var="llama_server_internal_port", label="llama-server's port: the front only"))
+        out.append(
+            Listener(
+                "llama-server",
+                main.name,
+                front.internal_port,
+                listen=main.users.llama,
+                connect=(front.user,),
+                unit="tunnelspec-llama-server.service",
+                var="llama_server_internal_port",
+                label="llama-server's port: the front only",
+            )
+        )
         out.append(Listener("the front's hold port", main.name, HOLD_PORT, listen=None, connect=None))
-        out.append(Listener("bench's baseline llama-server", main.name, front.bench_port, listen=main.users.llama,
-                            connect=(), var="bench_port", label="bench's port: root only"))
+        out.append(
+            Listener(
+                "bench's baseline llama-server",
+                main.name,
+                front.bench_port,
+                listen=main.users.llama,
+                connect=(),
+                var="bench_port",
+                label="bench's port: root only",
+            )
+        )
         if front.metrics is not None:
             readers = front.metrics.readers
-            out.append(Listener("the metrics exporter", main.name, front.metrics.port, listen=front.user,
-                                connect=(front.user, *readers), unit="tunnelspec-metrics.service",
-                                var="metrics_port",
-                                label=f"metrics port: the front{''.join(', ' + r for r in readers)} only"))
+            out.append(
+                Listener(
+                    "the metrics exporter",
+                    main.name,
+                    front.metrics.port,
+                    listen=front.user,
+                    connect=(front.user, *readers),
+                    unit="tunnelspec-metrics.service",
+                    var="metrics_port",
+                    label=f"metrics port: the front{''.join(', ' + r for r in readers)} only",
+                )
+            )
         # The API: anyone may connect (with the key); only the front's user may answer there. Only a
         # loopback API is listen-guarded by the loopback rules (a public bind answers on the network).
-        out.append(Listener("the front (API)", main.name, main.server_port, listen=front.user, connect=None,
-                            unit="tunnelspec-front.service", var="llama_server_port", loopback=not main.public_bind))
+        out.append(
+            Listener(
+                "the front (API)",
+                main.name,
+                main.server_port,
+                listen=front.user,
+                connect=None,
+                unit="tunnelspec-front.service",
+                var="llama_server_port",
+                loopback=not main.public_bind,
+            )
+        )
     for n in nodes:
-        out.append(Listener("rpc-server", n.name, n.rpc_port, listen=n.users.rpc, connect=(n.users.tunnel,),
-                            unit="tunnelspec-rpc.service", var="rpc_port", label="rpc port: tunnel user only"))
+        out.append(
+            Listener(
+                "rpc-server",
+                n.name,
+                n.rpc_port,
+                listen=n.users.rpc,
+                connect=(n.users.tunnel,),
+                unit="tunnelspec-rpc.service",
+                var="rpc_port",
+                label="rpc port: tunnel user only",
+            )
+        )
     return out
 
 
@@ -102,11 +159,20 @@ def isolation_args(cluster, host: str) -> dict:
     listen = _groups(((x.listen,) if x.listen else (), x.port) for x in here)
     first = connect[0] if connect else {"ports": [], "users": []}
     units = [x.unit for x in here if x.unit and x.connect is not None]
-    tunnels = [u.removeprefix("tunnelspec-tunnel-").removesuffix(".service") for u in units
-               if u.startswith("tunnelspec-tunnel-")]
-    return {"ports": first["ports"], "users": first["users"], "more": connect[1:], "listeners": listen,
-            "guarded": sorted({u for u in units if not u.startswith("tunnelspec-tunnel-")}),
-            "guarded_tunnels": tunnels, "label": label(here)}
+    tunnels = [
+        u.removeprefix("tunnelspec-tunnel-").removesuffix(".service")
+        for u in units
+        if u.startswith("tunnelspec-tunnel-")
+    ]
+    return {
+        "ports": first["ports"],
+        "users": first["users"],
+        "more": connect[1:],
+        "listeners": listen,
+        "guarded": sorted({u for u in units if not u.startswith("tunnelspec-tunnel-")}),
+        "guarded_tunnels": tunnels,
+        "label": label(here),
+    }
 
 
 def label(here: list[Listener]) -> str:
@@ -115,8 +181,15 @@ def label(here: list[Listener]) -> str:
 
 
 # The order collisions are looked for in: the earlier listener keeps its port, the later is named.
-_CLAIM_ORDER = ("llama_server_port", "llama_server_internal_port", "metrics_port", "bench_port", "", "tunnel_port",
-                "rpc_port")
+_CLAIM_ORDER = (
+    "llama_server_port",
+    "llama_server_internal_port",
+    "metrics_port",
+    "bench_port",
+    "",
+    "tunnel_port",
+    "rpc_port",
+)
 
 
 def collisions(inv, main, nodes) -> list[tuple[Listener, Listener, str]]:
