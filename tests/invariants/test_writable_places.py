@@ -6,11 +6,17 @@ directory fails here until the directory is declared with its reason (shown on a
 
 from __future__ import annotations
 
+import pytest
+
+from tunnelspec.cluster.model import Cluster
 from tunnelspec.components.front import model as front
 from tunnelspec.components.tunnel.units import KEY_PATH
 from tunnelspec.core import writable
 from tunnelspec.core.constants import TLS_KEY
+from tunnelspec.core.errors import ClusterError
+from tunnelspec.inventory import load_inventory
 
+from support.deploy_render import lab_inventory
 from support.invariants import service_writable_dirs
 
 
@@ -86,3 +92,23 @@ def test_planted_an_undeclared_runtime_directory_fails(deploys):
         "main:tunnelspec-llama-server.service: ReadWritePaths /var/lib/tunnelspec/uploads (tunnelspec-llama) is not "
         "declared in core/writable.py with this unit, directive and user"], found
 
+
+def test_the_inventory_refuses_a_secret_file_in_a_service_writable_place(tmp_path):
+    """Root reads the API key (systemd's LoadCredential=, verify, bench) and makes the key and the
+    scrape token private: a path in a place a service user can write would let that user point it
+    anywhere. Refused by name, with the place."""
+    public = "llama_server_host=192.0.2.10\nllama_server_public_bind=true\nmetrics=true\n"
+    cases = [
+        ("llama_server_api_key_file=/run/tunnelspec-llama/key\n", "llama_server_api_key_file", "/run/tunnelspec-llama"),
+        ("llama_server_api_key_file=/var/run/tunnelspec-front/../tunnelspec-front/key\n", "llama_server_api_key_file",
+         "/run/tunnelspec-front"),
+        ("llama_server_api_key_file=/dev/shm/key\n", "llama_server_api_key_file", "/dev/shm"),
+        (public + "llama_server_api_key_file=/etc/tunnelspec/key\nmetrics_token_file=/run/tunnelspec-front/token\n",
+         "metrics_token_file", "/run/tunnelspec-front"),
+    ]
+    for i, (main_vars, var, place) in enumerate(cases):
+        d = tmp_path / str(i)
+        d.mkdir()
+        with pytest.raises(ClusterError) as e:
+            Cluster.from_inventory(load_inventory(lab_inventory(d, main_vars)))
+        assert e.value.var == var and f"is in {place}, which a service user can write" in str(e.value), str(e.value)
