@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunnelspec.core import writable
 from tunnelspec.inventory.values import USER_NAME
 
 DEFAULT_INTERNAL_PORT = 18080
@@ -116,6 +117,14 @@ def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
                 "metrics_token_file",
                 f"{token!r} is hidden by the front's sandbox (ProtectHome=yes, "
                 "PrivateTmp=yes); use e.g. /etc/tunnelspec/metrics-token",
+            )
+        place = writable.place_of(token)
+        if place is not None:
+            raise hv.fail(
+                "metrics_token_file",
+                f"{token!r} is in {place.path}, which a service user can write: root makes the file "
+                "private and compares it with the API key there, and would follow a link put in its "
+                "place (SECURITY.md, invariant A); use e.g. /etc/tunnelspec/metrics-token",
             )
         if token == hv.string("llama_server_api_key_file", None):
             raise hv.fail(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunnelspec.core import writable
 from tunnelspec.core.constants import DEFAULT_HTTP_PORT, DEFAULT_RPC_PORT, DEFAULT_TUNNEL_PORT, LOOPBACK, OPT_DIR
 from tunnelspec.cluster.fields import HostVars, is_full_sha
 from tunnelspec.cluster.placement import node_share
@@ -496,6 +497,14 @@ def main_host_of(hv: HostVars) -> MainHost:
             "llama_server_api_key_file",
             f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
             "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key",
+        )
+    place = writable.place_of(key_file) if key_file else None
+    if place is not None:
+        raise hv.fail(
+            "llama_server_api_key_file",
+            f"{key_file!r} is in {place.path}, which a service user can write: root reads the key there "
+            "(systemd's LoadCredential=, verify) and would follow a link put in its place (SECURITY.md, "
+            "invariant A); use e.g. /etc/tunnelspec/llama-api-key",
         )
     extra = hv.words("llama_server_extra_args")
     p_min = _p_min(hv)

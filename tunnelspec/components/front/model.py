@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 
+from tunnelspec.core import writable
 from tunnelspec.core.constants import ETC_DIR, LOOPBACK
 from tunnelspec.components.generation.record import STATUS as GENERATION_STATUS
 from tunnelspec.components.server.args import tunnel_unit
@@ -29,7 +30,7 @@ from tunnelspec.llama import memory_fit
 
 FRONT_UNIT = "tunnelspec-front.service"
 FRONT_CONFIG = f"{ETC_DIR}/front.cfg"
-FRONT_RUN_DIR = "/run/tunnelspec-front"
+FRONT_RUN_DIR = writable.FRONT_RUN.path  # the front user's (core/writable.py)
 FRONT_STATS = f"{FRONT_RUN_DIR}/stats.sock"
 FRONT_BACKEND = "llama"
 # The `hold` backup server: a privileged port (only root could listen there) on loopback, where
@@ -52,7 +53,7 @@ DRAFTWATCH = f"{HELPER_DIR}/tunnelspec-draftwatch"
 RPC_WAIT = f"{HELPER_DIR}/tunnelspec-rpc-wait"
 METRICS_EXPORTER = f"{HELPER_DIR}/tunnelspec-metrics"
 MODES_PATH = f"{ETC_DIR}/llama-server.json"
-STATE_DIR_NAME = "tunnelspec-llama"  # llama-server's RuntimeDirectory (kept across its restarts)
+STATE_DIR_NAME = writable.LLAMA_RUN.name  # llama-server's RuntimeDirectory (kept across its restarts; its user's)
 STATE_PATH = f"/run/{STATE_DIR_NAME}/mode.json"
 WATCH_DIR_NAME = "tunnelspec-draftwatch"  # the watcher's RuntimeDirectory
 REJOIN_FLAG = f"/run/{WATCH_DIR_NAME}/rejoin"  # the time the watcher asked for the draft back
