@@ -273,7 +273,7 @@ def test_ansible_vars_and_unrelated_names_are_not_typos(tmp_path):
 
 
 def test_ansible_ssh_common_args_is_refused_not_ignored(tmp_path):
-    """Was accepted and ignored: a ProxyJump the user relied on silently did nothing (issue 49)."""
+    """Was accepted and ignored: a ProxyJump the user relied on silently did nothing."""
     path = write(tmp_path, all_vars=("ansible_ssh_common_args='-o ProxyJump=bastion'",))
     with pytest.raises(ClusterError, match="ansible_ssh_common_args: not supported yet") as err:
         cluster(path)

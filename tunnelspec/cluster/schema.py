@@ -1,5 +1,5 @@
 """One declaration per variable: its type, default, doc line, whether it is a secret and which
-hosts read it (issue 49, first slice). `tunnelspec check` and the cluster model validate every
+hosts read it (a first slice). `tunnelspec check` and the cluster model validate every
 declared variable's value by its type, offline, at the line it was written; the connection layer
 reads the Ansible connection variables through `value()`, so a value means the same in both.
 
