@@ -96,7 +96,13 @@ def _settings(name: str, host_vars: dict, inventory_dir) -> dict:
         except VarValueError as err:
             raise VarValueError(f"host {name}: variable {var}: {err} (tunnelspec check shows the line)") from None
     out["ansible_become"] = bool(out["ansible_become"])
+    out["timeout"] = out["ansible_ssh_timeout"] or out["ansible_timeout"]
     return out
+
+
+def connect_timeout_for(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> float:
+    """ansible_ssh_timeout (or ansible_timeout) when the inventory sets it, else the run's."""
+    return _settings(name, host_vars, inventory_dir)["timeout"] or opts.connect_timeout
 
 
 async def connect(
@@ -122,9 +128,8 @@ async def connect(
     key = settings["ansible_ssh_private_key_file"] or settings["ansible_private_key_file"]
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
     local_opts = dataclasses.replace(opts, known_hosts=spec)
-    timeout = settings["ansible_ssh_timeout"] or settings["ansible_timeout"]
-    if timeout:
-        local_opts = dataclasses.replace(local_opts, connect_timeout=timeout)
+    if settings["timeout"]:
+        local_opts = dataclasses.replace(local_opts, connect_timeout=settings["timeout"])
     return await SSHConnection.open(
         name,
         address,
