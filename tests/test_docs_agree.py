@@ -168,7 +168,7 @@ def test_the_glued_string_finder_finds_one():
 def test_llama_commit_hint_reads_as_a_command(tmp_path):
     inv = tmp_path / "i.ini"
     inv.write_text("[main]\nm ansible_host=192.0.2.1\n[rpc]\nr ansible_host=192.0.2.2\n[all:vars]\n"
-                   "llama_repo=x\nllama_commit=v1.0\nllama_model=/a\nllama_draft_model=/b\n")
+                   "llama_repo=https://example.invalid/llama.cpp\nllama_commit=v1.0\nllama_model=/a\nllama_draft_model=/b\n")
     with pytest.raises(ClusterError) as e:
         Cluster.from_inventory(load_inventory(inv))
     assert "git rev-parse '<tag>^{commit}'" in str(e.value)
@@ -177,7 +177,7 @@ def test_llama_commit_hint_reads_as_a_command(tmp_path):
 def test_rocm_is_pointed_to_hip(tmp_path):
     inv = tmp_path / "i.ini"
     inv.write_text("[main]\nm ansible_host=192.0.2.1 llama_backend=rocm\n[rpc]\nr ansible_host=192.0.2.2\n"
-                   "[all:vars]\nllama_repo=x\nllama_commit=\"0123456789abcdef0123456789abcdef01234567\"\n"
+                   "[all:vars]\nllama_repo=https://example.invalid/llama.cpp\nllama_commit=\"0123456789abcdef0123456789abcdef01234567\"\n"
                    "llama_model=/a\nllama_draft_model=/b\n")
     with pytest.raises(ClusterError, match=r"llama_backend: 'rocm' .*did you mean hip\? ROCm is llama.cpp's HIP backend"):
         Cluster.from_inventory(load_inventory(inv))

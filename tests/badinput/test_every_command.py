@@ -216,7 +216,7 @@ def test_known_hosts_env_path_that_does_not_exist_is_not_content(files):
 
 
 # ---- the SSH key file ----------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", ["missing", "directory", "binary", "empty"])
+@pytest.mark.parametrize("kind", ["missing", "binary", "empty"])
 def test_key_file_unusable_is_exit_4(kind, files):
     """ansible_ssh_private_key_file that cannot be read: an authentication failure (exit 4, docs/ci.md)
     naming the file."""
@@ -225,6 +225,15 @@ def test_key_file_unusable_is_exit_4(kind, files):
     cmds = ("status", "deploy", "hostkeys scan") if kind != "missing" else sorted(CONNECTING - {"hostkeys scan"})
     # hostkeys scan reads no key: it only asks for host keys (the connection is refused: exit 4 too).
     _check([(files.argv(cmd, inv), UNREACHABLE, None if cmd == "hostkeys scan" else str(key)) for cmd in cmds])
+
+
+def test_key_file_that_is_a_directory_is_exit_2(files):
+    """A directory is not a key file whatever the host says: refused offline, by the variable's declared
+    type (cluster/schema.py), with its line (exit 2); hostkeys scan, which reads the host's connection
+    variables too (ansible_ssh_timeout), refuses it the same way."""
+    key = files.broken("directory", "id_ed25519")
+    inv = files.inventory(extra=f"ansible_ssh_private_key_file={key}\n")
+    _check([(files.argv(cmd, inv), USAGE, "is a directory") for cmd in ("status", "deploy", "check", "hostkeys scan")])
 
 
 # ---- -e @FILE ------------------------------------------------------------------------------------

@@ -288,3 +288,56 @@ def test_check_run_from_a_git_hook_leaves_the_hooks_repository_alone(tmp_path, g
     assert index.read_bytes() == before
     assert _git(hooked, "diff", "--cached", "--name-only") == "notes.txt"
     assert _git(repo, "status", "--porcelain") == "" and _git(repo, "rev-parse", "HEAD") == commit
+
+
+# ---- values by their declared type (cluster/schema.py), and Ansible's connection variables ---------
+SECRETS = {"62_ansible_password.ini": "correct-horse-battery", "68_several_connection.ini": "hunter2-secret",
+           "70_yaml_ansible_password_and_typo.yml": "s3cret-value"}
+
+
+@pytest.mark.parametrize("name", sorted(SECRETS))
+def test_a_refused_password_is_never_printed(name, guard):
+    env, _ = guard
+    for fmt in ("text", "json"):
+        p, _ = run(env, "check", name, "--format", fmt)
+        assert p.returncode == 2
+        assert SECRETS[name] not in p.stdout + p.stderr
+
+
+def test_deploy_refuses_the_connection_variables_before_any_connection(guard):
+    """The refusals live in the cluster model, so deploy stops on them too, every one with its line."""
+    env, log = guard
+    case = CORPUS / "68_several_connection.ini"
+    p, _ = run(env, "deploy", case.name)
+    assert p.returncode == 2, p.stdout + p.stderr
+    for line, text in expectations(case):
+        assert any(f"{case.name}:{line}:" in ln and text in ln for ln in p.stderr.splitlines()), (line, text, p.stderr)
+    assert not log.exists(), log.read_text()
+
+
+def test_json_names_each_bad_value_with_host_and_variable(guard):
+    env, _ = guard
+    p, _ = run(env, "check", "67_several_values.ini", "--format", "json")
+    assert p.returncode == 2
+    doc = json.loads(p.stdout)
+    got = {(e["line"], e["host"], e["var"]) for e in doc["errors"]}
+    assert {(2, "main-host", "ansible_port"), (5, "node-a", "rpc_local_isolation"), (5, "node-a", "ansible_hots"),
+            (9, "main-host", "llama_keep_builds"), (10, "main-host", "tunnelspec_install_packages"),
+            (12, "main-host", "llama_repo")} <= got
+
+
+def test_ansibles_other_variables_are_a_warning_not_silence(tmp_path, guard):
+    env, _ = guard
+    path = _inventory(tmp_path, "ansible_ssh_pipelining=true\nansible_python_interpreter=/usr/bin/python3")
+    p, _ = run(env, "check", str(path), cwd=tmp_path)
+    assert p.returncode == 0, p.stdout
+    (warning,) = [ln for ln in p.stdout.splitlines() if ln.startswith("WARNING:")]
+    assert "inventory.ini:5:" in warning and "ansible_ssh_pipelining" in warning and "no effect" in warning
+
+
+@pytest.mark.parametrize("value", ["-1", "nine", "22.5", "70000"])
+def test_a_bad_ansible_port_given_with_e_is_named_as_e(tmp_path, guard, value):
+    env, _ = guard
+    p, _ = run(env, "check", str(_inventory(tmp_path)), "-e", f"ansible_port={value}", cwd=tmp_path)
+    assert p.returncode == 2
+    assert "-e ansible_port:" in p.stdout + p.stderr and "port number 1..65535" in p.stdout + p.stderr

@@ -267,5 +267,14 @@ def test_source_must_be_the_same_on_every_host(tmp_path):
 
 
 def test_ansible_vars_and_unrelated_names_are_not_typos(tmp_path):
-    path = write(tmp_path, all_vars=("ansible_ssh_common_args=-o X=1", "my_app_setting=1", "ntp_server=x"))
+    path = write(tmp_path, all_vars=("ansible_ssh_pipelining=true", "ansible_python_interpreter=/usr/bin/python3",
+                                     "my_app_setting=1", "ntp_server=x"))
     assert cluster(path).main.name == "m1"
+
+
+def test_ansible_ssh_common_args_is_refused_not_ignored(tmp_path):
+    """Was accepted and ignored: a ProxyJump the user relied on silently did nothing."""
+    path = write(tmp_path, all_vars=("ansible_ssh_common_args='-o ProxyJump=bastion'",))
+    with pytest.raises(ClusterError, match="ansible_ssh_common_args: not supported yet") as err:
+        cluster(path)
+    assert err.value.var == "ansible_ssh_common_args"

@@ -22,7 +22,7 @@ from tunnelspec.cluster.host_sections import (
     source_of,
 )
 from tunnelspec.inventory.model import Inventory
-from tunnelspec.cluster import ports
+from tunnelspec.cluster import ports, schema
 from tunnelspec.cluster.placement import TargetPlacement, parse_placement
 
 # Checks the pinned source where it lives (the inventory, the main host's name, the pin); raises ClusterError.
@@ -154,6 +154,8 @@ class Cluster:
         `components.source.controller_repo.check_controller_source`; teardown does not). The model itself
         runs no git and no network."""
         main_name, rpc_names = _topology(inv)
+        for err in schema.check_hosts(inv, [main_name, *rpc_names]):
+            raise err  # the first; cluster/collect.py sets it aside and reads on for the next
         for name in [main_name, *rpc_names]:
             HostVars(inv, name).check_typos()
         sources = {name: source_of(HostVars(inv, name)) for name in [main_name, *rpc_names]}

@@ -23,6 +23,8 @@ from tunnelspec.core.gitenv import git_env
 from tunnelspec.cluster.fields import KNOWN_VARS, USER_VAR_PREFIX, cluster_error, is_unknown_var, nearest_var
 from tunnelspec.components.source.controller_repo import check_controller_source
 from tunnelspec.inventory import load_inventory
+from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS
+from tunnelspec.cluster import schema
 from tunnelspec.cluster.collect import collect_cluster_errors
 from tunnelspec.commands.plan import build_plan
 from tunnelspec.components.server import preflight
@@ -190,14 +192,27 @@ def _check_unknown_vars(inv, report: Report) -> None:
     layers += [(h.name, h.vars, h.origins) for h in inv.hosts.values()]
     for host, values, origins in layers:
         for name in values:
+            file, line = origins.get(name, (str(inv.path), None))
+            if _ansible_not_read(name):
+                report.add(Finding(
+                    "warning", f"{file}:{line}: variable {name}: Ansible's, and tunnelspec does not read it: it has "
+                    "no effect here (inventory.example.ini lists the Ansible variables tunnelspec reads)",
+                    file, line, host, name))
+                continue
             if not is_unknown_var(name) or nearest_var(name):
                 continue  # known, yours, or so close to a known name that the model calls it an error
-            file, line = origins.get(name, (str(inv.path), None))
             hint = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
             near = f" (the nearest tunnelspec variable is {hint[0]})" if hint else ""
             report.add(Finding(
                 "warning", f"{file}:{line}: variable {name}: unknown, tunnelspec does not read it{near}; "
                 f"remove it, or keep it as your own by naming it {USER_VAR_PREFIX}{name}", file, line, host, name))
+
+
+def _ansible_not_read(name: str) -> bool:
+    """An `ansible_*` variable that is neither declared (cluster/schema.py: read or refused) nor a typo
+    of a declared one (the model's error) nor one Ansible computes itself."""
+    return (name.startswith("ansible_") and name not in schema.DECLARED and not schema.ansible_typo(name)
+            and name not in ANSIBLE_INTERNAL_VARS)
 
 
 def _check_extra_args(cluster, report: Report) -> None:

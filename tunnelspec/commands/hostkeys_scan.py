@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import asyncssh
 
 from tunnelspec.connection.base import ConnectOptions
-from tunnelspec.connection.factory import check_known_hosts, known_hosts_for
+from tunnelspec.connection.factory import check_known_hosts, connect_timeout_for, known_hosts_for
 from tunnelspec.connection.hostkeys import fingerprint, host_patterns, keys_for, load_known_hosts_text
 from tunnelspec.core.errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
 from tunnelspec.inventory.addresses import ssh_address
@@ -61,15 +61,16 @@ async def scan_host(name: str, host_vars: dict, opts: ConnectOptions, inventory_
         res.skipped = "ansible_connection=local: no SSH"
         return res
     spec, _pin = known_hosts_for(host_vars, opts, inventory_dir)
+    timeout = connect_timeout_for(name, host_vars, opts, inventory_dir)
     known = keys_for(load_known_hosts_text(spec), address, port)
     seen: set[bytes] = set()
     for alg in ALGORITHMS:
         try:
             key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg]), opts.connect_timeout)
+                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg]), timeout)
         except asyncssh.KeyExchangeFailed:
             continue  # the server has no key of this type
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as e:
+        except (OSError, asyncssh.Error, TimeoutError) as e:
             if not res.keys:
                 res.error = f"cannot connect to {address}:{port}: {e or type(e).__name__}"
                 return res

@@ -11,7 +11,8 @@ from tunnelspec.connection.base import ConnectOptions, ConnectSession, Connectio
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.core.errors import UsageError
 from tunnelspec.inventory.addresses import ssh_address
-from tunnelspec.core.booleans import truthy
+from tunnelspec.cluster import schema
+from tunnelspec.core.vartypes import VarValueError
 
 
 def known_hosts_for(host_vars: dict, opts: ConnectOptions, inventory_dir) -> tuple[str | None, str | None]:
@@ -71,12 +72,46 @@ def is_ssh(host_vars: dict) -> bool:
     return str(host_vars.get("ansible_connection", "ssh")) in ("ssh", "smart")
 
 
+# The connection variables read here, by their declared types (cluster/schema.py): the values
+# `tunnelspec check` passed, read the same way; a refused one (ansible_password, extra ssh
+# arguments, ansible_become_method=su) stops the connection with its reason (exit 2).
+_READ = (
+    "ansible_user",
+    "ansible_become",
+    "ansible_become_user",
+    "ansible_become_method",
+    "ansible_ssh_private_key_file",
+    "ansible_private_key_file",
+    "ansible_ssh_timeout",
+    "ansible_timeout",
+    *(n for n, v in schema.DECLARED.items() if v.type == "refused" and n.startswith("ansible_")),
+)
+
+
+def _settings(name: str, host_vars: dict, inventory_dir) -> dict:
+    out = {}
+    for var in _READ:
+        try:
+            out[var] = schema.value(var, host_vars, inventory_dir)
+        except VarValueError as err:
+            raise VarValueError(f"host {name}: variable {var}: {err} (tunnelspec check shows the line)") from None
+    out["ansible_become"] = bool(out["ansible_become"])
+    out["timeout"] = out["ansible_ssh_timeout"] or out["ansible_timeout"]
+    return out
+
+
+def connect_timeout_for(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> float:
+    """ansible_ssh_timeout (or ansible_timeout) when the inventory sets it, else the run's."""
+    return _settings(name, host_vars, inventory_dir)["timeout"] or opts.connect_timeout
+
+
 async def connect(
     name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None, session: ConnectSession | None = None
 ) -> Connection:
     """`session`: shared by the connections of one run (a fresh one when not given)."""
     kind = str(host_vars.get("ansible_connection", "ssh"))
-    become = truthy(host_vars.get("ansible_become", False))
+    settings = _settings(name, host_vars, inventory_dir)
+    become = settings["ansible_become"]
     password = password_from(host_vars) if become else None
     if kind == "local":
         return LocalConnection(name, become=become, become_password=password)
@@ -89,10 +124,12 @@ async def connect(
     )  # lazy: asyncssh (start-up cost: the first hosts are pre-connected before it loads)
 
     address, port = ssh_target(name, host_vars)
-    user = str(host_vars.get("ansible_user", getpass.getuser()))
-    key = expand_user_path(host_vars.get("ansible_ssh_private_key_file"), inventory_dir)
+    user = settings["ansible_user"] or getpass.getuser()
+    key = settings["ansible_ssh_private_key_file"] or settings["ansible_private_key_file"]
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
     local_opts = dataclasses.replace(opts, known_hosts=spec)
+    if settings["timeout"]:
+        local_opts = dataclasses.replace(local_opts, connect_timeout=settings["timeout"])
     return await SSHConnection.open(
         name,
         address,
