@@ -363,6 +363,22 @@ def tunnel_sockets(port):
     return listening, close_wait
 
 
+def connect_unix_nofollow(s, path):
+    """Connect to the unix socket at `path` without following a link: the front's user owns the
+    directory of its stats socket, and the watcher runs as root (SECURITY.md, invariant A). The socket
+    is opened as a path (O_PATH|O_NOFOLLOW), must be a socket owned by that directory's owner, and is
+    reached through its descriptor, so a link swapped in after the check is never followed."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        owner = os.stat(os.path.dirname(path)).st_uid
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in (0, owner):
+            raise OSError("%s is not the front's socket" % path)
+        s.connect("/proc/self/fd/%d" % fd)
+    finally:
+        os.close(fd)
+
+
 def front_busy(cfg):
     """True while the front has a request in flight or waiting for llama-server (HAProxy `show stat`);
     None when it cannot tell (then the watcher does not switch back)."""
@@ -373,7 +389,7 @@ def front_busy(cfg):
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5)
-            s.connect(path)
+            connect_unix_nofollow(s, path)
             s.sendall(b"show stat\n")
             data = b""
             for _ in range(1000):

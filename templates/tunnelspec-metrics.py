@@ -27,6 +27,7 @@ import os
 import selectors
 import socket
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -62,12 +63,38 @@ def load_config(path):
         return json.load(f)
 
 
+# The files it reads lie in other services' runtime directories (mode.json in llama-server's): never
+# through a link, never blocking on a FIFO, only a regular file of one name and a few hundred KiB —
+# whoever runs it (the front's user for `serve`, a person on main for `show`; SECURITY.md, invariant A).
+READ_CAP = 256 * 1024
+
+
 def _read_json(path):
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError, TypeError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except (OSError, TypeError, ValueError):
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_size > READ_CAP:
+            return None
+        return json.loads(os.read(fd, READ_CAP + 1).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def connect_unix_nofollow(s, path):
+    """Connect to the unix socket at `path` through an O_PATH|O_NOFOLLOW descriptor: a link there (the
+    front's user owns the directory) is refused, never followed."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise OSError("%s is not a socket" % path)
+        s.connect("/proc/self/fd/%d" % fd)
+    finally:
+        os.close(fd)
 
 
 def _label(v):
@@ -238,7 +265,7 @@ def front_metrics(cfg):
     def connect():
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(SOURCE_TIMEOUT)
-        s.connect(path)
+        connect_unix_nofollow(s, path)
         return s
     return _http_get(connect, "front", "/metrics?scope=frontend&scope=backend&scope=server")
 
