@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tunnelspec.cluster.fields import HostVars, cluster_error
 from tunnelspec.core import vartypes
 from tunnelspec.core.vartypes import VarValueError
 
@@ -241,7 +242,6 @@ def problems(host_vars: Mapping, base_dir=None) -> list[tuple[str, str]]:
 def check_hosts(inv, hosts) -> list:
     """A ClusterError (file:line, host, variable) per bad value of `hosts`; a value written once for
     several hosts (a group's, -e) is reported once, for the first host that reads it."""
-    from tunnelspec.cluster.fields import HostVars, cluster_error  # fields reads no schema: no cycle
 
     out, seen = [], set()
     for host in hosts:
