@@ -21,6 +21,31 @@ PLANNED_KEY = base64.b64encode(struct.pack(">I", 11) + b"ssh-ed25519" + struct.p
 
 
 @register_task
+class TunnelPubkey(Task):
+    """Read-only: the public half of main's tunnel key (`tunnel_pubkey`), derived on main, for a
+    rollback's key lines on the nodes. No key yet (a deploy that failed before making one): nothing
+    registered, and the nodes' key lines stay as they are."""
+
+    module = "tunnel_pubkey"
+    read_only = True
+    args = {
+        "path": Arg(str, default=KEY_PATH, help="The private key on main."),
+        "comment": Arg(str, default="tunnelspec-tunnel", help="The key's comment."),
+    }
+
+    def probes(self) -> list[list[str]]:
+        return [["ssh-keygen", "-y", "-f", self.p["path"]]]
+
+    async def check(self, ctx):
+        res = await ctx.conn.probe(["ssh-keygen", "-y", "-f", self.p["path"]])
+        pub = res.stdout.strip() if res.rc == 0 and res.stdout.startswith("ssh-ed25519 ") else None
+        if pub is None:
+            return ok("no tunnel key on main: the nodes' key lines stay as they are")
+        ctx.register("tunnel_pubkey", f"{pub} {self.p['comment']}")
+        return ok(f"tunnel key {fingerprint(pub)}")
+
+
+@register_task
 class TunnelKeypair(Task):
     """A tunnel-only ed25519 key on main, generated on the controller in memory and written only
     there (0600, owned by the tunnel user). `rotation`: a token; a new token replaces the key once.
