@@ -39,9 +39,9 @@ async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
     # llama-server's user owns the directory of this file: read without following a link (SECURITY.md,
     # invariant A) — a symlink, FIFO or huge file there is an unknown mode, never read through.
     try:
-        raw, why = await safe_read.read(conn, front.STATE_PATH, cap=STATE_CAP)
-    except Exception as e:  # noqa: BLE001 - reported as an unknown mode, other fields still gathered
-        raw, why = None, str(e)
+        raw, _why = await safe_read.read(conn, front.STATE_PATH, cap=STATE_CAP)
+    except Exception:  # noqa: BLE001 - an unknown mode, other fields still gathered
+        raw = None
     try:
         state = json.loads(raw) if raw else {}
     except ValueError:
