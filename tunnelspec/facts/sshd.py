@@ -4,12 +4,44 @@ effective settings `sshd -T` prints for one connection (a command plus pure pars
 from __future__ import annotations
 
 
+def _sshd_words(line: str) -> list[str]:
+    """One sshd_config line split as sshd splits it: the keyword ends at whitespace or a single `=`
+    (`Include=/path`); arguments are separated by whitespace, a double-quoted one may hold spaces;
+    a `#` at the start of a word begins a comment."""
+    words, word, quoted, started = [], "", False, False
+    line = line.strip()
+    key_end = next((i for i, c in enumerate(line) if c.isspace() or c == "="), len(line))
+    if key_end:
+        words.append(line[:key_end])
+        rest = line[key_end:].lstrip()
+        if rest.startswith("="):
+            rest = rest[1:]
+    else:
+        rest = line
+    for c in rest:
+        if c == '"':
+            quoted, started = not quoted, True
+        elif c.isspace() and not quoted:
+            if started:
+                words.append(word)
+            word, started = "", False
+        elif c == "#" and not quoted and not started:
+            break
+        else:
+            word, started = word + c, True
+    if started:
+        words.append(word)
+    return words
+
+
 def sshd_includes(config_text: str) -> list[str]:
     """Globs of the unconditional `Include` lines (before the first `Match`) of an sshd_config,
     made absolute the way sshd does (relative to /etc/ssh)."""
     globs = []
     for raw in config_text.splitlines():
-        words = raw.split("#", 1)[0].split()
+        if raw.lstrip().startswith("#"):
+            continue
+        words = _sshd_words(raw)
         if not words:
             continue
         key = words[0].lower()

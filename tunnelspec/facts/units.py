@@ -71,16 +71,45 @@ async def unit_values(conn, prop: str, units: list[str]) -> list[str]:
     if not units:
         return []
     res = await conn.probe(unit_values_argv(prop, units))
-    return res.stdout.split()
+    return parse_unit_values(res.stdout, len(units))
+
+
+def parse_unit_values(text: str, n: int) -> list[str]:
+    """`systemctl show --value` of n units: one line per unit, the units separated by an empty line (a
+    value may be empty, or hold spaces: a timestamp)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) == 2 * n - 1 and all(lines[i] == "" for i in range(1, len(lines), 2)):
+        return lines[0::2]
+    return text.split()   # another layout (older systemd): words, as before
 
 
 SERVICE_STATE_SCRIPT = 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/dev/null || :'
 
 
+# `systemctl is-active` and `is-enabled` answer from two vocabularies with no word in common: a word
+# is put where it belongs even when the other command printed nothing (no systemd bus).
+_ACTIVE = frozenset({"active", "inactive", "failed", "activating", "deactivating", "reloading", "maintenance",
+                     "refreshing", "unknown"})
+_ENABLED = frozenset({"enabled", "enabled-runtime", "linked", "linked-runtime", "alias", "masked",
+                      "masked-runtime", "static", "indirect", "disabled", "generated", "transient", "bad",
+                      "not-found"})
+
+
 def parse_service_state(text: str) -> tuple[str, str]:
     """(active state, enablement) — "" for what systemctl did not print."""
-    parts = text.split() + ["", ""]
-    return parts[0], parts[1]
+    active = enabled = ""
+    for i, word in enumerate(text.split()[:2]):
+        if word in _ENABLED and word not in _ACTIVE:
+            enabled = enabled or word
+        elif word in _ACTIVE:
+            active = active or word
+        elif i == 0:
+            active = word
+        else:
+            enabled = word
+    return active, enabled
 
 
 def service_state_argv(unit: str) -> list[str]:
