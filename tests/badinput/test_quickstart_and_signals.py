@@ -132,8 +132,10 @@ def _spawn(*argv, **kw):
 
 
 @pytest.mark.parametrize("argv", [["inventory", "list", "{inv}"], ["deploy", "{inv}", "--list-hosts"],
-                                  ["status", "{inv}", "--format", "json"], ["deploy", "{inv}", "--check"]],
-                         ids=["inventory_list", "list_hosts", "status_json", "deploy_check"])
+                                  ["status", "{inv}", "--format", "json"], ["deploy", "{inv}", "--check"],
+                                  ["--help"], ["deploy", "--help"], ["--version"]],
+                         ids=["inventory_list", "list_hosts", "status_json", "deploy_check", "help", "deploy_help",
+                              "version"])
 def test_closed_stdout_ends_quietly(argv, tmp_path, dead_port):
     """`tunnelspec … | head -c0`: the reader is gone before the first write. No traceback, no
     'Exception ignored' at exit: exit 141 (docs/ci.md)."""

@@ -89,6 +89,11 @@ class _Group(click.Group):
         try:
             return super().main(*args, **kwargs)
         except SystemExit as done:
+            # click itself ends with 1 when its own output (--help, --version, a usage text) meets a
+            # closed pipe, and wraps stdout to keep the exit quiet: that is a closed output, 141.
+            if done.code == 1 and isinstance(sys.stdout, click.utils.PacifyFlushWrapper):
+                _silence_stdout()
+                raise SystemExit(EXIT_CLOSED_OUTPUT) from None
             # Output still buffered when the reader went away fails only at this flush.
             try:
                 sys.stdout.flush()
