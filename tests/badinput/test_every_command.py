@@ -287,7 +287,9 @@ def test_logs_output_that_cannot_be_written_is_exit_2_before_collecting(files):
     a_dir = files.broken("directory", "bundle.tar.gz")
     cases = [(["logs", str(inv), "-o", str(a_file)], USAGE, "--output"),
              (["logs", str(inv), "-o", str(a_dir)], USAGE, "--output"),
-             (["logs", str(inv), "-o", str(a_file / "under-a-file")], USAGE, "--output")]
+             (["logs", str(inv), "-o", str(a_file / "under-a-file")], USAGE, "--output"),
+             # Writable by its bits for root, yet no file can be made there.
+             (["logs", str(inv), "-o", "/proc/bundle.tar.gz"], USAGE, "--output")]
     _check(cases)
 
 

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,6 +298,14 @@ def check_output(path: Path) -> None:
         raise UsageError(f"--output {path}: {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError(f"--output {path}: {parent} is not writable")
+    # Permission bits do not tell everything (root may "write" /proc, a read-only mount): a file made
+    # and removed there now, before anything is collected.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".tunnelspec-logs-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"--output {path}: cannot write in {parent} ({e.strerror or e})") from None
 
 
 def write_bundle(path: Path, hosts: list[HostBundle], report: dict, inventory, secrets: list[str]) -> str:
