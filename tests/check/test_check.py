@@ -2,7 +2,8 @@
 exit 2, in seconds and with no connection; the shipped inventories pass and show their plan.
 
 The corpus (corpus/*.ini, *.yml) holds one mistake per file, a few files several. Each file ends
-with `# expect: LINE TEXT` lines: some line of the output must name `FILE:LINE:` and hold TEXT.
+with `# expect: LINE TEXT` lines: some line of the output must name `FILE:LINE:` and hold TEXT, and
+every ERROR line must be one of them (no error that only follows from another).
 
 "Nothing connects" is proved, not assumed: every run here has a guard (a sitecustomize on
 PYTHONPATH) that makes any socket connect record itself in a file and fail; the positive control
@@ -81,8 +82,13 @@ def test_every_mistake_named_with_its_line(case, guard):
     assert "Traceback" not in out, out
     assert took < 5, f"check took {took:.1f}s"
     lines = out.splitlines()
-    for line, text in expectations(case):
-        assert any(f"{case.name}:{line}:" in l and text in l for l in lines), f"line {line}: {text!r} in\n{out}"
+    expected = expectations(case)
+    for line, text in expected:
+        assert any(f"{case.name}:{line}:" in ln and text in ln for ln in lines), f"line {line}: {text!r} in\n{out}"
+    # Exactly the file's mistakes: an ERROR no expectation names (a consequence of another) fails.
+    extra = [ln for ln in lines if ln.startswith("ERROR:")
+             and not any(f"{case.name}:{line}:" in ln and text in ln for line, text in expected)]
+    assert not extra, "\n".join(extra)
     assert not log.exists(), log.read_text()
 
 
@@ -205,7 +211,7 @@ def test_seed000_json_argument_mis_quoted_is_a_warning_with_its_line(tmp_path, g
     env, _ = guard
     p, _ = run(env, "check", str(_inventory(tmp_path, main_var)), cwd=tmp_path)
     assert p.returncode == 0, p.stdout  # a warning, not an error
-    (warning,) = [l for l in p.stdout.splitlines() if l.startswith("WARNING:")]
+    (warning,) = [ln for ln in p.stdout.splitlines() if ln.startswith("WARNING:")]
     assert "inventory.ini:5:" in warning and "llama_server_extra_args" in warning and "not valid JSON" in warning
 
 
@@ -216,7 +222,7 @@ def test_own_and_ansible_variables_are_not_unknown(tmp_path, guard):
                       " context_size=195000")
     p, _ = run(env, "check", str(path), cwd=tmp_path)
     assert p.returncode == 0, p.stdout  # warnings alone
-    warnings = [l for l in p.stdout.splitlines() if l.startswith("WARNING:")]
+    warnings = [ln for ln in p.stdout.splitlines() if ln.startswith("WARNING:")]
     assert len(warnings) == 1 and "inventory.ini:2:" in warnings[0] and "my_context_size" in warnings[0]
 
 
