@@ -93,11 +93,14 @@ class Report:
             },
         }
 
+    def diagnostics(self) -> str:
+        """The ERROR and WARNING lines, for stderr (docs/cli.md: every error on stderr)."""
+        return "\n".join([f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings])
+
     def render(self) -> str:
-        out = [f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings]
+        """The plan and the summary line, for stdout (the ERROR and WARNING lines: diagnostics())."""
+        out = []
         if self.plan is not None:
-            if out:
-                out.append("")
             out.append(f"Plan ({self.plan.spelling}):")
             host = None
             for c in self.plan.commands:
@@ -119,6 +122,11 @@ def _by_host(commands: list[dict]) -> dict[str, list[dict]]:
     for c in commands:
         out.setdefault(c.pop("host"), []).append(c)
     return out
+
+
+def usage_finding(message: str) -> Finding:
+    """A command-line mistake (`-e =x`, no inventory), reported like the inventory's own errors."""
+    return Finding("error", message)
 
 
 # ---- the checks --------------------------------------------------------------------------------
