@@ -131,9 +131,9 @@ def _problems(argv: list[str], res: CliResult, want: int, needle: str | None = N
         out.append(f"{line}: a traceback:\n{both[-3000:]}")
     if res.rc != want:
         out.append(f"{line}: exit {res.rc}, want {want}\nstdout: {res.stdout[-1500:]}\nstderr: {res.stderr[-1500:]}")
-    # An error before any host is contacted is an `ERROR:` line on stderr (`check`: its report, on
-    # stdout); what happened to each host (exit 4) is the run's report, on stdout (status, the recap).
-    said = both if argv[0] == "check" or want == UNREACHABLE else res.stderr
+    # An error before any host is contacted is an `ERROR:` line on stderr (`check` too); what happened
+    # to each host (exit 4) is the run's report, on stdout (status, the recap).
+    said = both if want == UNREACHABLE else res.stderr
     if want not in (0, 3) and not said.strip():
         out.append(f"{line}: exit {res.rc} and no word of why")
     if needle and needle not in said:
@@ -143,7 +143,7 @@ def _problems(argv: list[str], res: CliResult, want: int, needle: str | None = N
 
 def _check(cases: list[tuple[list[str], int, str | None]]) -> None:
     results = _run_all([c[0] for c in cases])
-    problems = [p for (argv, want, needle), res in zip(cases, results) for p in _problems(argv, res, want, needle)]
+    problems = [p for (argv, want, needle), res in zip(cases, results, strict=True) for p in _problems(argv, res, want, needle)]
     assert not problems, "\n\n".join(problems)
 
 

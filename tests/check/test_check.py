@@ -2,7 +2,8 @@
 exit 2, in seconds and with no connection; the shipped inventories pass and show their plan.
 
 The corpus (corpus/*.ini, *.yml) holds one mistake per file, a few files several. Each file ends
-with `# expect: LINE TEXT` lines: some line of the output must name `FILE:LINE:` and hold TEXT.
+with `# expect: LINE TEXT` lines: some line of the output must name `FILE:LINE:` and hold TEXT, and
+every ERROR line must be one of them (no error that only follows from another).
 
 "Nothing connects" is proved, not assumed: every run here has a guard (a sitecustomize on
 PYTHONPATH) that makes any socket connect record itself in a file and fail; the positive control
@@ -81,8 +82,15 @@ def test_every_mistake_named_with_its_line(case, guard):
     assert "Traceback" not in out, out
     assert took < 5, f"check took {took:.1f}s"
     lines = out.splitlines()
-    for line, text in expectations(case):
-        assert any(f"{case.name}:{line}:" in l and text in l for l in lines), f"line {line}: {text!r} in\n{out}"
+    expected = expectations(case)
+    for line, text in expected:
+        assert any(f"{case.name}:{line}:" in ln and text in ln for ln in lines), f"line {line}: {text!r} in\n{out}"
+    # Exactly the file's mistakes: an ERROR no expectation names (a consequence of another) fails.
+    extra = [ln for ln in lines if ln.startswith("ERROR:")
+             and not any(f"{case.name}:{line}:" in ln and text in ln for line, text in expected)]
+    assert not extra, "\n".join(extra)
+    errors = [ln for ln in lines if ln.startswith("ERROR:")]
+    assert len(errors) <= len(expected), "one mistake named twice:\n" + "\n".join(errors)
     assert not log.exists(), log.read_text()
 
 
@@ -205,7 +213,7 @@ def test_seed000_json_argument_mis_quoted_is_a_warning_with_its_line(tmp_path, g
     env, _ = guard
     p, _ = run(env, "check", str(_inventory(tmp_path, main_var)), cwd=tmp_path)
     assert p.returncode == 0, p.stdout  # a warning, not an error
-    (warning,) = [l for l in p.stdout.splitlines() if l.startswith("WARNING:")]
+    (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("WARNING:")]
     assert "inventory.ini:5:" in warning and "llama_server_extra_args" in warning and "not valid JSON" in warning
 
 
@@ -216,7 +224,7 @@ def test_own_and_ansible_variables_are_not_unknown(tmp_path, guard):
                       " context_size=195000")
     p, _ = run(env, "check", str(path), cwd=tmp_path)
     assert p.returncode == 0, p.stdout  # warnings alone
-    warnings = [l for l in p.stdout.splitlines() if l.startswith("WARNING:")]
+    warnings = [ln for ln in p.stderr.splitlines() if ln.startswith("WARNING:")]
     assert len(warnings) == 1 and "inventory.ini:2:" in warnings[0] and "my_context_size" in warnings[0]
 
 
@@ -251,7 +259,7 @@ def test_patch_file_checked_against_the_controller_tree(tmp_path, guard, applies
         doc = json.loads(run(env, "check", "inventory.ini", "--format", "json", cwd=tmp_path)[0].stdout)
         assert _plan(doc, "node-a", "rpc-server")[0] == "/opt/tunnelspec/current/bin/rpc-server"
     else:
-        assert p.returncode == 2 and "inventory.ini:16:" in p.stdout and "does not apply to the pinned tree" in p.stdout
+        assert p.returncode == 2 and "inventory.ini:16:" in p.stderr and "does not apply to the pinned tree" in p.stderr
     assert _git(repo, "status", "--porcelain") == "" and _git(repo, "rev-parse", "HEAD") == commit
 
 
@@ -331,7 +339,7 @@ def test_ansibles_other_variables_are_a_warning_not_silence(tmp_path, guard):
     path = _inventory(tmp_path, "ansible_ssh_pipelining=true\nansible_python_interpreter=/usr/bin/python3")
     p, _ = run(env, "check", str(path), cwd=tmp_path)
     assert p.returncode == 0, p.stdout
-    (warning,) = [ln for ln in p.stdout.splitlines() if ln.startswith("WARNING:")]
+    (warning,) = [ln for ln in p.stderr.splitlines() if ln.startswith("WARNING:")]
     assert "inventory.ini:5:" in warning and "ansible_ssh_pipelining" in warning and "no effect" in warning
 
 
@@ -341,3 +349,64 @@ def test_a_bad_ansible_port_given_with_e_is_named_as_e(tmp_path, guard, value):
     p, _ = run(env, "check", str(_inventory(tmp_path)), "-e", f"ansible_port={value}", cwd=tmp_path)
     assert p.returncode == 2
     assert "-e ansible_port:" in p.stdout + p.stderr and "port number 1..65535" in p.stdout + p.stderr
+
+
+# ---- where the output goes: every ERROR and WARNING on stderr, the plan and the summary on stdout;
+# ---- --format json: one object on stdout whatever went wrong --------------------------------------
+def test_errors_on_stderr_plan_and_summary_on_stdout(guard):
+    env, _ = guard
+    case = CORPUS / "29_several_parse_and_model.ini"
+    p, _ = run(env, "check", case.name)
+    assert p.returncode == 2
+    assert all(ln.startswith(("ERROR: ", "WARNING: ")) for ln in p.stderr.splitlines()), p.stderr
+    assert len([ln for ln in p.stderr.splitlines() if ln.startswith("ERROR: ")]) == len(expectations(case))
+    assert "ERROR" not in p.stdout and "WARNING" not in p.stdout
+    assert p.stdout.startswith("Plan (") and p.stdout.splitlines()[-1] == f"6 error(s), 0 warning(s) in {case.name}"
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing", "no-inventory", "twice", "extra-vars-file", "broken"])
+def test_json_is_always_one_object_on_stdout(tmp_path, guard, kind):
+    env, _ = guard
+    (tmp_path / "inv.d").mkdir()
+    args = {"directory": ["inv.d"], "missing": ["nope.ini"], "no-inventory": [],
+            "twice": ["a.ini", "-i", "b.ini"], "extra-vars-file": [str(CORPUS / "02_group_rpcs.ini"), "-e", "@nope.yml"],
+            "broken": [str(CORPUS / "29_several_parse_and_model.ini")]}[kind]
+    p, _ = run(env, "check", *args, "--format", "json", cwd=tmp_path)
+    assert p.returncode == 2, p.stdout + p.stderr
+    doc = json.loads(p.stdout)  # the whole of stdout is one object: no usage text, no ERROR line
+    assert doc["schema"] == 1 and doc["ok"] is False and doc["errors"]
+    stderr = p.stderr.splitlines()
+    assert stderr and all(ln.startswith("ERROR: ") for ln in stderr), p.stderr
+    assert [f"ERROR: {e['message']}" for e in doc["errors"]] == stderr
+
+
+def test_a_broken_header_hides_nothing_and_deploy_still_refuses(guard):
+    """The unclosed [rpc is named and its section read (its nodes' mistakes come in the same run);
+    the loader of every other command stops at the header, exit 2, before any connection."""
+    env, log = guard
+    case = CORPUS / "71_unclosed_header_hides_nothing.ini"
+    p, _ = run(env, "check", case.name)
+    assert p.returncode == 2 and len(expectations(case)) >= 3
+    for command in (["deploy"], ["status"], ["verify"], ["inventory", "list"]):
+        q, _ = run(env, *command, case.name)
+        assert q.returncode == 2, (command, q.stdout + q.stderr)
+        assert f"{case.name}:4: section header '[rpc' is not closed" in q.stderr, (command, q.stderr)
+    assert not log.exists(), log.read_text()
+
+
+def test_docs_cli_check_example_is_what_check_prints(tmp_path, guard):
+    """docs/cli.md's `tunnelspec check` example, run: the file it names as inventory.ini gives those
+    ERROR lines on stderr (a `(…)` ends a line the page shortens) and that summary line on stdout."""
+    env, _ = guard
+    doc = (ROOT / "docs" / "cli.md").read_text()
+    example = doc.split("$ tunnelspec check inventory.ini\n", 1)[1].split("```", 1)[0].splitlines()
+    (tmp_path / "inventory.ini").write_text((CORPUS / "71_unclosed_header_hides_nothing.ini").read_text())
+    p, _ = run(env, "check", "inventory.ini", cwd=tmp_path)
+    assert p.returncode == 2
+    errors = [ln for ln in example if ln.startswith(("ERROR:", "WARNING:"))]
+    got = p.stderr.splitlines()
+    assert len(errors) == len(got) and errors
+    for want, line in zip(errors, got, strict=True):
+        assert line.startswith(want.removesuffix("(…)")), (want, line)
+    assert p.stdout.splitlines()[-1] == example[-1]
+    assert p.stdout.splitlines()[0] == next(ln for ln in example if ln.startswith("Plan ("))

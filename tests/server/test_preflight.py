@@ -5,7 +5,6 @@ deploy's preflight play (the lab's tests/deploy/test_spec_placement.py and test_
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -68,7 +67,7 @@ def test_lacking_type_is_exit_2_naming_build_and_types(tmp_path, cache):
     checked = subprocess.run([sys.executable, "-m", "tunnelspec", "check", str(inv)], env=env,
                              capture_output=True, text=True, timeout=60)
     assert checked.returncode == 2, checked.stdout + checked.stderr
-    assert f"ERROR: {inv}:2: host main: variable spec_type:" in checked.stdout and "b10001-shaped" in checked.stdout
+    assert f"ERROR: {inv}:2: host main: variable spec_type:" in checked.stderr and "b10001-shaped" in checked.stderr
 
 
 def test_extra_flag_the_build_lacks_is_exit_2(tmp_path, cache):

@@ -32,7 +32,7 @@ def test_a_ca_key_others_may_read_stops_check_and_deploy(tmp_path):
     for command in ("check", "deploy"):
         res = run(command, str(inv), cwd=tmp_path)
         assert res.rc == 2, res.stdout + res.stderr
-        said = res.stdout + res.stderr  # check reports on stdout, deploy's ERROR is on stderr
+        said = res.stdout + res.stderr  # both report their ERROR lines on stderr
         assert f"{inv}:2: " in said and "llama_server_public_bind" in said and "too open" in said, said
         assert "unreachable" not in said.lower()
     os.chmod(C.ca_dir_for(inv) / C.CA_KEY, 0o600)
@@ -49,4 +49,4 @@ def test_own_files_that_are_not_a_key_stop_check_naming_the_variable(tmp_path):
                               "llama_server_tls_ca_file=ca.crt")
     res = run("check", str(inv), cwd=tmp_path)
     assert res.rc == 2, res.stdout + res.stderr
-    assert f"{inv}:2: host main: variable llama_server_tls_key_file" in res.stdout, res.stdout
+    assert f"{inv}:2: host main: variable llama_server_tls_key_file" in res.stderr, res.stderr

@@ -56,18 +56,25 @@ def _one_inventory(positional: str | None, option: str | None) -> str:
     return positional or option
 
 
-def inventory_argument(f):
+def inventory_argument(f=None, *, deferred: bool = False):
     """INVENTORY for every command that reads one: the positional argument or `-i/--inventory`, exactly
-    one of them. The command's function receives it as `inventory_file`."""
+    one of them. The command's function receives it as `inventory_file`. `deferred` (check): the path
+    is not judged by click and a wrong pair is not raised here: the function receives
+    `inventory_file=(positional, option)` and reports any problem itself (`--format json`: in its object)."""
 
-    @functools.wraps(f)
-    def command(*args, inventory_file=None, inventory_option=None, **kw):
-        return f(*args, inventory_file=_one_inventory(inventory_file, inventory_option), **kw)
+    def wrap(f):
+        @functools.wraps(f)
+        def command(*args, inventory_file=None, inventory_option=None, **kw):
+            if deferred:
+                return f(*args, inventory_file=(inventory_file, inventory_option), **kw)
+            return f(*args, inventory_file=_one_inventory(inventory_file, inventory_option), **kw)
 
-    command = click.argument("inventory_file", metavar="[INVENTORY]", required=False,
-                             type=click.Path(dir_okay=False))(command)
-    return click.option("-i", "--inventory", "inventory_option", metavar="INVENTORY",
-                        type=click.Path(dir_okay=False), help=_INVENTORY_HELP)(command)
+        path = click.Path() if deferred else click.Path(dir_okay=False)
+        command = click.argument("inventory_file", metavar="[INVENTORY]", required=False, type=path)(command)
+        return click.option("-i", "--inventory", "inventory_option", metavar="INVENTORY",
+                            type=path, help=_INVENTORY_HELP)(command)
+
+    return wrap if f is None else wrap(f)
 
 
 def lock_options(f):

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from tunnelspec.cli.options import _cluster_and_opts, _extra_vars, _extra_vars_option, inventory_argument
-from tunnelspec.core.errors import EXIT_UNREACHABLE
+from tunnelspec.cli.options import _cluster_and_opts, _extra_vars, _extra_vars_option, _one_inventory, inventory_argument
+from tunnelspec.core.errors import EXIT_UNREACHABLE, UsageError
 
 
 @click.command("status")
@@ -82,15 +82,25 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
 
 
 @click.command("check")
-@inventory_argument
+@inventory_argument(deferred=True)
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
               help="Errors, warnings and the plan as text, or one JSON object.")
 @_extra_vars_option
 def check_cmd(inventory_file, fmt, extra_vars):
     """Offline: every inventory mistake at once (file:line), then what systemd will run on each host.
-    Contacts nothing. Exit 2 on errors, 0 otherwise (warnings alone are fine)."""
-    from tunnelspec.commands.check import check_inventory  # lazy: CLI startup
+    Contacts nothing. Errors and warnings on stderr, the plan and the summary on stdout (--format json:
+    one object on stdout, always). Exit 2 on errors, 0 otherwise (warnings alone are fine)."""
+    from tunnelspec.commands.check import Report, check_inventory, usage_finding  # lazy: CLI startup
 
-    report = check_inventory(inventory_file, _extra_vars(extra_vars))
+    positional, option = inventory_file
+    try:
+        path = _one_inventory(positional, option)
+        report = check_inventory(path, _extra_vars(extra_vars))
+    except (click.UsageError, UsageError) as err:  # -e =x, -e @missing, no inventory or two
+        report = Report(positional or option or "")
+        report.add(usage_finding(err.format_message() if isinstance(err, click.UsageError) else str(err)))
+    diagnostics = report.diagnostics()
+    if diagnostics:
+        click.echo(diagnostics, err=True)
     click.echo(json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render())
     sys.exit(report.exit_code())

@@ -10,6 +10,7 @@ files (a patch file against the pinned tree). Errors and warnings are data; no c
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 import shlex
@@ -23,7 +24,7 @@ from tunnelspec.core.gitenv import git_env
 from tunnelspec.cluster.fields import KNOWN_VARS, USER_VAR_PREFIX, cluster_error, is_unknown_var, nearest_var
 from tunnelspec.components.source.controller_repo import check_controller_source
 from tunnelspec.inventory import load_inventory
-from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS
+from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS, Group
 from tunnelspec.cluster import schema
 from tunnelspec.cluster.collect import collect_cluster_errors
 from tunnelspec.commands.plan import build_plan
@@ -92,11 +93,14 @@ class Report:
             },
         }
 
+    def diagnostics(self) -> str:
+        """The ERROR and WARNING lines, for stderr (docs/cli.md: every error on stderr)."""
+        return "\n".join([f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings])
+
     def render(self) -> str:
-        out = [f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings]
+        """The plan and the summary line, for stdout (the ERROR and WARNING lines: diagnostics())."""
+        out = []
         if self.plan is not None:
-            if out:
-                out.append("")
             out.append(f"Plan ({self.plan.spelling}):")
             host = None
             for c in self.plan.commands:
@@ -120,6 +124,11 @@ def _by_host(commands: list[dict]) -> dict[str, list[dict]]:
     return out
 
 
+def usage_finding(message: str) -> Finding:
+    """A command-line mistake (`-e =x`, no inventory), reported like the inventory's own errors."""
+    return Finding("error", message)
+
+
 # ---- the checks --------------------------------------------------------------------------------
 def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git: bool = True) -> Report:
     """Everything that can be told about the inventory without a connection. `controller_git`:
@@ -134,11 +143,11 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     for err in parse_errors:
         report.add(_from_error("error", err))
     inv = inv.with_extra_vars(extra_vars or {})
-    _check_groups(inv, report)
-    collected = collect_cluster_errors(inv, models=True,
+    meant = _check_groups(inv, report)
+    collected = collect_cluster_errors(_as_meant(inv, meant), models=True,
                                        source_check=check_controller_source if controller_git else None)
     for err in collected.errors:
-        if parse_errors and not err.var:
+        if (parse_errors or meant) and not err.var:
             continue  # "no host in [rpc]" after a header that could not be read says nothing new
         report.add(_from_error("error", err))
     _check_unknown_vars(inv, report)
@@ -173,7 +182,10 @@ def _rpc_server_name(cluster) -> str | None:
     return None
 
 
-def _check_groups(inv, report: Report) -> None:
+def _check_groups(inv, report: Report) -> dict[str, str]:
+    """Groups that look like a typo of [main] or [rpc]: an error where the group meant is missing or
+    empty (returned, typo -> meant), else a warning."""
+    meant: dict[str, str] = {}
     for name, group in inv.groups.items():
         if name in ("all", "ungrouped", *TUNNELSPEC_GROUPS) or name in inv.hosts:
             continue
@@ -182,9 +194,41 @@ def _check_groups(inv, report: Report) -> None:
             continue  # a group of the user's own (e.g. to share variables): fine
         # With [rpc] missing or empty it is surely the typo; next to a real [rpc] it may be meant.
         severity = "warning" if close[0] in inv.groups and inv.group_hosts(close[0]) else "error"
+        if severity == "error":
+            meant[name] = close[0]
         report.add(Finding(severity, f"{inv.path}:{group.line or 1}: group [{name}] is not a tunnelspec group: "
                            f"did you mean [{close[0]}]? (tunnelspec reads [main], one host, and [rpc], the nodes)",
                            str(inv.path), group.line or 1))
+    if "rpc" not in meant.values() and not ("rpc" in inv.groups and inv.group_hosts("rpc")):
+        # No [rpc] and no typo of it: a single group of the user's own holding the nodes ([workers])
+        # is surely where they went.
+        mains = set(inv.group_hosts("main")) if "main" in inv.groups else set()
+        own = [n for n, g in inv.groups.items() if n not in ("all", "ungrouped", *TUNNELSPEC_GROUPS, *meant)
+               and n not in inv.hosts and set(inv.group_hosts(n)) - mains]
+        if len(own) == 1:
+            name, line = own[0], inv.groups[own[0]].line or 1
+            meant[name] = "rpc"
+            report.add(Finding("error", f"{inv.path}:{line}: group [{name}] is not a tunnelspec group and [rpc] has "
+                               f"no host: the nodes go in [rpc] (rename [{name}] to [rpc], or keep it and add "
+                               f"[rpc:children] with {name})", str(inv.path), line))
+    return meant
+
+
+def _as_meant(inv, meant: dict[str, str]):
+    """The inventory read as the typo groups meant: each made a child of the group it is a typo of,
+    so its hosts and variables are checked as that group's (the typo itself is reported apart)."""
+    if not meant:
+        return inv
+    inv = copy.deepcopy(inv)
+    for name, target in meant.items():
+        if target not in inv.groups:
+            inv.groups[target] = Group(target, parents=["all"], line=inv.groups[name].line)
+            inv.groups["all"].children.append(target)
+        if target in inv.ancestors(name) or name in inv.ancestors(target):
+            continue  # already linked one way or the other: leave the graph acyclic
+        inv.groups[target].children.append(name)
+        inv.groups[name].parents.append(target)
+    return inv
 
 
 def _check_unknown_vars(inv, report: Report) -> None:

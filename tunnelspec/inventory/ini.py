@@ -56,8 +56,10 @@ class _Parser(InventoryBuilder):
             except InventoryError as err:
                 self._record(err)
                 if raw.strip().startswith("["):
-                    # The lines under a header that could not be read belong to no known section.
-                    group, state = "ungrouped", "skip"
+                    # A header that could not be read: when its intent is plain (`[rpc`, `[ rpc ]`), the
+                    # lines under it are read as that section's, so that their own mistakes show in the
+                    # same run (`tunnelspec check`); else they belong to no known section.
+                    group, state = self._recover_header(raw.strip())
         for name, pending in self.pending.items():
             if pending.kind == "vars":
                 self._record(
@@ -101,6 +103,18 @@ class _Parser(InventoryBuilder):
         elif state == "children":
             self._child_line(line, group)
         return group, state
+
+    def _recover_header(self, line: str) -> tuple[str, str]:
+        """The section a broken header surely means, `[rpc` or `[ rpc ]` read as `[rpc]`; only after
+        its error was recorded (`errors` given: a command that stops at the first error never gets here)."""
+        text = line[1:].split("#", 1)[0].replace("]", "")
+        m = _SECTION.match("[" + "".join(text.split()) + "]") if text.strip() else None
+        if m is None or len(text.split()) != 1 and ":" not in text:
+            return "ungrouped", "skip"
+        try:
+            return self._section(m)
+        except InventoryError:
+            return "ungrouped", "skip"
 
     def _section(self, m: re.Match) -> tuple[str, str]:
         # Ansible (>= 2.11, default TRANSFORM_INVALID_GROUP_CHARS=never) keeps names as written.
