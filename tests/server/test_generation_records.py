@@ -309,7 +309,8 @@ def _pick(tmp_path, monkeypatch, build_number, vulnerable="refuse", accepted=(),
         return {4: record}, 5
 
     monkeypatch.setattr(tg, "read_records", records)
-    cluster = SimpleNamespace(main=SimpleNamespace(name="main", root=str(root)),
+    cluster = SimpleNamespace(main=SimpleNamespace(name="main", root=str(root), server_host="127.0.0.1",
+                                                server_port=8080, tls=None),
                               rpc=[SimpleNamespace(name="rpc-a", root="/opt/tunnelspec")])
     ctx = HostContext(host="main", conn=LocalConnection("main"), vars={}, facts={},
                       options=RunOptions(accepted=frozenset(accepted)), emit=lambda e: None,

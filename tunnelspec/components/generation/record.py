@@ -74,6 +74,30 @@ def managed_files(role: str, root: str, nodes: tuple[str, ...] = ()) -> dict[str
     return files
 
 
+_HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9.:_-]{0,252}")
+
+
+def serve_of(cluster) -> dict:
+    """Where a generation's API answers and how it is reached (verify after a return checks that address:
+    the inventory may name another since, e.g. a public bind that failed to deploy)."""
+    main = cluster.main
+    tls = main.tls
+    return {"host": main.server_host, "port": main.server_port,
+            "tls_ca_file": str(tls.ca_file) if tls is not None else "",
+            "tls_name": tls.server_name if tls is not None else ""}
+
+
+def recorded_serve(record: dict, cluster) -> dict:
+    """The record's `serve` held to its shape (an address, a port, TLS names), else the inventory's (a
+    generation recorded before tunnelspec kept it)."""
+    serve = record.get("serve")
+    ok = (isinstance(serve, dict) and isinstance(serve.get("host"), str) and _HOST.fullmatch(serve["host"])
+          and isinstance(serve.get("port"), int) and not isinstance(serve.get("port"), bool)
+          and 0 < serve["port"] < 65536 and isinstance(serve.get("tls_ca_file"), str)
+          and isinstance(serve.get("tls_name"), str) and (serve["tls_name"] == "" or _HOST.fullmatch(serve["tls_name"])))
+    return dict(serve) if ok else serve_of(cluster)
+
+
 def recorded_rpc_port(want: dict) -> int | None:
     """The rpc port a node's part of a record names (None: recorded before tunnelspec kept it)."""
     port = want.get("rpc_port")
@@ -225,7 +249,7 @@ def host_diff(recorded: dict, live: dict) -> list[str]:
 
 def state_of(record: dict) -> dict:
     """The part of a record that says what runs: compared to tell whether a deploy made a new one."""
-    return {"hosts": record.get("hosts", {}), "models": model_sums(record)}
+    return {"hosts": record.get("hosts", {}), "models": model_sums(record), "serve": record.get("serve")}
 
 
 def model_sums(record: dict) -> dict[str, str | None]:

@@ -238,7 +238,8 @@ class GenerationRecord(Task):
             recordable(name, st, _nodes(cluster, st["role"]))
         sums = await model_sums(ctx.conn, self.p["models"])
         self._records, self._live, self._sums = records, live, sums
-        state = {"hosts": live, "model_sha256": sums}
+        self._serve = gen.serve_of(ctx.require_cluster())
+        state = {"hosts": live, "model_sha256": sums, "serve": gen.serve_of(ctx.require_cluster())}
         if current is not None and gen.same_state(records[current], state):
             if await published(ctx.conn) != current:
                 # Recorded before the metrics' status file existed, or the file was lost.
@@ -268,7 +269,8 @@ class GenerationRecord(Task):
                 await conn.run(["sh", "-c", _STORE, "sh", gen.FILES_DIR, *pairs], check=True)
             records[n] = {"schema": gen.SCHEMA, "n": n, "tree": self.p["tree"], "commit": self.p["commit"],
                           "patches": self.p["patches"], "models": self.p["models"], "plan": self.p["plan"],
-                          "hosts": self._live, "model_sha256": self._sums}
+                          "hosts": self._live, "model_sha256": self._sums,
+                          "serve": self._serve}
             await ctx.conn.run(["install", "-d", "-m", "700", "--", gen.GEN_DIR], check=True)
             await ctx.conn.put(gen.dumps(records[n]), f"{gen.GEN_DIR}/{n}.json", 0o600)
         await ctx.conn.put(f"{n}\n", gen.CURRENT, 0o600)
@@ -322,6 +324,7 @@ class GenerationPick(Task):
                 checked(record, cluster, name)
         note = await self._advisory(ctx, record)
         ctx.register("generation", record)
+        ctx.register("generation_serve", gen.recorded_serve(record, cluster))
         ctx.register("generation_current", current)
         return ok(gen.summary(record) + (" (current)" if n == current else f" (current: {current})") + note)
 
