@@ -84,7 +84,7 @@ def test_a_public_api_is_not_a_loopback_guard_but_still_a_listener(tmp_path):
 
 @pytest.mark.parametrize("main, r2, var, words", [
     ("bench_port=15052", "", "tunnel_port", "already used by bench_port of m1"),
-    ("metrics=true metrics_port=18081", "", "bench_port", "already used by metrics_port of m1"),
+    ("metrics=true metrics_port=18085 bench_port=18085", "", "bench_port", "already used by metrics_port of m1"),
     ("bench_port=8080", "", "bench_port", "already used by llama_server_port of m1"),
     ("", "ansible_host=10.77.0.11", "rpc_port", "r1 on the same address 10.77.0.11 already uses rpc_port 50052"),
 ])
@@ -92,6 +92,13 @@ def test_collisions_name_the_later_listener(tmp_path, main, r2, var, words):
     with pytest.raises(ClusterError) as err:
         cluster(tmp_path, main=main, r2=r2)
     assert err.value.var == var and words in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("main, bench", [("", 18081), ("llama_server_internal_port=18081", 18082),
+                                         ("metrics=true metrics_port=18081", 18082),
+                                         ("llama_server_internal_port=8079", 8081), ("bench_port=9000", 9000)])
+def test_bench_port_defaults_to_the_first_free_one_above_llama_servers(tmp_path, main, bench):
+    assert cluster(tmp_path, main=main).main.front.bench_port == bench
 
 
 def test_guard_gaps_reads_the_live_table():

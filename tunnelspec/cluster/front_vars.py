@@ -21,8 +21,10 @@ DEFAULT_REJOIN_AFTER = 20
 DEFAULT_FRONT_USER = "tunnelspec-front"
 DEFAULT_METRICS_PORT = 9466
 # bench's baseline llama-server (commands/bench): a registered, guarded port of its own (cluster/ports.py),
-# never the first free one (a local user who bound that first would get the API key of its requests).
-DEFAULT_BENCH_PORT = 18081
+# never the first free one on the host (a local user who bound that first would get the API key of its
+# requests). Default: the first port above llama_server_internal_port that no other port of the front
+# takes (18081 with the defaults); the inventory's port collisions judge it like any other.
+DEFAULT_BENCH_PORT = DEFAULT_INTERNAL_PORT + 1
 VARS = (
     "llama_server_internal_port",
     "llama_server_hold_timeout",
@@ -71,14 +73,19 @@ def front_of(hv, server_port: int) -> FrontSettings:
         raise hv.fail(
             "front_user", f"{user!r} is not a valid unprivileged system user name (e.g. {DEFAULT_FRONT_USER})"
         )
-    bench = hv.port("bench_port", DEFAULT_BENCH_PORT)
+    metrics = metrics_of(hv, (server_port, internal))
+    taken = {server_port, internal, *((metrics.port,) if metrics else ())}
+    derived = internal + 1
+    while derived in taken and derived < 65535:
+        derived += 1
+    bench = hv.port("bench_port", derived)
     return FrontSettings(
         internal_port=internal,
         bench_port=bench,
         hold_timeout=hv.integer("llama_server_hold_timeout", DEFAULT_HOLD_TIMEOUT, minimum=5),
         rejoin_after=hv.integer("draft_rejoin_after", DEFAULT_REJOIN_AFTER, minimum=1),
         user=user,
-        metrics=metrics_of(hv, (server_port, internal)),
+        metrics=metrics,
     )
 
 
