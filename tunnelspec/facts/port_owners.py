@@ -25,7 +25,8 @@ from tunnelspec.facts.sockets import _PROC, _split_endpoint
 # The socket's owner: `uid:N ` (only when not root) then `ino:N`, right after the process list's end
 # (`…",pid=N,fd=N)) `) or at the start when no process is visible. A name cannot forge that end: ss
 # cuts a name at its first `)` (it reads /proc/PID/stat with `%[^)]`) and the kernel keeps 15 bytes.
-_OWNER = re.compile(r'(?:^|",pid=\d+,fd=\d+\)\) )(?:uid:(\d+) )?ino:\d+(?= |$)')
+# (ss pads its columns: newer iproute2, trixie's 6.x, puts several spaces after the process list.)
+_OWNER = re.compile(r'(?:^|",pid=\d+,fd=\d+\)\)\s+)(?:uid:(\d+)\s+)?ino:\d+(?=\s|$)')
 
 SCRIPT = r"""
 echo "== ss"; ss -Hltnpe
