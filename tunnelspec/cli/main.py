@@ -91,7 +91,7 @@ class _Group(click.Group):
         except SystemExit as done:
             # click itself ends with 1 when its own output (--help, --version, a usage text) meets a
             # closed pipe, and wraps stdout to keep the exit quiet: that is a closed output, 141.
-            if done.code == 1 and type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            if done.code == 1 and type(sys.stdout).__name__.lstrip("_") == "PacifyFlushWrapper":
                 _silence_stdout()
                 raise SystemExit(EXIT_CLOSED_OUTPUT) from None
             # Output still buffered when the reader went away fails only at this flush.
