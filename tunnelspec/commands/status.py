@@ -21,6 +21,7 @@ from tunnelspec.components.front.serving import serving_state, sh, unit_state
 from tunnelspec.llama.devices import served_text
 from tunnelspec.components.generation import record as gen
 from tunnelspec.components.generation.tasks import read_records
+from tunnelspec.components.isolation import LocalIsolation
 from tunnelspec.components.host.host import gather as gather_facts
 
 _BANNER = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
@@ -149,19 +150,13 @@ async def _squatters(conn, seen, listeners: list[dict]) -> list[str]:
 async def _isolation(conn, hv: dict, guards: dict) -> dict:
     """The loopback isolation as loaded now, against the registry of listeners (cluster/ports.py):
     `state` ok | missing | changed | off | error. `squatters`: registered ports another user holds."""
-    groups = _connect_groups(guards)
-    users = list(dict.fromkeys([u for g in groups + guards["listeners"] for u in g["users"]]))
     try:
-        seen = await nft.observe(conn, users)
+        seen = await nft.observe(conn, LocalIsolation(LocalIsolation.validate({"guards": guards})).all_users())
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         return {"state": "error", "label": guards["label"], "msg": f"error: {e}"}
     out = _isolation_rules(seen, hv, guards)
     out["squatters"] = await _squatters(conn, seen, guards["listeners"])
     return out
-
-
-def _connect_groups(guards: dict) -> list[dict]:
-    return [{"ports": guards["ports"], "users": guards["users"]}, *guards["more"]]
 
 
 def _isolation_rules(seen, hv: dict, guards: dict) -> dict:
@@ -171,15 +166,9 @@ def _isolation_rules(seen, hv: dict, guards: dict) -> dict:
                 "user can connect"}
     if seen.table_error:
         return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
-    groups = _connect_groups(guards)
-    known = all(seen.uids.get(u) is not None for g in groups + guards["listeners"] for u in g["users"])
-    want: tuple = ()
-    for g in groups:
-        want += nft.rules_for(g["ports"], [seen.uids[u] for u in g["users"] if seen.uids.get(u) is not None], label)
-    for g in guards["listeners"]:
-        want += nft.listen_rules_for(g["ports"], [seen.uids[u] for u in g["users"] if seen.uids.get(u) is not None],
-                                     label)
-    want = nft.ordered(want)
+    guard = LocalIsolation(LocalIsolation.validate({"guards": guards}))
+    known = all(seen.uids.get(u) is not None for u in guard.all_users())
+    want = guard.rules(seen.uids)
     if known and nft.matches(seen.table, want):
         return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
     if not seen.table.present:

@@ -244,18 +244,26 @@ class LocalIsolation(Task):
         missing = [u for u, uid in seen.uids.items() if uid is None]
         if missing:
             raise TaskFailed(f"{', '.join(missing)}: no such user (create it before the isolation rules)")
-        rules: tuple = ()
         lines = [f"Managed by tunnelspec: {self.p['label']}."]
         for ports, users in self.groups():
-            rules += nft.rules_for(ports, [seen.uids[u] for u in users], self.p["label"])
             lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
                          f"may connect to loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
         for ports, users in self.listen_groups():
-            rules += nft.listen_rules_for(ports, [seen.uids[u] for u in users], self.p["label"])
             lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
                          f"may listen on loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
-        rules = nft.ordered(rules)
+        rules = self.rules(seen.uids)
         return rules, nft.ruleset_text(rules, "\n".join(lines)), _unit_text(self.p["label"], self._guarded())
+
+    def rules(self, uids: dict) -> tuple:
+        """The connect and listen guards, ordered, for the uids resolved on the host (a user without one
+        is left out: `status` reports such a table as changed, deploy refuses before)."""
+        rules: tuple = ()
+        for ports, users in self.groups():
+            rules += nft.rules_for(ports, [uids[u] for u in users if uids.get(u) is not None], self.p["label"])
+        for ports, users in self.listen_groups():
+            rules += nft.listen_rules_for(ports, [uids[u] for u in users if uids.get(u) is not None],
+                                          self.p["label"])
+        return nft.ordered(rules)
 
     async def refuse_squatters(self, ctx, seen: nft.HostIsolation) -> None:
         """A guarded port held by anyone but its service's user (or root) stops the run, naming what
