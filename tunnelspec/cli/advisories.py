@@ -8,8 +8,13 @@ import click
 
 
 @click.command("advisories")
-@click.option("--build", "build_number", type=int, default=None,
-              help="Check one llama.cpp build number (bNNNN) instead of printing the table.")
+@click.option(
+    "--build",
+    "build_number",
+    type=int,
+    default=None,
+    help="Check one llama.cpp build number (bNNNN) instead of printing the table.",
+)
 def advisories_cmd(build_number: int | None) -> None:
     """Known-vulnerable llama.cpp build ranges touching RPC."""
     from tunnelspec.llama import advisories  # lazy: CLI startup

@@ -6,8 +6,14 @@ import json
 
 import click
 
-from tunnelspec.cli.options import (_cluster_and_opts, _extra_vars_option, _tunnel_fmt, _tunnel_play,
-                                    inventory_argument, lock_options)
+from tunnelspec.cli.options import (
+    _cluster_and_opts,
+    _extra_vars_option,
+    _tunnel_fmt,
+    _tunnel_play,
+    inventory_argument,
+    lock_options,
+)
 
 
 @click.group()

@@ -41,7 +41,7 @@ def _e_value(arg: str) -> tuple[str | None, bool]:
     if arg == "--extra-vars":
         return None, True
     if arg.startswith("--extra-vars="):
-        return arg[len("--extra-vars="):], False
+        return arg[len("--extra-vars=") :], False
     if arg.startswith("-") and not arg.startswith("--") and "e" in arg[1:]:
         at = arg.index("e", 1) + 1
         return (None, True) if at == len(arg) else (arg[at:], False)
@@ -94,7 +94,9 @@ def _secrets_of(argv: list[str]) -> list[str]:
 
 # KEY=VALUE, KEY: VALUE, 'KEY': 'VALUE', "KEY"="VALUE": the value (quoted, or up to a blank or a
 # delimiter) of a KEY that names a secret (core/secrets.py) is masked in an exception's message.
-_PAIR = re.compile(r"""(?P<key>[A-Za-z_][\w.-]*)['"]?\s*[=:]\s*(?:'(?P<sq>[^']*)'|"(?P<dq>[^"]*)"|(?P<bare>[^\s'",;)}\]]+))""")
+_PAIR = re.compile(
+    r"""(?P<key>[A-Za-z_][\w.-]*)['"]?\s*[=:]\s*(?:'(?P<sq>[^']*)'|"(?P<dq>[^"]*)"|(?P<bare>[^\s'",;)}\]]+))"""
+)
 
 
 def _mask_pairs(text: str) -> str:
@@ -103,7 +105,8 @@ def _mask_pairs(text: str) -> str:
             return m[0]
         group = next(g for g in ("sq", "dq", "bare") if m[g] is not None)
         start, end = m.span(group)
-        return m[0][: start - m.start()] + MASK + m[0][end - m.start():]
+        return m[0][: start - m.start()] + MASK + m[0][end - m.start() :]
+
     return _PAIR.sub(repl, text)
 
 
@@ -119,8 +122,10 @@ def _report_text(exc: BaseException, argv: list[str]) -> str:
         frame = chunk.lstrip(" |").startswith('File "')
         parts.append(mask_text(chunk, secrets) if frame else _scrub(chunk, secrets))
     command = " ".join(masked_argv(argv))
-    return (f"tunnelspec {__version__}, Python {platform.python_version()}, {platform.platform()}\n"
-            f"command: {mask_text(command, secrets)}\n\n" + "".join(parts))
+    return (
+        f"tunnelspec {__version__}, Python {platform.python_version()}, {platform.platform()}\n"
+        f"command: {mask_text(command, secrets)}\n\n" + "".join(parts)
+    )
 
 
 def _file_names() -> list[str]:

@@ -17,9 +17,11 @@ def inventory() -> None:
 
 @inventory.command("list")
 @inventory_argument
-@click.option("--show-secrets", is_flag=True,
-              help="Print the values of secret-named variables (…_password, …_token, api_key, …) too; "
-                   "masked as *** by default.")
+@click.option(
+    "--show-secrets",
+    is_flag=True,
+    help="Print the values of secret-named variables (…_password, …_token, api_key, …) too; masked as *** by default.",
+)
 def inventory_list(inventory_file: str, show_secrets: bool) -> None:
     """Print the inventory as JSON, in the structure of `ansible-inventory --list` (secret-named
     variables masked unless --show-secrets)."""

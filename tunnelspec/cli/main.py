@@ -56,9 +56,10 @@ def _internal_error(err: BaseException, as_json: bool) -> None:
     from tunnelspec.cli.crash import one_line, write_report  # lazy: CLI startup (only a crash needs it)
 
     where = write_report(err)
-    tail = (f"the traceback is in {where}" if where else "no directory could hold the traceback")
-    _fail_with(f"internal error (a bug in tunnelspec, please report it): {one_line(err)}; {tail}",
-               EXIT_INTERNAL, as_json)
+    tail = f"the traceback is in {where}" if where else "no directory could hold the traceback"
+    _fail_with(
+        f"internal error (a bug in tunnelspec, please report it): {one_line(err)}; {tail}", EXIT_INTERNAL, as_json
+    )
 
 
 class _Group(click.Group):
@@ -113,10 +114,25 @@ def main() -> None:
 
 
 # Registered in this order (the order of `main.commands`); `--help` lists them sorted by name.
-for _command in (deploy.play_cmd, deploy.deploy_cmd, deploy.rollback_cmd, deploy.teardown_cmd, deploy.verify_cmd,
-                 status.status_cmd, status.logs_cmd, status.bench_cmd, status.check_cmd,
-                 inventory.inventory, lab.lab, hostkeys.hostkeys, advisories.advisories_cmd,
-                 tunnel.tunnel, tunnel.keys, certs.certs, certs.client_config_cmd):
+for _command in (
+    deploy.play_cmd,
+    deploy.deploy_cmd,
+    deploy.rollback_cmd,
+    deploy.teardown_cmd,
+    deploy.verify_cmd,
+    status.status_cmd,
+    status.logs_cmd,
+    status.bench_cmd,
+    status.check_cmd,
+    inventory.inventory,
+    lab.lab,
+    hostkeys.hostkeys,
+    advisories.advisories_cmd,
+    tunnel.tunnel,
+    tunnel.keys,
+    certs.certs,
+    certs.client_config_cmd,
+):
     main.add_command(_command)
 del _command
 

@@ -13,8 +13,17 @@ import click
 def _run_options(check, diff, limit, tags, skip_tags, forks, verbose, extra_vars=(), **kw):
     from tunnelspec.engine.context import RunOptions  # lazy: CLI startup
 
-    return RunOptions(check=check, diff=diff, limit=limit, tags=_split(tags), skip_tags=_split(skip_tags),
-                      forks=forks, verbose=verbose, extra_vars=_extra_vars(extra_vars), **kw)
+    return RunOptions(
+        check=check,
+        diff=diff,
+        limit=limit,
+        tags=_split(tags),
+        skip_tags=_split(skip_tags),
+        forks=forks,
+        verbose=verbose,
+        extra_vars=_extra_vars(extra_vars),
+        **kw,
+    )
 
 
 def _extra_vars(extra_vars) -> dict:
@@ -35,8 +44,9 @@ def _extra_vars(extra_vars) -> dict:
 
 
 # -e for the commands that read hosts without running a playbook (status, logs, bench).
-_extra_vars_option = click.option("-e", "--extra-vars", "extra_vars", multiple=True,
-                                  help="KEY=VALUE or @FILE (YAML/JSON), highest precedence.")
+_extra_vars_option = click.option(
+    "-e", "--extra-vars", "extra_vars", multiple=True, help="KEY=VALUE or @FILE (YAML/JSON), highest precedence."
+)
 
 
 def _split(values) -> list[str]:
@@ -49,8 +59,9 @@ _INVENTORY_HELP = "The inventory (INI or YAML), instead of the INVENTORY argumen
 
 def _one_inventory(positional: str | None, option: str | None) -> str:
     if positional and option:
-        raise click.UsageError(f"the inventory is given twice ({positional!r} and -i {option!r}): give "
-                               "INVENTORY or -i INVENTORY, not both")
+        raise click.UsageError(
+            f"the inventory is given twice ({positional!r} and -i {option!r}): give INVENTORY or -i INVENTORY, not both"
+        )
     if not (positional or option):
         raise click.UsageError("Missing argument 'INVENTORY' (or -i INVENTORY).")
     return positional or option
@@ -71,18 +82,28 @@ def inventory_argument(f=None, *, deferred: bool = False):
 
         path = click.Path() if deferred else click.Path(dir_okay=False)
         command = click.argument("inventory_file", metavar="[INVENTORY]", required=False, type=path)(command)
-        return click.option("-i", "--inventory", "inventory_option", metavar="INVENTORY",
-                            type=path, help=_INVENTORY_HELP)(command)
+        return click.option(
+            "-i", "--inventory", "inventory_option", metavar="INVENTORY", type=path, help=_INVENTORY_HELP
+        )(command)
 
     return wrap if f is None else wrap(f)
 
 
 def lock_options(f):
     """The run lock (engine/runlock.py): commands that change hosts wait for another run on them."""
-    f = click.option("--no-wait", "no_wait", is_flag=True,
-                     help="Another run holds a host of this one: exit 5 at once instead of waiting.")(f)
-    return click.option("--lock-timeout", default=1800, show_default=True, type=click.IntRange(1, 86400),
-                        help="Seconds to wait for another run's lock on the hosts, then exit 5.")(f)
+    f = click.option(
+        "--no-wait",
+        "no_wait",
+        is_flag=True,
+        help="Another run holds a host of this one: exit 5 at once instead of waiting.",
+    )(f)
+    return click.option(
+        "--lock-timeout",
+        default=1800,
+        show_default=True,
+        type=click.IntRange(1, 86400),
+        help="Seconds to wait for another run's lock on the hosts, then exit 5.",
+    )(f)
 
 
 def run_options(f):
@@ -99,42 +120,96 @@ def playbook_options(f):
         click.option("--limit", "-l", help="Only hosts matching this pattern."),
         click.option("--tags", "-t", multiple=True, help="Only tasks with these tags (comma-separated)."),
         click.option("--skip-tags", multiple=True, help="Skip tasks with these tags."),
-        click.option("--forks", "-f", default=20, show_default=True, type=click.IntRange(1, 500),
-                     help="Hosts worked on in parallel."),
-        click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
-                     help="Output: human recap or JSON lines (one event per line)."),
-        click.option("--accept-new-host-keys", is_flag=True,
-                     help="Pin unknown host keys on first use (reported). A changed key always fails."),
-        click.option("-e", "--extra-vars", "extra_vars", multiple=True, help="KEY=VALUE or @FILE (YAML/JSON), highest precedence."),
+        click.option(
+            "--forks",
+            "-f",
+            default=20,
+            show_default=True,
+            type=click.IntRange(1, 500),
+            help="Hosts worked on in parallel.",
+        ),
+        click.option(
+            "--format",
+            "fmt",
+            type=click.Choice(["human", "json"]),
+            default="human",
+            show_default=True,
+            help="Output: human recap or JSON lines (one event per line).",
+        ),
+        click.option(
+            "--accept-new-host-keys",
+            is_flag=True,
+            help="Pin unknown host keys on first use (reported). A changed key always fails.",
+        ),
+        click.option(
+            "-e",
+            "--extra-vars",
+            "extra_vars",
+            multiple=True,
+            help="KEY=VALUE or @FILE (YAML/JSON), highest precedence.",
+        ),
         click.option("-v", "--verbose", count=True),
-        click.option("--list-hosts", is_flag=True,
-                     help="Print the hosts each play would run on (after --limit) and exit; nothing is contacted."),
-        click.option("--list-tags", is_flag=True,
-                     help="Print the tags of each play's tasks and exit; nothing is contacted."),
+        click.option(
+            "--list-hosts",
+            is_flag=True,
+            help="Print the hosts each play would run on (after --limit) and exit; nothing is contacted.",
+        ),
+        click.option(
+            "--list-tags", is_flag=True, help="Print the tags of each play's tasks and exit; nothing is contacted."
+        ),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def _play(inventory_file, playbook, fmt, accept_new_host_keys, require_cluster=False, require_models=False,
-          check_first=False, lock="", lock_timeout=1800, no_wait=False, list_hosts=False, list_tags=False,
-          rollback=None, **kw):
+def _play(
+    inventory_file,
+    playbook,
+    fmt,
+    accept_new_host_keys,
+    require_cluster=False,
+    require_models=False,
+    check_first=False,
+    lock="",
+    lock_timeout=1800,
+    no_wait=False,
+    list_hosts=False,
+    list_tags=False,
+    rollback=None,
+    **kw,
+):
     from tunnelspec.commands.runner import connect_options_from_env, run_playbook_file  # lazy: CLI startup
 
     if list_hosts or list_tags:
         from tunnelspec.commands.runner import list_playbook  # lazy: CLI startup
 
-        click.echo(list_playbook(inventory_file, playbook, _extra_vars(kw.get("extra_vars", ())), kw.get("limit"),
-                                 hosts=list_hosts, tags=list_tags, fmt=fmt))
+        click.echo(
+            list_playbook(
+                inventory_file,
+                playbook,
+                _extra_vars(kw.get("extra_vars", ())),
+                kw.get("limit"),
+                hosts=list_hosts,
+                tags=list_tags,
+                fmt=fmt,
+            )
+        )
         sys.exit(0)
 
     # --check changes nothing: it never takes (or waits for) the run lock.
-    options = _run_options(lock="" if kw.get("check") else lock, lock_timeout=lock_timeout,
-                           lock_wait=not no_wait, **kw)
-    code = run_playbook_file(inventory_file, playbook, options, fmt,
-                             connect_options_from_env(accept_new_host_keys), require_cluster=require_cluster,
-                             require_models=require_models, check_first=check_first, rollback=rollback)
+    options = _run_options(lock="" if kw.get("check") else lock, lock_timeout=lock_timeout, lock_wait=not no_wait, **kw)
+    code = run_playbook_file(
+        inventory_file,
+        playbook,
+        options,
+        fmt,
+        connect_options_from_env(accept_new_host_keys),
+        require_cluster=require_cluster,
+        require_models=require_models,
+        check_first=check_first,
+        rollback=rollback,
+    )
     sys.exit(code)
 
 
@@ -164,6 +239,21 @@ _tunnel_fmt = click.option("--format", "fmt", type=click.Choice(["human", "json"
 
 def _tunnel_play(inventory_file, name, fmt, extra, lock, lock_timeout, no_wait, user_extra=()):
     # The user's -e first, the command's own after: the command's variables are its meaning.
-    _play(inventory_file, _builtin(name), fmt, False, require_cluster=True, check=False, diff=False, limit=None,
-          tags=(), skip_tags=(), forks=20, verbose=0, extra_vars=(*user_extra, *extra), lock=lock,
-          lock_timeout=lock_timeout, no_wait=no_wait)
+    _play(
+        inventory_file,
+        _builtin(name),
+        fmt,
+        False,
+        require_cluster=True,
+        check=False,
+        diff=False,
+        limit=None,
+        tags=(),
+        skip_tags=(),
+        forks=20,
+        verbose=0,
+        extra_vars=(*user_extra, *extra),
+        lock=lock,
+        lock_timeout=lock_timeout,
+        no_wait=no_wait,
+    )

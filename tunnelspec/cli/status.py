@@ -7,7 +7,13 @@ import sys
 
 import click
 
-from tunnelspec.cli.options import _cluster_and_opts, _extra_vars, _extra_vars_option, _one_inventory, inventory_argument
+from tunnelspec.cli.options import (
+    _cluster_and_opts,
+    _extra_vars,
+    _extra_vars_option,
+    _one_inventory,
+    inventory_argument,
+)
 from tunnelspec.core.errors import EXIT_UNREACHABLE, UsageError
 
 
@@ -29,11 +35,19 @@ def status_cmd(inventory_file, fmt, extra_vars):
 
 @click.command("logs")
 @inventory_argument
-@click.option("--output", "-o", "output", default=None, type=click.Path(),
-              help="Directory, or a .tar.gz file, to write (default ./tunnelspec-logs-<UTC time>).")
-@click.option("--since", default=None,
-              help="Journal lines since this time (journalctl --since syntax, e.g. '1 hour ago'); "
-                   "default: the current boot.")
+@click.option(
+    "--output",
+    "-o",
+    "output",
+    default=None,
+    type=click.Path(),
+    help="Directory, or a .tar.gz file, to write (default ./tunnelspec-logs-<UTC time>).",
+)
+@click.option(
+    "--since",
+    default=None,
+    help="Journal lines since this time (journalctl --since syntax, e.g. '1 hour ago'); default: the current boot.",
+)
 @_extra_vars_option
 def logs_cmd(inventory_file, output, since, extra_vars):
     """Read-only bug-report bundle: every host's tunnelspec journals, unit files, llama-server version
@@ -45,24 +59,38 @@ def logs_cmd(inventory_file, output, since, extra_vars):
     click.echo(logs.summary(hosts, where), nl=False)
     unreachable = [b.name for b in hosts if b.unreachable]
     if unreachable:  # the bundle holds what could be collected; the exit code says it is not everything
-        click.echo(f"ERROR: unreachable: {', '.join(unreachable)} (the bundle {where} has the other hosts)",
-                   err=True)
+        click.echo(f"ERROR: unreachable: {', '.join(unreachable)} (the bundle {where} has the other hosts)", err=True)
         sys.exit(EXIT_UNREACHABLE)
 
 
 @click.command("bench")
 @inventory_argument
-@click.option("--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096),
-              help="Tokens generated per completion.")
-@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 50),
-              help="Measured completions per side, after one warm-up; speeds are their median.")
+@click.option(
+    "--n-predict", default=64, show_default=True, type=click.IntRange(1, 4096), help="Tokens generated per completion."
+)
+@click.option(
+    "--runs",
+    default=3,
+    show_default=True,
+    type=click.IntRange(1, 50),
+    help="Measured completions per side, after one warm-up; speeds are their median.",
+)
 @click.option("--prompt", default=None, help="Prompt text, the same for both sides (a fixed story prompt by default).")
-@click.option("--same-placement", is_flag=True,
-              help="Baseline keeps the deployed target placement (--rpc, -dev, -ts) and drops only the draft. "
-                   "INTERRUPTS SERVING: stops the deployed llama-server meanwhile; needs --yes.")
+@click.option(
+    "--same-placement",
+    is_flag=True,
+    help="Baseline keeps the deployed target placement (--rpc, -dev, -ts) and drops only the draft. "
+    "INTERRUPTS SERVING: stops the deployed llama-server meanwhile; needs --yes.",
+)
 @click.option("--yes", is_flag=True, help="Allow an option that interrupts serving (--same-placement); never asked.")
-@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
-              help="A side-by-side table, or one JSON object (schema 2, docs/cli.md).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    help="A side-by-side table, or one JSON object (schema 2, docs/cli.md).",
+)
 @_extra_vars_option
 def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt, extra_vars):
     """The cluster as deployed vs. the same model on main alone (when it fits main; else why, with both
@@ -83,8 +111,14 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
 
 @click.command("check")
 @inventory_argument(deferred=True)
-@click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True,
-              help="Errors, warnings and the plan as text, or one JSON object.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["human", "json"]),
+    default="human",
+    show_default=True,
+    help="Errors, warnings and the plan as text, or one JSON object.",
+)
 @_extra_vars_option
 def check_cmd(inventory_file, fmt, extra_vars):
     """Offline: every inventory mistake at once (file:line), then what systemd will run on each host.

@@ -7,8 +7,14 @@ import sys
 
 import click
 
-from tunnelspec.cli.options import (_extra_vars, _extra_vars_option, _tunnel_fmt, _tunnel_play, inventory_argument,
-                                    lock_options)
+from tunnelspec.cli.options import (
+    _extra_vars,
+    _extra_vars_option,
+    _tunnel_fmt,
+    _tunnel_play,
+    inventory_argument,
+    lock_options,
+)
 
 
 @click.group()
@@ -28,8 +34,16 @@ _tunnel_limit = click.option("--limit", "-l", "nodes", default="", help="Only th
 def tunnel_open(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
     """Install, start and check the tunnels (HELLO through each one); start llama-server again if
     closing the tunnels stopped it (deployed, enabled, and all of its tunnels open)."""
-    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [],
-                 "tunnel open", lock_timeout, no_wait, extra_vars)
+    _tunnel_play(
+        inventory_file,
+        "tunnel-open.yml",
+        fmt,
+        [f"tunnel_nodes={nodes}"] if nodes else [],
+        "tunnel open",
+        lock_timeout,
+        no_wait,
+        extra_vars,
+    )
 
 
 @tunnel.command("close")
@@ -40,8 +54,16 @@ def tunnel_open(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
 @lock_options
 def tunnel_close(inventory_file, nodes, fmt, extra_vars, lock_timeout, no_wait):
     """Stop and disable the tunnel units (keys and files stay)."""
-    _tunnel_play(inventory_file, "tunnel-close.yml", fmt, [f"tunnel_nodes={nodes}"] if nodes else [],
-                 "tunnel close", lock_timeout, no_wait, extra_vars)
+    _tunnel_play(
+        inventory_file,
+        "tunnel-close.yml",
+        fmt,
+        [f"tunnel_nodes={nodes}"] if nodes else [],
+        "tunnel close",
+        lock_timeout,
+        no_wait,
+        extra_vars,
+    )
 
 
 @tunnel.command("status")
@@ -56,8 +78,9 @@ def tunnel_status_cmd(inventory_file, nodes, fmt, extra_vars):
     from tunnelspec.commands.runner import connect_options_from_env  # lazy: CLI startup
     from tunnelspec.commands.tunnel_status import format_status, tunnel_status  # lazy: CLI startup
 
-    rows = asyncio.run(tunnel_status(inventory_file, nodes, connect_options_from_env(),
-                                     extra_vars=_extra_vars(extra_vars)))
+    rows = asyncio.run(
+        tunnel_status(inventory_file, nodes, connect_options_from_env(), extra_vars=_extra_vars(extra_vars))
+    )
     click.echo(json.dumps(rows) if fmt == "json" else format_status(rows))
     sys.exit(0 if all(r["state"] == "active" and r["rpc"] in ("ok", "busy") for r in rows) else 1)
 
@@ -76,5 +99,13 @@ def keys_rotate(inventory_file, fmt, extra_vars, lock_timeout, no_wait):
     """Replace the tunnel key on main and its authorized_keys line on every node; restart tunnels."""
     from tunnelspec.components.tunnel.keypair import new_rotation_token  # lazy: CLI startup
 
-    _tunnel_play(inventory_file, "tunnel-open.yml", fmt, [f"tunnel_key_rotation={new_rotation_token()}"],
-                 "keys rotate", lock_timeout, no_wait, extra_vars)
+    _tunnel_play(
+        inventory_file,
+        "tunnel-open.yml",
+        fmt,
+        [f"tunnel_key_rotation={new_rotation_token()}"],
+        "keys rotate",
+        lock_timeout,
+        no_wait,
+        extra_vars,
+    )

@@ -15,8 +15,10 @@ from tunnelspec.components.tls.own import load_own
 def _tls(cluster, what: str):
     tls = cluster.main.tls
     if tls is None:
-        raise UsageError(f"{what}: the API listens on 127.0.0.1 only (llama_server_public_bind is not true); "
-                         "there is no TLS to manage")
+        raise UsageError(
+            f"{what}: the API listens on 127.0.0.1 only (llama_server_public_bind is not true); "
+            "there is no TLS to manage"
+        )
     return tls
 
 
@@ -34,9 +36,15 @@ def check_tls_files(cluster) -> None:
         elif (tls.ca_dir / C.CA_KEY).exists() or (tls.ca_dir / C.CA_CERT).exists():
             C.load_ca(tls.ca_dir)
     except C.CertError as e:
-        var = "llama_server_tls_key_file" if tls.own and e.file == str(tls.own_key) else (
-            "llama_server_tls_ca_file" if tls.own and e.file == str(tls.own_ca) else (
-                "llama_server_tls_cert_file" if tls.own else "llama_server_public_bind"))
+        var = (
+            "llama_server_tls_key_file"
+            if tls.own and e.file == str(tls.own_key)
+            else (
+                "llama_server_tls_ca_file"
+                if tls.own and e.file == str(tls.own_ca)
+                else ("llama_server_tls_cert_file" if tls.own else "llama_server_public_bind")
+            )
+        )
         raise cluster_error(cluster.inventory, cluster.main.name, var, f"{e} (no host was changed)") from None
 
 
@@ -46,8 +54,10 @@ def rotate(cluster) -> tuple[str | None, str]:
     (llama-server is not restarted)."""
     tls = _tls(cluster, "certs rotate")
     if tls.own:
-        raise UsageError("certs rotate: this inventory uses your own certificate files (llama_server_tls_cert_file, "
-                         "…): rotate them in your PKI, then deploy")
+        raise UsageError(
+            "certs rotate: this inventory uses your own certificate files (llama_server_tls_cert_file, "
+            "…): rotate them in your PKI, then deploy"
+        )
     old = C.load_cert(tls.ca_dir / C.CA_CERT) if (tls.ca_dir / C.CA_CERT).exists() else None
     new = C.rotate_ca(tls.ca_dir)
     return (C.fingerprint(old) if old is not None else None), C.fingerprint(new.cert)
@@ -56,8 +66,15 @@ def rotate(cluster) -> tuple[str | None, str]:
 def show(cluster) -> dict:
     """The CA and where main's certificate is; certificates only (public), never a key."""
     tls = _tls(cluster, "certs show")
-    out = {"names": list(tls.names), "own": tls.own, "ca_file": tls.ca_file,
-           "server_cert_on_main": tls.cert_path, "server_key_on_main": tls.key_path, "ca": None, "previous_ca": None}
+    out = {
+        "names": list(tls.names),
+        "own": tls.own,
+        "ca_file": tls.ca_file,
+        "server_cert_on_main": tls.cert_path,
+        "server_key_on_main": tls.key_path,
+        "ca": None,
+        "previous_ca": None,
+    }
     try:
         out["ca"] = C.describe(C.load_cert(tls.ca_file))
     except C.CertError:
@@ -69,17 +86,21 @@ def show(cluster) -> dict:
 
 
 def render_show(d: dict) -> str:
-    lines = [f"names clients use:   {', '.join(d['names'])}",
-             f"CA file (pin this):  {d['ca_file']}{' (your own)' if d['own'] else ''}"]
+    lines = [
+        f"names clients use:   {', '.join(d['names'])}",
+        f"CA file (pin this):  {d['ca_file']}{' (your own)' if d['own'] else ''}",
+    ]
     if d["ca"]:
         lines += [f"CA:                  {d['ca']['subject']}, ends {d['ca']['not_after'][:10]}, {d['ca']['sha256']}"]
     else:
         lines += ["CA:                  not created yet (the next deploy creates it)"]
     if d["previous_ca"]:
         lines += [f"previous CA:         {d['previous_ca']['sha256']} (rotated away; its key is deleted)"]
-    lines += [f"on main:             {d['server_cert_on_main']} (certificate), {d['server_key_on_main']} "
-              "(key, 0600, the front's user; never shown), served by the front (HAProxy); "
-              "`tunnelspec status` shows the served certificate"]
+    lines += [
+        f"on main:             {d['server_cert_on_main']} (certificate), {d['server_key_on_main']} "
+        "(key, 0600, the front's user; never shown), served by the front (HAProxy); "
+        "`tunnelspec status` shows the served certificate"
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -91,12 +112,18 @@ def config_for(cluster) -> dict:
     user = hv.get("ansible_user")
     ssh_target = f"{user}@{where}" if user else where
     if main.tls is None:
-        return client_config(main=ssh_target, port=main.server_port, public_bind=False,
-                             api_key_file=main.api_key_file)
+        return client_config(main=ssh_target, port=main.server_port, public_bind=False, api_key_file=main.api_key_file)
     fp = None
     try:
         fp = C.fingerprint(C.load_cert(main.tls.ca_file))
     except C.CertError:
         pass  # not created yet: the path is still where it will be
-    return client_config(main=ssh_target, port=main.server_port, public_bind=True, tls_names=main.tls.names,
-                         ca_file=main.tls.ca_file, ca_fingerprint=fp, api_key_file=main.api_key_file)
+    return client_config(
+        main=ssh_target,
+        port=main.server_port,
+        public_bind=True,
+        tls_names=main.tls.names,
+        ca_file=main.tls.ca_file,
+        ca_fingerprint=fp,
+        api_key_file=main.api_key_file,
+    )

@@ -50,8 +50,14 @@ class Finding:
 
 
 def _from_error(severity: str, err: SourceError | ClusterError) -> Finding:
-    return Finding(severity, str(err), getattr(err, "file", None), getattr(err, "line", None),
-                   getattr(err, "host", None), getattr(err, "var", None))
+    return Finding(
+        severity,
+        str(err),
+        getattr(err, "file", None),
+        getattr(err, "line", None),
+        getattr(err, "host", None),
+        getattr(err, "var", None),
+    )
 
 
 @dataclass
@@ -79,23 +85,33 @@ class Report:
     def error_text(self) -> str:
         """Every error, one per line (what deploy stops with)."""
         lines = [f.message for f in self.errors]
-        return "\n".join(lines) + f"\n{len(lines)} error(s) in {self.inventory}; no host was contacted " \
-                                  f"(tunnelspec check {self.inventory} shows them with the plan)"
+        return (
+            "\n".join(lines) + f"\n{len(lines)} error(s) in {self.inventory}; no host was contacted "
+            f"(tunnelspec check {self.inventory} shows them with the plan)"
+        )
 
     def as_json(self) -> dict:
         plan = self.plan
         return {
-            "schema": SCHEMA, "inventory": self.inventory, "ok": not self.errors,
-            "errors": [f.as_dict() for f in self.errors], "warnings": [f.as_dict() for f in self.warnings],
-            "plan": None if plan is None else {
-                "spelling": plan.spelling, "notes": list(plan.notes),
+            "schema": SCHEMA,
+            "inventory": self.inventory,
+            "ok": not self.errors,
+            "errors": [f.as_dict() for f in self.errors],
+            "warnings": [f.as_dict() for f in self.warnings],
+            "plan": None
+            if plan is None
+            else {
+                "spelling": plan.spelling,
+                "notes": list(plan.notes),
                 "hosts": _by_host([c.as_dict() for c in plan.commands]),
             },
         }
 
     def diagnostics(self) -> str:
         """The ERROR and WARNING lines, for stderr (docs/cli.md: every error on stderr)."""
-        return "\n".join([f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings])
+        return "\n".join(
+            [f"ERROR: {f.message}" for f in self.errors] + [f"WARNING: {f.message}" for f in self.warnings]
+        )
 
     def render(self) -> str:
         """The plan and the summary line, for stdout (the ERROR and WARNING lines: diagnostics())."""
@@ -112,8 +128,10 @@ class Report:
             out += [f"  note: {n}" for n in self.plan.notes]
             if self.errors:
                 out.append("  (the plan as it stands with the erroneous lines left out)")
-        out.append(f"{len(self.errors)} error(s), {len(self.warnings)} warning(s) in {self.inventory}"
-                   + ("" if self.errors else ": ok"))
+        out.append(
+            f"{len(self.errors)} error(s), {len(self.warnings)} warning(s) in {self.inventory}"
+            + ("" if self.errors else ": ok")
+        )
         return "\n".join(out)
 
 
@@ -144,8 +162,9 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
         report.add(_from_error("error", err))
     inv = inv.with_extra_vars(extra_vars or {})
     meant = _check_groups(inv, report)
-    collected = collect_cluster_errors(_as_meant(inv, meant), models=True,
-                                       source_check=check_controller_source if controller_git else None)
+    collected = collect_cluster_errors(
+        _as_meant(inv, meant), models=True, source_check=check_controller_source if controller_git else None
+    )
     for err in collected.errors:
         if (parse_errors or meant) and not err.var:
             continue  # "no host in [rpc]" after a header that could not be read says nothing new
@@ -172,8 +191,13 @@ def _rpc_server_name(cluster) -> str | None:
         return None
     repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
     for name in (versions.RPC_TOOL_CMAKELISTS, versions.RPC_TOOL_CMAKELISTS_OLD):
-        res = subprocess.run(["git", "-C", str(repo), "show", f"{source.commit}:{name}"], capture_output=True,
-                             text=True, timeout=60, env=git_env())
+        res = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{source.commit}:{name}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=git_env(),
+        )
         if res.returncode == 0:
             try:
                 return versions.rpc_server_target(res.stdout)
@@ -196,21 +220,39 @@ def _check_groups(inv, report: Report) -> dict[str, str]:
         severity = "warning" if close[0] in inv.groups and inv.group_hosts(close[0]) else "error"
         if severity == "error":
             meant[name] = close[0]
-        report.add(Finding(severity, f"{inv.path}:{group.line or 1}: group [{name}] is not a tunnelspec group: "
-                           f"did you mean [{close[0]}]? (tunnelspec reads [main], one host, and [rpc], the nodes)",
-                           str(inv.path), group.line or 1))
+        report.add(
+            Finding(
+                severity,
+                f"{inv.path}:{group.line or 1}: group [{name}] is not a tunnelspec group: "
+                f"did you mean [{close[0]}]? (tunnelspec reads [main], one host, and [rpc], the nodes)",
+                str(inv.path),
+                group.line or 1,
+            )
+        )
     if "rpc" not in meant.values() and not ("rpc" in inv.groups and inv.group_hosts("rpc")):
         # No [rpc] and no typo of it: a single group of the user's own holding the nodes ([workers])
         # is surely where they went.
         mains = set(inv.group_hosts("main")) if "main" in inv.groups else set()
-        own = [n for n, g in inv.groups.items() if n not in ("all", "ungrouped", *TUNNELSPEC_GROUPS, *meant)
-               and n not in inv.hosts and set(inv.group_hosts(n)) - mains]
+        own = [
+            n
+            for n, g in inv.groups.items()
+            if n not in ("all", "ungrouped", *TUNNELSPEC_GROUPS, *meant)
+            and n not in inv.hosts
+            and set(inv.group_hosts(n)) - mains
+        ]
         if len(own) == 1:
             name, line = own[0], inv.groups[own[0]].line or 1
             meant[name] = "rpc"
-            report.add(Finding("error", f"{inv.path}:{line}: group [{name}] is not a tunnelspec group and [rpc] has "
-                               f"no host: the nodes go in [rpc] (rename [{name}] to [rpc], or keep it and add "
-                               f"[rpc:children] with {name})", str(inv.path), line))
+            report.add(
+                Finding(
+                    "error",
+                    f"{inv.path}:{line}: group [{name}] is not a tunnelspec group and [rpc] has "
+                    f"no host: the nodes go in [rpc] (rename [{name}] to [rpc], or keep it and add "
+                    f"[rpc:children] with {name})",
+                    str(inv.path),
+                    line,
+                )
+            )
     return meant
 
 
@@ -238,25 +280,44 @@ def _check_unknown_vars(inv, report: Report) -> None:
         for name in values:
             file, line = origins.get(name, (str(inv.path), None))
             if _ansible_not_read(name):
-                report.add(Finding(
-                    "warning", f"{file}:{line}: variable {name}: Ansible's, and tunnelspec does not read it: it has "
-                    "no effect here (inventory.example.ini lists the Ansible variables tunnelspec reads)",
-                    file, line, host, name))
+                report.add(
+                    Finding(
+                        "warning",
+                        f"{file}:{line}: variable {name}: Ansible's, and tunnelspec does not read it: it has "
+                        "no effect here (inventory.example.ini lists the Ansible variables tunnelspec reads)",
+                        file,
+                        line,
+                        host,
+                        name,
+                    )
+                )
                 continue
             if not is_unknown_var(name) or nearest_var(name):
                 continue  # known, yours, or so close to a known name that the model calls it an error
             hint = difflib.get_close_matches(name, KNOWN_VARS, n=1, cutoff=0.6)
             near = f" (the nearest tunnelspec variable is {hint[0]})" if hint else ""
-            report.add(Finding(
-                "warning", f"{file}:{line}: variable {name}: unknown, tunnelspec does not read it{near}; "
-                f"remove it, or keep it as your own by naming it {USER_VAR_PREFIX}{name}", file, line, host, name))
+            report.add(
+                Finding(
+                    "warning",
+                    f"{file}:{line}: variable {name}: unknown, tunnelspec does not read it{near}; "
+                    f"remove it, or keep it as your own by naming it {USER_VAR_PREFIX}{name}",
+                    file,
+                    line,
+                    host,
+                    name,
+                )
+            )
 
 
 def _ansible_not_read(name: str) -> bool:
     """An `ansible_*` variable that is neither declared (cluster/schema.py: read or refused) nor a typo
     of a declared one (the model's error) nor one Ansible computes itself."""
-    return (name.startswith("ansible_") and name not in schema.DECLARED and not schema.ansible_typo(name)
-            and name not in ANSIBLE_INTERNAL_VARS)
+    return (
+        name.startswith("ansible_")
+        and name not in schema.DECLARED
+        and not schema.ansible_typo(name)
+        and name not in ANSIBLE_INTERNAL_VARS
+    )
 
 
 def _check_extra_args(cluster, report: Report) -> None:
@@ -270,12 +331,16 @@ def _check_extra_args(cluster, report: Report) -> None:
             try:
                 json.loads(text)
             except ValueError as err:
-                problem = (f"the argument {arg!r} looks like JSON but is not valid JSON ({err.msg}); "
-                           "quote it as one argument, e.g. a list: "
-                           "llama_server_extra_args=[\"--chat-template-kwargs\", '{\"key\": true}']")
+                problem = (
+                    f"the argument {arg!r} looks like JSON but is not valid JSON ({err.msg}); "
+                    "quote it as one argument, e.g. a list: "
+                    'llama_server_extra_args=["--chat-template-kwargs", \'{"key": true}\']'
+                )
         elif ('"' in arg or "'" in arg) and not _is_json(text):
-            problem = (f"the argument {arg!r} still holds a quote character after splitting; "
-                       "check the quoting (a list literal, one element per argument, needs none)")
+            problem = (
+                f"the argument {arg!r} still holds a quote character after splitting; "
+                "check the quoting (a list literal, one element per argument, needs none)"
+            )
         if problem:
             err = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
             report.add(Finding("warning", str(err), err.file, err.line, main.name, "llama_server_extra_args"))
@@ -355,6 +420,8 @@ def _apply_in_scratch(repo: Path, commit: str, patches: list[Path]) -> str | Non
             res = git("apply", "--cached", str(path), cwd=scratch)
             if res.returncode != 0:
                 why = res.stderr.strip().splitlines()
-                return (f"the patch file {path} does not apply to the pinned tree {commit[:12]} "
-                        f"(git apply: {why[0] if why else 'failed'}); regenerate it for this commit")
+                return (
+                    f"the patch file {path} does not apply to the pinned tree {commit[:12]} "
+                    f"(git apply: {why[0] if why else 'failed'}); regenerate it for this commit"
+                )
     return None

@@ -27,7 +27,7 @@ PINNED, NOT_PINNED, CHANGED = "pinned", "not pinned", "CHANGED"
 class ScannedKey:
     algorithm: str
     fingerprint: str
-    status: str           # PINNED, NOT_PINNED or CHANGED
+    status: str  # PINNED, NOT_PINNED or CHANGED
     known_hosts_line: str
 
 
@@ -41,8 +41,14 @@ class HostScan:
     skipped: str | None = None
 
     def as_dict(self) -> dict:
-        return {"host": self.host, "address": self.address, "port": self.port, "error": self.error,
-                "skipped": self.skipped, "keys": [k.__dict__ for k in self.keys]}
+        return {
+            "host": self.host,
+            "address": self.address,
+            "port": self.port,
+            "error": self.error,
+            "skipped": self.skipped,
+            "keys": [k.__dict__ for k in self.keys],
+        }
 
 
 def _status(key: asyncssh.SSHKey, known: list[asyncssh.SSHKey]) -> str:
@@ -67,7 +73,8 @@ async def scan_host(name: str, host_vars: dict, opts: ConnectOptions, inventory_
     for alg in ALGORITHMS:
         try:
             key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg]), timeout)
+                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg]), timeout
+            )
         except asyncssh.KeyExchangeFailed:
             continue  # the server has no key of this type
         except (OSError, asyncssh.Error, TimeoutError) as e:
@@ -86,8 +93,9 @@ async def scan_host(name: str, host_vars: dict, opts: ConnectOptions, inventory_
 
 
 async def scan(inventory, hosts: list[str], opts: ConnectOptions) -> list[HostScan]:
-    return list(await asyncio.gather(*(scan_host(h, inventory.host_vars(h), opts, inventory.path.parent)
-                                       for h in hosts)))
+    return list(
+        await asyncio.gather(*(scan_host(h, inventory.host_vars(h), opts, inventory.path.parent) for h in hosts))
+    )
 
 
 def exit_code(results: list[HostScan]) -> int:
@@ -111,11 +119,16 @@ def format_human(results: list[HostScan]) -> str:
     changed = [(r.host, k) for r in results for k in r.keys if k.status == CHANGED]
     if changed:
         out.append("")
-        out.append("WARNING: host key(s) differ from known_hosts: " + ", ".join(h for h, _ in changed)
-                   + ". This may be an attack; do not re-pin until the host's owner confirms the new key.")
+        out.append(
+            "WARNING: host key(s) differ from known_hosts: "
+            + ", ".join(h for h, _ in changed)
+            + ". This may be an attack; do not re-pin until the host's owner confirms the new key."
+        )
     out.append("")
-    out.append("Nothing was trusted or written. Compare each fingerprint with the host's own "
-               "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on its console) before pinning.")
+    out.append(
+        "Nothing was trusted or written. Compare each fingerprint with the host's own "
+        "(`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on its console) before pinning."
+    )
     return "\n".join(out)
 
 
@@ -124,8 +137,9 @@ def run_scan(inventory_path: str, limit: str | None, fmt: str, opts: ConnectOpti
     inv = load_inventory(inventory_path)
     hosts = inv.match(limit or "all")
     if not hosts:
-        raise UsageError(f"--limit {limit!r} matches no host in {inventory_path}" if limit
-                         else f"{inventory_path}: no hosts")
+        raise UsageError(
+            f"--limit {limit!r} matches no host in {inventory_path}" if limit else f"{inventory_path}: no hosts"
+        )
 
     check_known_hosts(inv, hosts, opts)
     results = asyncio.run(scan(inv, hosts, opts))

@@ -47,9 +47,14 @@ _UNIT_NAME = re.compile(r"^tunnelspec-[A-Za-z0-9@._-]+\.(?:service|socket|timer|
 _PLACEMENT = re.compile(
     r"model buffer size|KV buffer size|compute buffer size|load_tensors:|offloaded \d+/\d+ layers|"
     r"using device|llama_model_load|load time|model loaded|loading model|draft acceptance|"
-    r"Starting RPC server|Accepted client connection|Client connection closed|devices?:", re.I)
-_ERROR = re.compile(r"\b(error|failed|failure|fatal|abort(?:ed|ing)?|panic|segfault|exception|"
-                    r"cannot|can't|refused|denied|timed? ?out)\b", re.I)
+    r"Starting RPC server|Accepted client connection|Client connection closed|devices?:",
+    re.I,
+)
+_ERROR = re.compile(
+    r"\b(error|failed|failure|fatal|abort(?:ed|ing)?|panic|segfault|exception|"
+    r"cannot|can't|refused|denied|timed? ?out)\b",
+    re.I,
+)
 _TIMESTAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)")
 
 
@@ -79,8 +84,10 @@ async def _run(conn, argv: list[str], timeout: float = CMD_TIMEOUT) -> tuple[int
 async def _units(conn) -> list[str]:
     """Every tunnelspec unit the host knows: loaded ones (running or failed) and installed files."""
     names: list[str] = []
-    for argv in (["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager", "tunnelspec-*"],
-                 ["systemctl", "list-unit-files", "--no-legend", "--no-pager", "tunnelspec-*"]):
+    for argv in (
+        ["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager", "tunnelspec-*"],
+        ["systemctl", "list-unit-files", "--no-legend", "--no-pager", "tunnelspec-*"],
+    ):
         rc, out = await _run(conn, argv)
         for line in out.splitlines() if rc == 0 else []:
             parts = line.split()
@@ -118,8 +125,7 @@ def _exec_binary(show: str) -> str | None:
     return m.group(1) if m else None
 
 
-async def _collect_host(name: str, hv: dict, opts: ConnectOptions, inv_dir, since: str | None,
-                        main) -> HostBundle:
+async def _collect_host(name: str, hv: dict, opts: ConnectOptions, inv_dir, since: str | None, main) -> HostBundle:
     b = HostBundle(name)
     try:
         conn = await connect(name, hv, opts, inv_dir)
@@ -151,16 +157,28 @@ async def _collect_units(conn, b: HostBundle, since: str | None) -> None:
     window = ["--since", since] if since else ["-b"]
     overview = []
     for unit in await _units(conn):
-        _, show = await _run(conn, ["systemctl", "show", "--no-pager", "-p",
-                                    "LoadState,ActiveState,SubState,Result,ExecMainStatus,NRestarts,"
-                                    "ActiveEnterTimestamp,InvocationID,FragmentPath", unit])
+        _, show = await _run(
+            conn,
+            [
+                "systemctl",
+                "show",
+                "--no-pager",
+                "-p",
+                "LoadState,ActiveState,SubState,Result,ExecMainStatus,NRestarts,"
+                "ActiveEnterTimestamp,InvocationID,FragmentPath",
+                unit,
+            ],
+        )
         props = dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
         b.units[unit] = f"{props.get('ActiveState', '?')} ({props.get('SubState', '?')})"
         overview.append(f"== {unit}\n{show.rstrip()}\n")
         _, cat = await _run(conn, ["systemctl", "cat", "--no-pager", unit])
         b.files[f"units/{unit}"] = cat
-        _, journal = await _run(conn, ["journalctl", "--no-pager", "-o", "short-iso-precise", "-n",
-                                       str(JOURNAL_MAX_LINES), "-u", unit, *window], timeout=60)
+        _, journal = await _run(
+            conn,
+            ["journalctl", "--no-pager", "-o", "short-iso-precise", "-n", str(JOURNAL_MAX_LINES), "-u", unit, *window],
+            timeout=60,
+        )
         b.files[f"journal/{unit}.log"] = journal
         for line in journal.splitlines():
             if _ERROR.search(line) and not line.startswith("-- "):
@@ -180,8 +198,11 @@ async def _collect_server(conn, b: HostBundle) -> None:
     # front's configuration are files (no secret in them: the API key file is named, never read).
     # Read without following a link (SECURITY.md, invariant A): mode.json lies in llama-server's own
     # runtime directory, where its user could leave a symlink to a file only root may read.
-    for path, name in ((front.MODES_PATH, "llama-server.json"), (front.STATE_PATH, "mode.json"),
-                       (front.FRONT_CONFIG, "front.cfg")):
+    for path, name in (
+        (front.MODES_PATH, "llama-server.json"),
+        (front.STATE_PATH, "mode.json"),
+        (front.FRONT_CONFIG, "front.cfg"),
+    ):
         rc, text = await _run(conn, safe_read.argv(path))
         if rc == 0:
             b.files[name] = text
@@ -209,7 +230,8 @@ async def _collect_server(conn, b: HostBundle) -> None:
         f"{devices.rstrip()}\n\n"
         f"RPC devices as the last deploy listed them ({status.DEVICES_CACHE}):\n{recorded.rstrip()}\n"
         f"\nThe device and buffer lines llama-server logged at load time are in "
-        f"placement/{SERVER_UNIT}.log.\n")
+        f"placement/{SERVER_UNIT}.log.\n"
+    )
 
 
 def _pem_secrets(text: str) -> list[str]:
@@ -247,12 +269,18 @@ def summary(hosts: list[HostBundle], where: str) -> str:
         if b.unreachable:
             lines.append(f"{b.name:<12} UNREACHABLE: {b.unreachable}")
             continue
-        units = ", ".join(f"{u.removeprefix('tunnelspec-').removesuffix('.service')} {s}"
-                          for u, s in b.units.items()) or "no tunnelspec unit"
+        units = (
+            ", ".join(f"{u.removeprefix('tunnelspec-').removesuffix('.service')} {s}" for u, s in b.units.items())
+            or "no tunnelspec unit"
+        )
         lines.append(f"{b.name:<12} {units}")
         if b.load_time or b.acceptance:
-            acc = (f"{b.acceptance['accepted']}/{b.acceptance['generated']} draft tokens accepted "
-                   f"({b.acceptance['rate']:.2f})" if b.acceptance else "no draft statistics")
+            acc = (
+                f"{b.acceptance['accepted']}/{b.acceptance['generated']} draft tokens accepted "
+                f"({b.acceptance['rate']:.2f})"
+                if b.acceptance
+                else "no draft statistics"
+            )
             lines.append(f"{'':<12} model load {b.load_time or '?'}, {acc}")
         if b.last_error:
             lines.append(f"{'':<12} last error: {b.last_error[:160]}")
@@ -265,9 +293,17 @@ async def collect(inventory, cluster, opts: ConnectOptions, since: str | None = 
     async def one(name: str) -> HostBundle:
         try:
             return await asyncio.wait_for(
-                _collect_host(name, inventory.host_vars(name), opts, inventory.path.parent, since,
-                              cluster.main if name == cluster.main.name else None), HOST_TIMEOUT)
-        except (asyncio.TimeoutError, Exception) as e:  # noqa: BLE001 - the others are still collected
+                _collect_host(
+                    name,
+                    inventory.host_vars(name),
+                    opts,
+                    inventory.path.parent,
+                    since,
+                    cluster.main if name == cluster.main.name else None,
+                ),
+                HOST_TIMEOUT,
+            )
+        except (TimeoutError, Exception) as e:  # noqa: BLE001 - the others are still collected
             b = HostBundle(name, unreachable=f"collecting stopped: {type(e).__name__}: {e}")
             b.files["UNREACHABLE.txt"] = b.unreachable + "\n"
             return b
@@ -286,11 +322,14 @@ def check_output(path: Path) -> None:
     archive = path.name.endswith((".tar.gz", ".tgz"))
     if path.exists():
         if archive and path.is_dir():
-            raise UsageError(f"--output {path}: is a directory; name a new .tar.gz file, or a directory without "
-                             "the .tar.gz ending")
+            raise UsageError(
+                f"--output {path}: is a directory; name a new .tar.gz file, or a directory without the .tar.gz ending"
+            )
         if not archive and not path.is_dir():
-            raise UsageError(f"--output {path}: exists and is not a directory; name a directory (new or "
-                             "existing) or a file ending in .tar.gz")
+            raise UsageError(
+                f"--output {path}: exists and is not a directory; name a directory (new or "
+                "existing) or a file ending in .tar.gz"
+            )
     parent = path if path.is_dir() else path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -344,8 +383,14 @@ def write_bundle(path: Path, hosts: list[HostBundle], report: dict, inventory, s
     return str(path)
 
 
-def run(inventory, cluster, opts: ConnectOptions, output: str | None, since: str | None,
-        extra_secrets: list[str] | None = None) -> tuple[str, list[HostBundle]]:
+def run(
+    inventory,
+    cluster,
+    opts: ConnectOptions,
+    output: str | None,
+    since: str | None,
+    extra_secrets: list[str] | None = None,
+) -> tuple[str, list[HostBundle]]:
     path = Path(output) if output else Path(time.strftime("tunnelspec-logs-%Y%m%dT%H%M%SZ", time.gmtime()))
     check_output(path)  # before collecting: a target that cannot be written is exit 2, not a lost bundle
     hosts, report = asyncio.run(collect(inventory, cluster, opts, since))

@@ -103,36 +103,68 @@ def build_plan(cluster, rpc_server_name: str | None = None) -> Plan:
     main = cluster.main
     binary = f"{main.root}/current/bin/llama-server"
     try:
-        server = build_server_argv(cluster, help_, planned_devices(cluster), binary, main.model or "<llama_model>",
-                                   main.draft_model if cluster.speculative else None,
-                                   n_layer=None, unknown_layers=NGL_UNKNOWN)
+        server = build_server_argv(
+            cluster,
+            help_,
+            planned_devices(cluster),
+            binary,
+            main.model or "<llama_model>",
+            main.draft_model if cluster.speculative else None,
+            n_layer=None,
+            unknown_layers=NGL_UNKNOWN,
+        )
         plan.commands.append(Command(main.name, UNIT, server.argv, "llama-server"))
     except TaskFailed as err:
         plan.notes.append(f"llama-server: no command line: {err}")
     for node in cluster.rpc:
-        plan.commands.append(Command(
-            main.name, unit_name(node.name),
-            ssh_argv(node, node_ssh_target(cluster.inventory, node.name), node.users.tunnel, KEY_PATH, KNOWN_HOSTS,
-                     session=True),
-            f"tunnel to {node.name}"))
+        plan.commands.append(
+            Command(
+                main.name,
+                unit_name(node.name),
+                ssh_argv(
+                    node,
+                    node_ssh_target(cluster.inventory, node.name),
+                    node.users.tunnel,
+                    KEY_PATH,
+                    KNOWN_HOSTS,
+                    session=True,
+                ),
+                f"tunnel to {node.name}",
+            )
+        )
     if rpc_server_name is None and cluster.rpc:
-        plan.notes.append("the RPC server is ggml-rpc-server in the pinned tree's build, or rpc-server in a tree "
-                          "from before its rename (≈b98xx): the deploy finds which")
+        plan.notes.append(
+            "the RPC server is ggml-rpc-server in the pinned tree's build, or rpc-server in a tree "
+            "from before its rename (≈b98xx): the deploy finds which"
+        )
     for node in cluster.rpc:
-        plan.commands.append(Command(
-            node.name, RPC_UNIT,
-            rpc_argv(f"{node.root}/current/bin/{rpc_server_name or 'ggml-rpc-server'}", node.rpc_port, node.devices, node.threads,
-                     node.cache),
-            "rpc-server"))
+        plan.commands.append(
+            Command(
+                node.name,
+                RPC_UNIT,
+                rpc_argv(
+                    f"{node.root}/current/bin/{rpc_server_name or 'ggml-rpc-server'}",
+                    node.rpc_port,
+                    node.devices,
+                    node.threads,
+                    node.cache,
+                ),
+                "rpc-server",
+            )
+        )
     if cluster.rpc:
-        plan.notes.append("RPC device names as llama-server numbers them when each node serves "
-                          "the devices of its rpc_devices (else one); read with --list-devices on deploy")
+        plan.notes.append(
+            "RPC device names as llama-server numbers them when each node serves "
+            "the devices of its rpc_devices (else one); read with --list-devices on deploy"
+        )
         plan.notes.append("the tunnels prefer AES-GCM (-o Ciphers=…) when main's CPU has AES-NI")
     if any(hub.is_hub_ref(m) for m in (main.model, main.draft_model) if m):
         plan.notes.append("an hf:// model runs from the path it is downloaded to on main")
     if server_uses_unknown_layers(plan):
-        plan.notes.append(f"{NGL_UNKNOWN}: the layers that leave main's CPU, from the target's block count "
-                          "(its GGUF header, read on main)")
+        plan.notes.append(
+            f"{NGL_UNKNOWN}: the layers that leave main's CPU, from the target's block count "
+            "(its GGUF header, read on main)"
+        )
     return plan
 
 

@@ -16,8 +16,9 @@ from tunnelspec.reporting.summary import Summary
 from tunnelspec.inventory import load_inventory
 
 
-def _run(inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int,
-         event: str | None = None) -> Summary:
+def _run(
+    inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int, event: str | None = None
+) -> Summary:
     extra = {**options.extra_vars, "rollback_to": to, **({"rollback_event": event} if event else {})}
     opts = dataclasses.replace(options, extra_vars=extra, tags=[], skip_tags=[], limit=None)
     inv = load_inventory(inventory_path).with_extra_vars(extra)
@@ -34,7 +35,7 @@ def _failure_text(event: dict) -> str:
 def _picked(collected: list[dict]) -> str:
     for ev in collected:
         if ev.get("task") == "generation picked" and ev.get("status") == "ok":
-            return ev.get("msg", "").split(":", 1)[0]        # "generation 3"
+            return ev.get("msg", "").split(":", 1)[0]  # "generation 3"
     return "the last verified generation"
 
 
@@ -57,8 +58,9 @@ def rollback(inventory_path: str, cluster, options: RunOptions, emit, connect_op
     return code
 
 
-def after_failed_deploy(inventory_path: str, options: RunOptions, emit, connect_options, cluster,
-                        failures: list[dict], enabled: bool = True) -> bool:
+def after_failed_deploy(
+    inventory_path: str, options: RunOptions, emit, connect_options, cluster, failures: list[dict], enabled: bool = True
+) -> bool:
     """The deploy failed: when a host no longer runs what the current generation recorded (the serving
     path started to change), return every host to it, verify, and say so. True when serving the
     generation again."""
@@ -69,37 +71,62 @@ def after_failed_deploy(inventory_path: str, options: RunOptions, emit, connect_
     # What would change, read-only and silent: nothing means the serving path was never touched.
     dry: list[dict] = []
     try:
-        plan = _run(inventory_path, cluster, dataclasses.replace(options, check=True, lock=""), dry.append,
-                    connect_options, 0)
+        plan = _run(
+            inventory_path, cluster, dataclasses.replace(options, check=True, lock=""), dry.append, connect_options, 0
+        )
     except Exception as e:  # noqa: BLE001 - the deploy's own failure is what matters; say why no rollback
         emit(events.message(f"ROLLBACK NOT POSSIBLE: cannot read the generations ({type(e).__name__}: {e})"))
         return False
     refused = [ev for ev in dry if ev.get("status") == "failed"]
     which = _picked(dry)
     if refused:
-        emit(events.message(f"ROLLBACK NOT POSSIBLE after the failed deploy ({failed.splitlines()[0]}): "
-                            f"{_failure_text(refused[0])}"))
+        emit(
+            events.message(
+                f"ROLLBACK NOT POSSIBLE after the failed deploy ({failed.splitlines()[0]}): {_failure_text(refused[0])}"
+            )
+        )
         return False
-    drift = [f"{ev['host']}: {ev['msg']}" for ev in dry
-             if ev.get("status") == "changed" and ev.get("task") in ("node at the generation", "main at the generation")]
+    drift = [
+        f"{ev['host']}: {ev['msg']}"
+        for ev in dry
+        if ev.get("status") == "changed" and ev.get("task") in ("node at the generation", "main at the generation")
+    ]
     if not plan.total("changed") or not drift:
-        emit(events.message(f"deploy failed before the serving path changed: every host still runs {which} "
-                            "(no rollback needed)"))
+        emit(
+            events.message(
+                f"deploy failed before the serving path changed: every host still runs {which} (no rollback needed)"
+            )
+        )
         return True
     if not enabled:
-        emit(events.message(f"--no-rollback: the hosts are left as the failed deploy left them ({'; '.join(drift)}); "
-                            f"`tunnelspec rollback INVENTORY` returns to {which}"))
+        emit(
+            events.message(
+                f"--no-rollback: the hosts are left as the failed deploy left them ({'; '.join(drift)}); "
+                f"`tunnelspec rollback INVENTORY` returns to {which}"
+            )
+        )
         return False
-    emit(events.message(f"ROLLBACK: the deploy failed ({failed.splitlines()[0]}); returning every host to {which} "
-                        f"({'; '.join(drift)})"))
+    emit(
+        events.message(
+            f"ROLLBACK: the deploy failed ({failed.splitlines()[0]}); returning every host to {which} "
+            f"({'; '.join(drift)})"
+        )
+    )
     real: list[dict] = []
 
     def tee(ev: dict) -> None:
         real.append(ev)
         emit(ev)
 
-    summary = _run(inventory_path, cluster, dataclasses.replace(options, lock="rollback"), tee, connect_options, 0,
-                   event=f"deploy-failed-{time.time_ns()}")
+    summary = _run(
+        inventory_path,
+        cluster,
+        dataclasses.replace(options, lock="rollback"),
+        tee,
+        connect_options,
+        0,
+        event=f"deploy-failed-{time.time_ns()}",
+    )
     bad = [ev for ev in real if ev.get("status") == "failed" or ev.get("event") == "unreachable"]
     if summary.exit_code() != 0 or bad:
         why = _failure_text(bad[0]) if bad else f"exit {summary.exit_code()}"

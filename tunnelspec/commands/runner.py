@@ -34,8 +34,9 @@ def connect_options_from_env(accept_new_host_keys: bool = False) -> ConnectOptio
     """Credentials from the environment: CI never prompts and never writes a secret to disk."""
     key = os.environ.get("TUNNELSPEC_SSH_KEY")
     known = os.environ.get("TUNNELSPEC_KNOWN_HOSTS")
-    return ConnectOptions(known_hosts=known or None, accept_new_host_keys=accept_new_host_keys,
-                          private_key=Secret(key) if key else None)
+    return ConnectOptions(
+        known_hosts=known or None, accept_new_host_keys=accept_new_host_keys, private_key=Secret(key) if key else None
+    )
 
 
 def load_cluster(inv):
@@ -48,10 +49,18 @@ def load_cluster(inv):
     return Cluster.from_inventory(inv)
 
 
-def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: RunOptions, fmt: str = "human",
-                      connect_options: ConnectOptions | None = None, require_cluster: bool = False,
-                      stream=None, require_models: bool = False, check_first: bool = False,
-                      rollback: bool | None = None) -> int:
+def run_playbook_file(
+    inventory_path: str,
+    playbook_path: str | Path,
+    options: RunOptions,
+    fmt: str = "human",
+    connect_options: ConnectOptions | None = None,
+    require_cluster: bool = False,
+    stream=None,
+    require_models: bool = False,
+    check_first: bool = False,
+    rollback: bool | None = None,
+) -> int:
     """`rollback`: a deploy — True returns every host to the last verified generation when the run
     fails (docs/generations.md); False (--no-rollback) leaves them as the failure left them, and says
     so; None: not a deploy."""
@@ -108,8 +117,15 @@ def run_playbook_file(inventory_path: str, playbook_path: str | Path, options: R
     return code
 
 
-def list_playbook(inventory_path: str, playbook_path: str | Path, extra_vars: dict, limit: str | None,
-                  hosts: bool = True, tags: bool = False, fmt: str = "human") -> str:
+def list_playbook(
+    inventory_path: str,
+    playbook_path: str | Path,
+    extra_vars: dict,
+    limit: str | None,
+    hosts: bool = True,
+    tags: bool = False,
+    fmt: str = "human",
+) -> str:
     """`--list-hosts` / `--list-tags` (ansible-playbook's): each play's hosts after --limit and its tasks'
     tags, from the inventory and the playbook alone; nothing is contacted."""
     inv = load_inventory(inventory_path).with_extra_vars(extra_vars)
@@ -121,12 +137,26 @@ def list_playbook(inventory_path: str, playbook_path: str | Path, extra_vars: di
     for p in playbook.plays:
         matched = [h for h in inv.match(p.hosts) if allowed is None or h in allowed]
         task_tags = sorted({str(t) for t in (*p.tags, *(t for task in p.tasks + p.handlers for t in task.tags))})
-        plays.append({"name": p.name, "pattern": p.hosts, "hosts": matched, "play_tags": [str(t) for t in p.tags],
-                      "task_tags": task_tags})
+        plays.append(
+            {
+                "name": p.name,
+                "pattern": p.hosts,
+                "hosts": matched,
+                "play_tags": [str(t) for t in p.tags],
+                "task_tags": task_tags,
+            }
+        )
     if fmt == "json":
-        return json.dumps({"playbook": str(playbook.path), "plays": [
-            {k: v for k, v in pl.items() if (hosts or k != "hosts") and (tags or k != "task_tags")}
-            for pl in plays]}, sort_keys=True)
+        return json.dumps(
+            {
+                "playbook": str(playbook.path),
+                "plays": [
+                    {k: v for k, v in pl.items() if (hosts or k != "hosts") and (tags or k != "task_tags")}
+                    for pl in plays
+                ],
+            },
+            sort_keys=True,
+        )
     out = [f"playbook: {playbook.path}", ""]
     for i, pl in enumerate(plays, 1):
         out.append(f"  play #{i} ({pl['pattern']}): {pl['name']}\tTAGS: [{', '.join(pl['play_tags'])}]")

@@ -31,8 +31,11 @@ async def _source_build(conn, root: str) -> dict:
     src = await sh(conn, ["git", "-C", f"{root}/src/llama.cpp", "rev-parse", "HEAD", "HEAD^{tree}"])
     parts = src.split()
     build = await sh(conn, ["readlink", "-e", "--", f"{root}/current"])
-    return {"commit": parts[0] if len(parts) == 2 else None, "tree": parts[1] if len(parts) == 2 else None,
-            "build": build.rsplit("/", 1)[-1] if build else None}
+    return {
+        "commit": parts[0] if len(parts) == 2 else None,
+        "tree": parts[1] if len(parts) == 2 else None,
+        "build": build.rsplit("/", 1)[-1] if build else None,
+    }
 
 
 async def _main_status(conn, cluster) -> dict:
@@ -44,9 +47,17 @@ async def _main_status(conn, cluster) -> dict:
         devices = {int(k): v for k, v in json.loads(raw)["devices"].items()} if raw else {}
     except (ValueError, KeyError):
         devices = {}
-    out["tunnels"] = [{"node": n.name, "unit": await unit_state(conn, tunnel_unit(n.name)),
-                       "endpoint": n.endpoint, "listening": n.tunnel_port in ports, "role": n.role,
-                       "devices": devices.get(n.tunnel_port, [])} for n in cluster.rpc]
+    out["tunnels"] = [
+        {
+            "node": n.name,
+            "unit": await unit_state(conn, tunnel_unit(n.name)),
+            "endpoint": n.endpoint,
+            "listening": n.tunnel_port in ports,
+            "role": n.role,
+            "devices": devices.get(n.tunnel_port, []),
+        }
+        for n in cluster.rpc
+    ]
     server = {"unit": await unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
     tls = ApiTls.of(main)
     seen = Seen()
@@ -57,8 +68,11 @@ async def _main_status(conn, cluster) -> dict:
     except http.HttpError as e:
         server["health"] = f"down ({e})"
     # Public bind: TLS with the CA pinned, and the certificate llama-server served (what clients see).
-    server["tls"] = ({"ca_file": tls.ca_file, "server_name": tls.server_name, "certificate": seen.describe()}
-                     if tls is not None else None)
+    server["tls"] = (
+        {"ca_file": tls.ca_file, "server_name": tls.server_name, "certificate": seen.describe()}
+        if tls is not None
+        else None
+    )
     server["spec_type"] = None
     if server["health"] == "ok" and not main.api_key_file:
         # With an API key /props needs it; status does not read secrets, so the type stays unknown.
@@ -75,26 +89,36 @@ async def _main_status(conn, cluster) -> dict:
 async def _generations(conn, shown: int = 4) -> dict:
     """The current generation and the previous few kept on main (docs/generations.md)."""
     records, current = await read_records(conn)
-    rows = [{"n": n, "current": n == current, "summary": gen.summary(r), "models": gen.model_sums(r)}
-            for n, r in sorted(records.items(), reverse=True)[:shown]]
+    rows = [
+        {"n": n, "current": n == current, "summary": gen.summary(r), "models": gen.model_sums(r)}
+        for n, r in sorted(records.items(), reverse=True)[:shown]
+    ]
     return {"current": current, "kept": sorted(records), "recent": rows}
 
 
 def serving_line(sv: dict) -> str:
     mode = sv.get("mode")
     if mode == "speculative":
-        return (f"serving: speculative, draft on {','.join(sv.get('draft_devices') or []) or '?'} "
-                f"({sv.get('draft_node')}) since {sv.get('since') or '?'}")
+        return (
+            f"serving: speculative, draft on {','.join(sv.get('draft_devices') or []) or '?'} "
+            f"({sv.get('draft_node')}) since {sv.get('since') or '?'}"
+        )
     detail = f" [{sv['detail']}]" if sv.get("detail") else ""  # ssh's own words, when a node is away
     if mode == "degraded":
-        return (f"serving: DEGRADED since {sv.get('since') or '?'}: the target alone, without the draft on "
-                f"{sv.get('node')}: {sv.get('reason') or '?'}{detail}")
+        return (
+            f"serving: DEGRADED since {sv.get('since') or '?'}: the target alone, without the draft on "
+            f"{sv.get('node')}: {sv.get('reason') or '?'}{detail}"
+        )
     if mode == "waiting":
-        return (f"serving: WAITING since {sv.get('since') or '?'} for {sv.get('node')} (it holds target layers): "
-                f"{sv.get('reason') or '?'}{detail}")
+        return (
+            f"serving: WAITING since {sv.get('since') or '?'} for {sv.get('node')} (it holds target layers): "
+            f"{sv.get('reason') or '?'}{detail}"
+        )
     if mode == "split-degraded":
-        return (f"serving: SPLIT-DEGRADED since {sv.get('since') or '?'}: the split without {sv.get('node')} "
-                f"(its layers on the remaining devices): {sv.get('reason') or '?'}{detail}")
+        return (
+            f"serving: SPLIT-DEGRADED since {sv.get('since') or '?'}: the split without {sv.get('node')} "
+            f"(its layers on the remaining devices): {sv.get('reason') or '?'}{detail}"
+        )
     if mode == "plain":
         return "serving: no draft"
     return "serving: mode unknown (llama-server not started by this deploy's launcher yet)"
@@ -112,7 +136,11 @@ async def _split_status(conn, cluster, devices: dict) -> dict:
 
 
 async def _rpc_status(conn, node) -> dict:
-    out = {"role": f"rpc ({node.role})", **await _source_build(conn, node.root), "unit": await unit_state(conn, RPC_UNIT)}
+    out = {
+        "role": f"rpc ({node.role})",
+        **await _source_build(conn, node.root),
+        "unit": await unit_state(conn, RPC_UNIT),
+    }
     result = await rpc.probe(lambda: conn.open_connection(LOOPBACK, node.rpc_port), timeout=2.0)
     # What the server serves, as its start banner says (device, description, memory): main's RPC<n>.
     text = await sh(conn, ["sh", "-c", START_OF_RUN_SCRIPT, "sh", RPC_UNIT])
@@ -141,8 +169,9 @@ async def _squatters(conn, seen, listeners: list[dict]) -> list[str]:
         for p in g["ports"]:
             allowed.setdefault(int(p), set()).update(seen.uids[u] for u in g["users"] if seen.uids.get(u) is not None)
     try:
-        return [f"port {b.port}: {b.describe()}"
-                for b in port_owners.squatters(await port_owners.observe(conn), allowed)]
+        return [
+            f"port {b.port}: {b.describe()}" for b in port_owners.squatters(await port_owners.observe(conn), allowed)
+        ]
     except Exception as e:  # noqa: BLE001 - a row, not a crash
         return [f"listeners unreadable: {e}"]
 
@@ -162,8 +191,11 @@ async def _isolation(conn, hv: dict, guards: dict) -> dict:
 def _isolation_rules(seen, hv: dict, guards: dict) -> dict:
     label = guards["label"]
     if _opted_out(hv):
-        return {"state": "off", "label": label, "msg": "OFF (rpc_local_isolation=false): WARNING, every local "
-                "user can connect"}
+        return {
+            "state": "off",
+            "label": label,
+            "msg": "OFF (rpc_local_isolation=false): WARNING, every local user can connect",
+        }
     if seen.table_error:
         return {"state": "error", "label": label, "msg": f"cannot read rules: {seen.table_error}"}
     guard = LocalIsolation(LocalIsolation.validate({"guards": guards}))
@@ -173,8 +205,11 @@ def _isolation_rules(seen, hv: dict, guards: dict) -> dict:
         return {"state": "ok", "label": label, "msg": label, "refused": seen.table.rejected}
     if not seen.table.present:
         return {"state": "missing", "label": label, "msg": "NOT loaded: every local user can connect (run deploy)"}
-    return {"state": "changed", "label": label,
-            "msg": f"rules differ from the inventory ({nft.describe(seen.table.rules)}): run deploy"}
+    return {
+        "state": "changed",
+        "label": label,
+        "msg": f"rules differ from the inventory ({nft.describe(seen.table.rules)}): run deploy",
+    }
 
 
 async def _facts(conn, root: str) -> dict:
@@ -209,7 +244,9 @@ async def _host(name: str, hv: dict, cluster, opts: ConnectOptions, inv_dir) -> 
 
 async def gather(inventory, cluster, opts: ConnectOptions) -> dict:
     names = cluster.hosts
-    rows = await asyncio.gather(*(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names))
+    rows = await asyncio.gather(
+        *(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names)
+    )
     hosts = dict(zip(names, rows))
     main = hosts.get(cluster.main.name) or {}
     # The cluster's serving mode (also under main's llama_server): what a monitor reads first.
@@ -226,20 +263,26 @@ def render(report: dict) -> str:
         if "error" in h:
             lines.append(f"{name:<10} {h.get('role', '?'):<14} ERROR {h['error']}")
             continue
-        lines.append(f"{name:<10} {h['role']:<14} commit {_short(h['commit'])} tree {_short(h['tree'])} "
-                     f"build {h['build'] or '-'}")
+        lines.append(
+            f"{name:<10} {h['role']:<14} commit {_short(h['commit'])} tree {_short(h['tree'])} "
+            f"build {h['build'] or '-'}"
+        )
         if "facts" in h:
             f = h["facts"]
             lines.append(f"{'':<10} host: {f.get('summary') or 'facts unreadable: ' + f.get('error', '?')}")
         if "rpc" in h:
             r = h["rpc"]
-            lines.append(f"{'':<10} rpc-server: {h['unit']}, RPC v{r['version'] or '?'}, {r['state']}"
-                         + (f", {r['devices']} device(s)" if r["devices"] is not None else ""))
+            lines.append(
+                f"{'':<10} rpc-server: {h['unit']}, RPC v{r['version'] or '?'}, {r['state']}"
+                + (f", {r['devices']} device(s)" if r["devices"] is not None else "")
+            )
         for t in h.get("tunnels", []):
             served = ((report["hosts"].get(t["node"]) or {}).get("rpc") or {}).get("served")
-            lines.append(f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
-                         f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
-                         f"devices {served_text(t['devices'], served)}")
+            lines.append(
+                f"{'':<10} tunnel → {t['node']:<8} {t['unit']:<9} {t['endpoint']} "
+                f"{'listening' if t['listening'] else 'NOT listening'}  {t['role']} "
+                f"devices {served_text(t['devices'], served)}"
+            )
         if "isolation" in h:
             iso = h["isolation"]
             extra = f" ({iso['refused']} refused so far)" if iso.get("refused") else ""
@@ -249,14 +292,21 @@ def render(report: dict) -> str:
         if "llama_server" in h:
             s = h["llama_server"]
             acc = s["draft_acceptance"]
-            acc_txt = (f"{acc['accepted']}/{acc['generated']} draft tokens accepted ({acc['rate']:.2f})"
-                       if acc else "no draft statistics yet")
+            acc_txt = (
+                f"{acc['accepted']}/{acc['generated']} draft tokens accepted ({acc['rate']:.2f})"
+                if acc
+                else "no draft statistics yet"
+            )
             if s.get("kind") == "split":
-                lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, split, "
-                             f"no draft: {split_proof.describe_summary(s.get('layers'))}")
+                lines.append(
+                    f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, split, "
+                    f"no draft: {split_proof.describe_summary(s.get('layers'))}"
+                )
             else:
-                lines.append(f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
-                             f"speculative type {s.get('spec_type') or '?'}, {acc_txt}")
+                lines.append(
+                    f"{'':<10} llama-server: {s['unit']}, {s['endpoint']}, health {s['health']}, "
+                    f"speculative type {s.get('spec_type') or '?'}, {acc_txt}"
+                )
             if s.get("serving"):
                 lines.append(f"{'':<10} {serving_line(s['serving'])}")
             if s.get("tls"):
@@ -275,8 +325,10 @@ def _tls_line(t: dict) -> str:
     c = t.get("certificate")
     if not c:
         return f"TLS: CA {t['ca_file']} pinned, name {t['server_name']}: no certificate seen (see health)"
-    return (f"TLS: certificate for {', '.join(c['names'])}, ends {c['not_after'][:10]} ({c['days_left']} days), "
-            f"{c['sha256']}; CA {t['ca_file']} pinned" + (f"; WARNING {c['warning']}" if c.get("warning") else ""))
+    return (
+        f"TLS: certificate for {', '.join(c['names'])}, ends {c['not_after'][:10]} ({c['days_left']} days), "
+        f"{c['sha256']}; CA {t['ca_file']} pinned" + (f"; WARNING {c['warning']}" if c.get("warning") else "")
+    )
 
 
 def status_exit_code(report: dict) -> int:

@@ -1,8 +1,8 @@
 """Source and build state of one host for `tunnelspec status` (read-only, one command per host).
 
-    info = await source_build_status(conn, root)        # root: the host's tunnelspec root
-    info.as_dict() -> {"commit", "head", "tree", "patches", "dirty", "build_key", "targets", "current"}
-    format_rows({host: info}) -> list of text lines (a table; trees that differ are flagged)
+info = await source_build_status(conn, root)        # root: the host's tunnelspec root
+info.as_dict() -> {"commit", "head", "tree", "patches", "dirty", "build_key", "targets", "current"}
+format_rows({host: info}) -> list of text lines (a table; trees that differ are flagged)
 """
 
 from __future__ import annotations
@@ -98,8 +98,9 @@ def format_rows(statuses: dict[str, SourceBuildStatus]) -> list[str]:
         if s.build_tree and s.tree and s.build_tree != s.tree:
             notes.append("current build is of another tree")
         build = f"{s.build_key} ({', '.join(s.targets)})" if s.build_key else "-"
-        rows.append((host, (s.commit or "-")[:12], (s.tree or "-")[:12], str(len(s.patches)), build,
-                     "; ".join(notes) or "ok"))
+        rows.append(
+            (host, (s.commit or "-")[:12], (s.tree or "-")[:12], str(len(s.patches)), build, "; ".join(notes) or "ok")
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     return ["  ".join(r[i].ljust(widths[i]) for i in range(5)) + "  " + r[5] for r in rows]
 

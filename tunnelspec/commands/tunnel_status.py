@@ -16,8 +16,9 @@ from tunnelspec.cluster.model import Cluster
 from tunnelspec.connection.factory import check_known_hosts
 
 
-async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeout: float = 3.0,
-                        extra_vars: dict | None = None) -> list[dict]:
+async def tunnel_status(
+    inventory_path: str, nodes, connect_options, probe_timeout: float = 3.0, extra_vars: dict | None = None
+) -> list[dict]:
     """One row per selected tunnel (see the module's docstring)."""
     inv = load_inventory(inventory_path).with_extra_vars(extra_vars or {})
     cluster = Cluster.from_inventory(inv)
@@ -29,8 +30,16 @@ async def tunnel_status(inventory_path: str, nodes, connect_options, probe_timeo
         name = unit_name(node.name)
         res = await conn.probe(["systemctl", "is-active", name])
         state = res.stdout.strip() or "unknown"
-        row = {"node": node.name, "unit": name, "state": state, "local": f"{LOOPBACK}:{node.tunnel_port}",
-               "remote": f"{LOOPBACK}:{node.rpc_port}", "rpc": None, "version": None, "devices": []}
+        row = {
+            "node": node.name,
+            "unit": name,
+            "state": state,
+            "local": f"{LOOPBACK}:{node.tunnel_port}",
+            "remote": f"{LOOPBACK}:{node.rpc_port}",
+            "rpc": None,
+            "version": None,
+            "devices": [],
+        }
         if state != "active":
             return row
         if await clients_of(conn, node.tunnel_port):
@@ -56,6 +65,8 @@ def format_status(rows: list[dict]) -> str:
     out = [f"{'NODE':<12} {'UNIT':<8} {'LOCAL':<17} {'RPC':<8} {'VERSION':<8} DEVICES"]
     for r in rows:
         devs = ", ".join(f"{d['free'] // 2**20}/{d['total'] // 2**20} MiB free" for d in r["devices"])
-        out.append(f"{r['node']:<12} {r['state']:<8} {r['local']:<17} {r['rpc'] or '-':<8} "
-                   f"{r['version'] or '-':<8} {devs or r.get('detail') or '-'}")
+        out.append(
+            f"{r['node']:<12} {r['state']:<8} {r['local']:<17} {r['rpc'] or '-':<8} "
+            f"{r['version'] or '-':<8} {devs or r.get('detail') or '-'}"
+        )
     return "\n".join(out)

@@ -25,8 +25,16 @@ from tunnelspec.reporting import events
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 
 OPT_OUT = "rpc_local_isolation"
-APT_INSTALL = ["env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y", "-q",
-               "--no-install-recommends", "nftables"]
+APT_INSTALL = [
+    "env",
+    "DEBIAN_FRONTEND=noninteractive",
+    "apt-get",
+    "install",
+    "-y",
+    "-q",
+    "--no-install-recommends",
+    "nftables",
+]
 _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 # Appended to Debian's /etc/nftables.conf (after its `flush ruleset`): every `nft -f` of it —
 # nftables.service's start, restart and reload — loads our table in the same transaction as its
@@ -35,10 +43,20 @@ _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 NFT_CONF = "/etc/nftables.conf"
 CONF_MARK = "# tunnelspec: loopback isolation, loaded in the same transaction as this file's flush"
 CONF_INCLUDE = f'include "{nft.RULES_PATH[:-1]}[{nft.RULES_PATH[-1]}]"'
-_CONF_DROP = ["sed", "-i", "-e", f"/^{CONF_MARK}$/d", "-e", r'/^include "\/etc\/tunnelspec\/isolation.nf\[t\]"$/d',
-              "--", NFT_CONF]
-_PROBE_RULES = ("table inet tunnelspec_probe {\n\tchain output {\n"
-                "\t\ttype filter hook output priority filter; policy accept;\n\t}\n}\n")
+_CONF_DROP = [
+    "sed",
+    "-i",
+    "-e",
+    f"/^{CONF_MARK}$/d",
+    "-e",
+    r'/^include "\/etc\/tunnelspec\/isolation.nf\[t\]"$/d',
+    "--",
+    NFT_CONF,
+]
+_PROBE_RULES = (
+    "table inet tunnelspec_probe {\n\tchain output {\n"
+    "\t\ttype filter hook output priority filter; policy accept;\n\t}\n}\n"
+)
 
 
 def opted_in(value) -> bool:
@@ -53,9 +71,12 @@ def opted_in(value) -> bool:
     raise TaskFailed(f"{OPT_OUT} must be true or false, got {value!r}")
 
 
-_GUARDS = Arg(dict, default=None,
-              help="Everything else at once, as cluster/ports.py derives it for this host from the registry of "
-                   "listeners (`cluster.guards(inventory_hostname)`): how the playbooks call it.")
+_GUARDS = Arg(
+    dict,
+    default=None,
+    help="Everything else at once, as cluster/ports.py derives it for this host from the registry of "
+    "listeners (`cluster.guards(inventory_hostname)`): how the playbooks call it.",
+)
 
 
 def expand_guards(params: dict) -> dict:
@@ -68,50 +89,56 @@ def expand_guards(params: dict) -> dict:
 
 
 def warning(host: str, what: str) -> str:
-    return (f"WARNING: {host}: local isolation is off ({OPT_OUT}=false): every local user can connect to "
-            f"{what} on 127.0.0.1 and speak the unauthenticated RPC protocol")
+    return (
+        f"WARNING: {host}: local isolation is off ({OPT_OUT}=false): every local user can connect to "
+        f"{what} on 127.0.0.1 and speak the unauthenticated RPC protocol"
+    )
 
 
 def _unit_text(label: str, guarded: list[str]) -> str:
     units = " ".join(guarded)
-    return "\n".join([
-        f"# Managed by tunnelspec: loopback isolation ({label}).",
-        f"# Loads {nft.RULES_PATH}, which replaces nftables table inet tunnelspec and touches no other table.",
-        "[Unit]",
-        f"Description=tunnelspec loopback isolation ({label})",
-        # Early, like Debian's nftables.service: before any network and before the guarded units.
-        "DefaultDependencies=no",
-        "Wants=network-pre.target",
-        f"Before=network-pre.target {units}".rstrip(),
-        # Debian's /etc/nftables.conf usually starts with `flush ruleset`: load after it, and again
-        # whenever it is restarted.
-        "After=local-fs.target nftables.service",
-        # A stop or restart of nftables.service (whose ExecStop is `flush ruleset`) stops or restarts
-        # this unit, and with it the units that require it: never guarded units up without rules.
-        "PartOf=nftables.service",
-        # `systemctl reload nftables` runs `nft -f /etc/nftables.conf` again (flush ruleset): load
-        # ours again right after it. Where /etc/nftables.conf includes our file (tunnelspec adds the
-        # line), its own flush and our table are one transaction and there is no moment without.
-        "ReloadPropagatedFrom=nftables.service",
-        "",
-        "[Service]",
-        "Type=oneshot",
-        "RemainAfterExit=yes",
-        f"ExecStart={nft.NFT} -f {nft.RULES_PATH}",
-        f"ExecReload={nft.NFT} -f {nft.RULES_PATH}",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        # Fail closed: a guarded unit does not start when the rules could not be loaded.
-        *( [f"RequiredBy={units}"] if units else []),
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Managed by tunnelspec: loopback isolation ({label}).",
+            f"# Loads {nft.RULES_PATH}, which replaces nftables table inet tunnelspec and touches no other table.",
+            "[Unit]",
+            f"Description=tunnelspec loopback isolation ({label})",
+            # Early, like Debian's nftables.service: before any network and before the guarded units.
+            "DefaultDependencies=no",
+            "Wants=network-pre.target",
+            f"Before=network-pre.target {units}".rstrip(),
+            # Debian's /etc/nftables.conf usually starts with `flush ruleset`: load after it, and again
+            # whenever it is restarted.
+            "After=local-fs.target nftables.service",
+            # A stop or restart of nftables.service (whose ExecStop is `flush ruleset`) stops or restarts
+            # this unit, and with it the units that require it: never guarded units up without rules.
+            "PartOf=nftables.service",
+            # `systemctl reload nftables` runs `nft -f /etc/nftables.conf` again (flush ruleset): load
+            # ours again right after it. Where /etc/nftables.conf includes our file (tunnelspec adds the
+            # line), its own flush and our table are one transaction and there is no moment without.
+            "ReloadPropagatedFrom=nftables.service",
+            "",
+            "[Service]",
+            "Type=oneshot",
+            "RemainAfterExit=yes",
+            f"ExecStart={nft.NFT} -f {nft.RULES_PATH}",
+            f"ExecReload={nft.NFT} -f {nft.RULES_PATH}",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            # Fail closed: a guarded unit does not start when the rules could not be loaded.
+            *([f"RequiredBy={units}"] if units else []),
+            "",
+        ]
+    )
 
 
 def _cap_reason(host: str) -> str:
-    return (f"{host}: local isolation unavailable: this host's root session lacks CAP_NET_ADMIN (a container "
-            f"without it?), so nftables rules cannot be loaded. Grant the capability, or set {OPT_OUT}=false "
-            f"for this host in the inventory to run without the protection")
+    return (
+        f"{host}: local isolation unavailable: this host's root session lacks CAP_NET_ADMIN (a container "
+        f"without it?), so nftables rules cannot be loaded. Grant the capability, or set {OPT_OUT}=false "
+        f"for this host in the inventory to run without the protection"
+    )
 
 
 async def _kernel_check(ctx, text: str) -> str:
@@ -129,20 +156,30 @@ class LocalIsolationAvailable(Task):
 
     module = "local_isolation_available"
     read_only = True
-    args = {"enabled": Arg((str, bool), default=True,
-                           help="The inventory's rpc_local_isolation: false skips the check and warns instead."),
-            "what": Arg(str, default="the guarded ports", help="What the warning says is exposed."),
-            "listeners": Arg(list, default=[],
-                             help="As local_isolation's: a guarded port held by anyone else stops the run here, "
-                                  "before anything is touched (also when opted out)."),
-            "guards": _GUARDS}
+    args = {
+        "enabled": Arg(
+            (str, bool),
+            default=True,
+            help="The inventory's rpc_local_isolation: false skips the check and warns instead.",
+        ),
+        "what": Arg(str, default="the guarded ports", help="What the warning says is exposed."),
+        "listeners": Arg(
+            list,
+            default=[],
+            help="As local_isolation's: a guarded port held by anyone else stops the run here, "
+            "before anything is touched (also when opted out).",
+        ),
+        "guards": _GUARDS,
+    }
 
     @classmethod
     def validate(cls, params: dict) -> dict:
         guards = params.get("guards")
         if isinstance(guards, dict):
-            params = {**{k: v for k, v in params.items() if k != "guards"},
-                      "listeners": params.get("listeners") or guards.get("listeners") or []}
+            params = {
+                **{k: v for k, v in params.items() if k != "guards"},
+                "listeners": params.get("listeners") or guards.get("listeners") or [],
+            }
         return super().validate(params)
 
     def probes(self) -> list[list[str]]:
@@ -166,8 +203,10 @@ class LocalIsolationAvailable(Task):
         if seen.nft:
             why = await _kernel_check(ctx, _PROBE_RULES)
             if why:
-                raise TaskFailed(f"{ctx.host}: local isolation unavailable: nftables cannot load rules here "
-                                 f"({why}). Fix the kernel (nf_tables), or set {OPT_OUT}=false for this host")
+                raise TaskFailed(
+                    f"{ctx.host}: local isolation unavailable: nftables cannot load rules here "
+                    f"({why}). Fix the kernel (nf_tables), or set {OPT_OUT}=false for this host"
+                )
             return ok("nftables usable (CAP_NET_ADMIN, nf_tables)")
         return ok("CAP_NET_ADMIN present; nftables will be installed")
 
@@ -180,24 +219,40 @@ class LocalIsolation(Task):
     units that must not run without the rules; `label`: what status and verify print."""
 
     module = "local_isolation"
-    args = {"ports": Arg(list, default=[], help="Loopback TCP ports to guard."),
-            "users": Arg(list, default=[], help="Users (names) that may connect besides root; uids resolved on the host."),
-            "guarded": Arg(list, default=[], help="Units ordered after, and requiring, the rules unit."),
-            "guarded_tunnels": Arg(list, default=[],
-                                   help="rpc node names: main's tunnelspec-tunnel-<node>.service units, guarded too."),
-            "more": Arg(list, default=[],
-                        help="More guarded ports with their own users: a list of {ports, users} (main: llama-server's "
-                             "own port, for the front's user only)."),
-            "listeners": Arg(list, default=[],
-                             help="Who may listen (answer connections) on guarded ports besides root: a list of "
-                                  "{ports, users}, each the port's own service user (none: only root)."),
-            "label": Arg(str, default="guarded ports", help="What status and verify print when the rules are in place."),
-            "enabled": Arg((str, bool), default=True,
-                           help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns."),
-            "state": Arg(str, default="present", choices=("present", "absent"),
-                         help="absent: table, unit, links and file removed (teardown)."),
-            "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing."),
-            "guards": _GUARDS}
+    args = {
+        "ports": Arg(list, default=[], help="Loopback TCP ports to guard."),
+        "users": Arg(list, default=[], help="Users (names) that may connect besides root; uids resolved on the host."),
+        "guarded": Arg(list, default=[], help="Units ordered after, and requiring, the rules unit."),
+        "guarded_tunnels": Arg(
+            list, default=[], help="rpc node names: main's tunnelspec-tunnel-<node>.service units, guarded too."
+        ),
+        "more": Arg(
+            list,
+            default=[],
+            help="More guarded ports with their own users: a list of {ports, users} (main: llama-server's "
+            "own port, for the front's user only).",
+        ),
+        "listeners": Arg(
+            list,
+            default=[],
+            help="Who may listen (answer connections) on guarded ports besides root: a list of "
+            "{ports, users}, each the port's own service user (none: only root).",
+        ),
+        "label": Arg(str, default="guarded ports", help="What status and verify print when the rules are in place."),
+        "enabled": Arg(
+            (str, bool),
+            default=True,
+            help="The inventory's rpc_local_isolation: false removes tunnelspec's rules and warns.",
+        ),
+        "state": Arg(
+            str,
+            default="present",
+            choices=("present", "absent"),
+            help="absent: table, unit, links and file removed (teardown).",
+        ),
+        "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing."),
+        "guards": _GUARDS,
+    }
 
     @classmethod
     def validate(cls, params: dict) -> dict:
@@ -217,8 +272,10 @@ class LocalIsolation(Task):
         return units
 
     def _links_wanted(self) -> set[str]:
-        return {f"/etc/systemd/system/multi-user.target.wants/{nft.UNIT}",
-                *(f"/etc/systemd/system/{u}.requires/{nft.UNIT}" for u in self._guarded())}
+        return {
+            f"/etc/systemd/system/multi-user.target.wants/{nft.UNIT}",
+            *(f"/etc/systemd/system/{u}.requires/{nft.UNIT}" for u in self._guarded()),
+        }
 
     def groups(self) -> list[tuple[list[int], list[str]]]:
         """(ports, users) of every guard: the main one, then `more`."""
@@ -246,11 +303,15 @@ class LocalIsolation(Task):
             raise TaskFailed(f"{', '.join(missing)}: no such user (create it before the isolation rules)")
         lines = [f"Managed by tunnelspec: {self.p['label']}."]
         for ports, users in self.groups():
-            lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
-                         f"may connect to loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
+            lines.append(
+                f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
+                f"may connect to loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}."
+            )
         for ports, users in self.listen_groups():
-            lines.append(f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
-                         f"may listen on loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}.")
+            lines.append(
+                f"Only root and {', '.join(f'{u} (uid {seen.uids[u]})' for u in users) or 'nobody else'} "
+                f"may listen on loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}."
+            )
         rules = self.rules(seen.uids)
         return rules, nft.ruleset_text(rules, "\n".join(lines)), _unit_text(self.p["label"], self._guarded())
 
@@ -261,8 +322,7 @@ class LocalIsolation(Task):
         for ports, users in self.groups():
             rules += nft.rules_for(ports, [uids[u] for u in users if uids.get(u) is not None], self.p["label"])
         for ports, users in self.listen_groups():
-            rules += nft.listen_rules_for(ports, [uids[u] for u in users if uids.get(u) is not None],
-                                          self.p["label"])
+            rules += nft.listen_rules_for(ports, [uids[u] for u in users if uids.get(u) is not None], self.p["label"])
         return nft.ordered(rules)
 
     async def refuse_squatters(self, ctx, seen: nft.HostIsolation) -> None:
@@ -277,22 +337,29 @@ class LocalIsolation(Task):
             return
         bad = port_owners.squatters(await port_owners.observe(ctx.conn), allowed)
         if bad:
-            raise TaskFailed(f"{ctx.host}: guarded port(s) taken by another user: "
-                             + "; ".join(f"port {b.port}: {b.describe()}" for b in bad)
-                             + ". Only root and the port's own service user may listen there: stop that process "
-                               "(and find out who started it), then deploy again")
+            raise TaskFailed(
+                f"{ctx.host}: guarded port(s) taken by another user: "
+                + "; ".join(f"port {b.port}: {b.describe()}" for b in bad)
+                + ". Only root and the port's own service user may listen there: stop that process "
+                "(and find out who started it), then deploy again"
+            )
 
     def probes(self) -> list[list[str]]:
         owners = [port_owners.argv()] if self.p["state"] == "present" and self.p["listeners"] else []
         if not self._want_present():
             return [nft.observe_argv(self.all_users()), *owners]
-        return [nft.observe_argv(self.all_users()), read_argv(nft.RULES_PATH), read_argv(nft.UNIT_PATH),
-                read_argv(NFT_CONF), *owners]
+        return [
+            nft.observe_argv(self.all_users()),
+            read_argv(nft.RULES_PATH),
+            read_argv(nft.UNIT_PATH),
+            read_argv(NFT_CONF),
+            *owners,
+        ]
 
     async def check(self, ctx):
         seen = await nft.observe(ctx.conn, self.all_users())
         if not self._want_present():
-            if self.p["state"] == "present":    # opted out: still no deploy through a squatter
+            if self.p["state"] == "present":  # opted out: still no deploy through a squatter
                 await self.refuse_squatters(ctx, seen)
             return await self._check_absent(ctx, seen)
         if not seen.net_admin:
@@ -313,9 +380,15 @@ class LocalIsolation(Task):
         if seen.table_error:
             todo.append(f"load rules (nft: {seen.table_error})")
         elif not nft.matches(seen.table, rules):
-            todo.append("load rules (live: " + (nft.describe(seen.table.rules) + (f", {seen.table.foreign} foreign"
-                                                                               if seen.table.foreign else "")
-                                                 if seen.table.present else "no table") + ")")
+            todo.append(
+                "load rules (live: "
+                + (
+                    nft.describe(seen.table.rules) + (f", {seen.table.foreign} foreign" if seen.table.foreign else "")
+                    if seen.table.present
+                    else "no table"
+                )
+                + ")"
+            )
         if seen.active != "active":
             todo.append(f"start {nft.UNIT} ({seen.active or 'inactive'})")
         conf = await ctx.conn.get(NFT_CONF)
@@ -324,14 +397,27 @@ class LocalIsolation(Task):
             todo.append(f"include the rules in {NFT_CONF}")
         if not todo:
             return ok(f"{self.p['label']} ({nft.describe(rules)})")
-        diff = (Diff(cur_file, text, nft.RULES_PATH) if cur_file != text
-                else Diff(cur_unit, unit, nft.UNIT_PATH) if cur_unit != unit
-                else Diff(nft.describe(seen.table.rules) + "\n", nft.describe(rules) + "\n",
-                          "nft list table inet tunnelspec"))
-        return change(", ".join(todo), diff, text=text, unit=unit, install=not seen.nft,
-                      write_file=cur_file != text, write_unit=cur_unit != unit,
-                      relink=set(seen.links) != self._links_wanted(), active=seen.active == "active",
-                      include=include)
+        diff = (
+            Diff(cur_file, text, nft.RULES_PATH)
+            if cur_file != text
+            else Diff(cur_unit, unit, nft.UNIT_PATH)
+            if cur_unit != unit
+            else Diff(
+                nft.describe(seen.table.rules) + "\n", nft.describe(rules) + "\n", "nft list table inet tunnelspec"
+            )
+        )
+        return change(
+            ", ".join(todo),
+            diff,
+            text=text,
+            unit=unit,
+            install=not seen.nft,
+            write_file=cur_file != text,
+            write_unit=cur_unit != unit,
+            relink=set(seen.links) != self._links_wanted(),
+            active=seen.active == "active",
+            include=include,
+        )
 
     async def _check_absent(self, ctx, seen: nft.HostIsolation):
         present = []
@@ -346,7 +432,7 @@ class LocalIsolation(Task):
             present.append("table inet tunnelspec")
         if seen.active in ("active", "failed", "activating"):
             present.append(f"{nft.UNIT} ({seen.active})")
-        if self.p["state"] == "present":   # opted out: nothing of ours may stay, and say so
+        if self.p["state"] == "present":  # opted out: nothing of ours may stay, and say so
             msg = warning(ctx.host, self.p["label"].split(":")[0])
             ctx.emit(events.message(msg))
             if not present:
@@ -372,8 +458,10 @@ class LocalIsolation(Task):
         text = ch.data["text"]
         why = await _kernel_check(ctx, text)
         if why:
-            raise TaskFailed(f"{ctx.host}: local isolation unavailable: nftables refused the rules ({why}); "
-                             f"set {OPT_OUT}=false for this host to run without the protection")
+            raise TaskFailed(
+                f"{ctx.host}: local isolation unavailable: nftables refused the rules ({why}); "
+                f"set {OPT_OUT}=false for this host to run without the protection"
+            )
         await ctx.conn.run(["install", "-d", "-m", "755", "--", nft.RULES_PATH.rsplit("/", 1)[0]], check=True)
         if ch.data["write_file"]:
             await ctx.conn.put(text, nft.RULES_PATH, 0o644)
@@ -402,24 +490,42 @@ class LocalIsolation(Task):
     async def _include(self, ctx) -> None:
         """Append the include line to /etc/nftables.conf; taken back if the file no longer loads."""
         before = (await ctx.conn.run([nft.NFT, "-c", "-f", NFT_CONF], timeout=30)).rc
-        await ctx.conn.run(["sh", "-c", 'printf "\n%s\n%s\n" "$1" "$2" >> "$3"', "sh", CONF_MARK, CONF_INCLUDE,
-                            NFT_CONF], check=True)
+        await ctx.conn.run(
+            ["sh", "-c", 'printf "\n%s\n%s\n" "$1" "$2" >> "$3"', "sh", CONF_MARK, CONF_INCLUDE, NFT_CONF], check=True
+        )
         res = await ctx.conn.run([nft.NFT, "-c", "-f", NFT_CONF], timeout=30)
         if res.rc != 0 and before == 0:
             await ctx.conn.run(_CONF_DROP, check=True)
-            raise TaskFailed(f"{NFT_CONF} no longer loads with tunnelspec's include line (taken back): "
-                             f"{res.stderr.strip()}")
+            raise TaskFailed(
+                f"{NFT_CONF} no longer loads with tunnelspec's include line (taken back): {res.stderr.strip()}"
+            )
 
     async def _prune_requires_dirs(self, ctx) -> None:
-        await ctx.conn.run(["find", "/etc/systemd/system", "-mindepth", "1", "-maxdepth", "1", "-type", "d",
-                            "-name", "tunnelspec-*.requires", "-empty", "-delete"])
+        await ctx.conn.run(
+            [
+                "find",
+                "/etc/systemd/system",
+                "-mindepth",
+                "1",
+                "-maxdepth",
+                "1",
+                "-type",
+                "d",
+                "-name",
+                "tunnelspec-*.requires",
+                "-empty",
+                "-delete",
+            ]
+        )
 
     async def _remove(self, ctx, table: bool) -> None:
         # Links first, then stop: a guarded unit that still required this one would be stopped with it
         # (in teardown they are gone already; with the opt-out they keep running).
         await ctx.conn.run(["systemctl", "disable", "--quiet", nft.UNIT])
-        await ctx.conn.run(["find", "/etc/systemd/system", "-mindepth", "2", "-maxdepth", "2", "-name", nft.UNIT,
-                            "-delete"], check=True)
+        await ctx.conn.run(
+            ["find", "/etc/systemd/system", "-mindepth", "2", "-maxdepth", "2", "-name", nft.UNIT, "-delete"],
+            check=True,
+        )
         await self._prune_requires_dirs(ctx)
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
         await ctx.conn.run(["systemctl", "stop", nft.UNIT])
@@ -459,8 +565,10 @@ class LocalIsolationVerify(Task):
             raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")
         if not nft.matches(seen.table, rules):
             live = nft.describe(seen.table.rules) if seen.table.present else "no table inet tunnelspec"
-            raise TaskFailed(f"isolation rules missing or changed (live: {live}; want: {nft.describe(rules)}): "
-                             "run `tunnelspec deploy`")
+            raise TaskFailed(
+                f"isolation rules missing or changed (live: {live}; want: {nft.describe(rules)}): "
+                "run `tunnelspec deploy`"
+            )
         return ok(f"{self.p['label']} ({nft.describe(rules)}; {seen.table.rejected} connection(s) refused so far)")
 
 
@@ -475,9 +583,14 @@ class ListenersGuarded(Task):
 
     module = "listeners_guarded"
     read_only = True
-    args = {"open_ports": Arg(list, default=[], help="Ports anyone may connect to (the API at the front): only "
-                                                     "their listen guard is required."),
-            "enabled": Arg((str, bool), default=True, help="The inventory's rpc_local_isolation: false warns instead.")}
+    args = {
+        "open_ports": Arg(
+            list,
+            default=[],
+            help="Ports anyone may connect to (the API at the front): only their listen guard is required.",
+        ),
+        "enabled": Arg((str, bool), default=True, help="The inventory's rpc_local_isolation: false warns instead."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [port_owners.argv(), nft.observe_argv([])]
@@ -494,15 +607,20 @@ class ListenersGuarded(Task):
         open_ports = {int(p) for p in self.p["open_ports"]}
         bad = []
         for x in owned:
-            if x.port in open_ports:    # the API: anyone may connect; a public one answers off loopback
+            if x.port in open_ports:  # the API: anyone may connect; a public one answers off loopback
                 continue
             gaps = nft.guard_gaps(seen.table, x.port, x.uid)
             if gaps:
                 bad.append(f"{x.describe()}: {', '.join(gaps)}")
         if bad:
-            raise TaskFailed(f"{ctx.host}: listening without the isolation's guards: " + "; ".join(bad)
-                             + ". Every port a tunnelspec service listens on must be in the registry of listeners "
-                               "(cluster/ports.py) and its rules loaded: run `tunnelspec deploy`")
+            raise TaskFailed(
+                f"{ctx.host}: listening without the isolation's guards: "
+                + "; ".join(bad)
+                + ". Every port a tunnelspec service listens on must be in the registry of listeners "
+                "(cluster/ports.py) and its rules loaded: run `tunnelspec deploy`"
+            )
         ports = sorted({x.port for x in owned})
-        return ok(f"{len(ports)} port(s) tunnelspec's accounts listen on, each guarded"
-                  + (f" ({', '.join(map(str, ports))})" if ports else ""))
+        return ok(
+            f"{len(ports)} port(s) tunnelspec's accounts listen on, each guarded"
+            + (f" ({', '.join(map(str, ports))})" if ports else "")
+        )

@@ -59,11 +59,14 @@ class RpcServerBinary(Task):
 
     async def check(self, ctx):
         cands = self._candidates(ctx)
-        res = await ctx.conn.probe(["sh", "-c", 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1',
-                                  "sh", *cands])
+        res = await ctx.conn.probe(
+            ["sh", "-c", 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1', "sh", *cands]
+        )
         if res.rc != 0:
-            raise TaskFailed(f"no RPC server binary on {ctx.host} (looked for {', '.join(cands)}); "
-                             "run the build play first (tunnelspec deploy)")
+            raise TaskFailed(
+                f"no RPC server binary on {ctx.host} (looked for {', '.join(cands)}); "
+                "run the build play first (tunnelspec deploy)"
+            )
         path = res.stdout.strip()
         ctx.register("rpc_server_bin", path)
         return ok(path)
@@ -92,13 +95,17 @@ class RpcListenCheck(Task):
 
         found = await poll(wait_budget(ctx, self.p["timeout"]), attempt)
         if not found:
-            raise TaskFailed(f"nothing listens on port {port} after {self.p['timeout']}s; "
-                             f"see journalctl -u tunnelspec-rpc on {ctx.host}{await _last_words(ctx.conn)}")
+            raise TaskFailed(
+                f"nothing listens on port {port} after {self.p['timeout']}s; "
+                f"see journalctl -u tunnelspec-rpc on {ctx.host}{await _last_words(ctx.conn)}"
+            )
         exposed = [s for s in found if not s.loopback_only]
         if exposed:
             where = ", ".join(f"{s.address}:{s.port}" for s in exposed)
-            raise TaskFailed(f"port {port} is bound beyond loopback ({where}): the RPC protocol "
-                             "must only listen on 127.0.0.1; stop it now")
+            raise TaskFailed(
+                f"port {port} is bound beyond loopback ({where}): the RPC protocol "
+                "must only listen on 127.0.0.1; stop it now"
+            )
         procs = sorted({f"{n}[{pid}]" for s in found for n, pid in s.processes})
         return ok(f"{LOOPBACK}:{port} only ({', '.join(procs) or 'process unknown'})")
 
@@ -108,7 +115,7 @@ async def connect_refused_from(conn, address: str, port: int, timeout: float = 5
     a message when it connected (the port is exposed)."""
     try:
         reader, writer = await asyncio.wait_for(conn.open_connection(address, port), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return None  # dropped by a firewall: unreachable
     except Exception as exc:  # noqa: BLE001 - refused/unreachable in any form is the expected outcome
         import asyncssh  # lazy: slow import (~0.1 s), error path only
@@ -166,8 +173,9 @@ class RpcProbe(Task):
             if held := await clients_of(ctx.conn, self.p["port"]):
                 ctx.register("rpc_version", None)
                 return ok(f"busy: serving a client (llama-server) on port {self.p['port']} ({held} connection(s))")
-        result = await probe_until(lambda: ctx.conn.open_connection(LOOPBACK, self.p["port"]),
-                                   wait_budget(ctx, self.p["timeout"]))
+        result = await probe_until(
+            lambda: ctx.conn.open_connection(LOOPBACK, self.p["port"]), wait_budget(ctx, self.p["timeout"])
+        )
         if result.status is ProbeStatus.BUSY and self.p["allow_busy"]:
             ctx.register("rpc_version", None)
             return ok(f"busy: a client (llama-server) holds the server on port {self.p['port']}")
@@ -198,11 +206,24 @@ class RpcUnit(Task):
             raise TaskFailed(f"rpc bind {node.bind!r} is not {LOOPBACK}")
         argv = rpc_argv(self.p["binary"], node.rpc_port, node.devices, node.threads, node.cache)
         groups, missing = await existing_groups(ctx.conn, BACKEND_GROUPS[node.build.backend])
-        return SystemdUnit.build({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2", "verify": True,
-                            "vars": {"loopback": LOOPBACK, "rpc_port": node.rpc_port, "rpc_user": node.users.rpc,
-                                     "cache": node.cache, "backend": node.build.backend, "rpc_argv": argv,
-                                     "supplementary_groups": groups, "missing_groups": missing,
-                                     "env": list(node.env)}})
+        return SystemdUnit.build(
+            {
+                "name": RPC_UNIT,
+                "src": "tunnelspec-rpc.service.j2",
+                "verify": True,
+                "vars": {
+                    "loopback": LOOPBACK,
+                    "rpc_port": node.rpc_port,
+                    "rpc_user": node.users.rpc,
+                    "cache": node.cache,
+                    "backend": node.build.backend,
+                    "rpc_argv": argv,
+                    "supplementary_groups": groups,
+                    "missing_groups": missing,
+                    "env": list(node.env),
+                },
+            }
+        )
 
     async def check(self, ctx):
         return await (await self._unit(ctx)).check(ctx)
@@ -255,8 +276,18 @@ async def _run_as(ctx, user: str, argv: list[str], env=(), timeout: float = 60):
     """argv as the RPC server's user with its groups (the devices it may open are what counts) and the
     unit's rpc_env."""
     envs = [f"{k}={v}" for k, v in env]
-    return await ctx.conn.probe(["/usr/bin/setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups",
-                               "--reset-env", *(["/usr/bin/env", *envs] if envs else []), *argv], timeout=timeout)
+    return await ctx.conn.probe(
+        [
+            "/usr/bin/setpriv",
+            f"--reuid={user}",
+            f"--regid={user}",
+            "--init-groups",
+            "--reset-env",
+            *(["/usr/bin/env", *envs] if envs else []),
+            *argv,
+        ],
+        timeout=timeout,
+    )
 
 
 async def node_device_list(ctx, node, binary: str):
@@ -300,10 +331,15 @@ class RpcServedDevices(Task):
 
     module = "rpc_served_devices"
     reads_cluster = True
-    args = {"binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
-            "timeout": Arg((int, float), default=60, help="Seconds to wait for the banner after a restart."),
-            "restart": Arg(bool, default=True,
-                           help="Restart a server serving the wrong device once (deploy); false: refuse at once (verify).")}
+    args = {
+        "binary": Arg(str, required=True, help="The RPC server binary the unit runs."),
+        "timeout": Arg((int, float), default=60, help="Seconds to wait for the banner after a restart."),
+        "restart": Arg(
+            bool,
+            default=True,
+            help="Restart a server serving the wrong device once (deploy); false: refuse at once (verify).",
+        ),
+    }
 
     async def _served(self, ctx):
         node = ctx.require_cluster().node(ctx.host)

@@ -44,8 +44,10 @@ async def plain_file(conn, host: str, path: str, what: str, missing: str, exampl
         raise TaskFailed(missing)
     links, mode, owner, size, kind = res.stdout.strip().split(" ", 4)
     if kind not in ("regular file", "regular empty file") or links != "1":
-        raise TaskFailed(f"{host}: {what} {path} is a {kind} with {links} name(s), not a plain file: tunnelspec "
-                         f"changes the owner only of a regular file with one name. Put it in a regular file (e.g. {example})")
+        raise TaskFailed(
+            f"{host}: {what} {path} is a {kind} with {links} name(s), not a plain file: tunnelspec "
+            f"changes the owner only of a regular file with one name. Put it in a regular file (e.g. {example})"
+        )
     return mode, owner, int(size)
 
 

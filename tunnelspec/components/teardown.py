@@ -24,8 +24,9 @@ class UnitsAbsent(Task):
 
     module = "units_absent"
     args = {
-        "pattern": Arg(str, default="tunnelspec-*.service",
-                       help="Units matching this glob are stopped, disabled and deleted."),
+        "pattern": Arg(
+            str, default="tunnelspec-*.service", help="Units matching this glob are stopped, disabled and deleted."
+        ),
     }
 
     async def _found(self, ctx) -> tuple[list[str], list[str]]:
@@ -40,8 +41,9 @@ class UnitsAbsent(Task):
             # A unit whose file is gone but that is still running or failed also counts.
             if len(parts) > 2 and fnmatch.fnmatch(parts[0], pat) and parts[2] != "inactive":
                 names.add(parts[0])
-        links = await ctx.conn.run(["find", UNIT_DIR, "-mindepth", "2", "-maxdepth", "2", "-path", "*.wants/*",
-                                    "-name", pat])
+        links = await ctx.conn.run(
+            ["find", UNIT_DIR, "-mindepth", "2", "-maxdepth", "2", "-path", "*.wants/*", "-name", pat]
+        )
         return sorted(names, key=lambda u: (_rank(u), u)), sorted(links.stdout.split())
 
     async def check(self, ctx):
@@ -102,7 +104,7 @@ class PathsAbsent(Task):
 
 
 def _shown(address: str) -> str:
-    return f"[{address}]" if ":" in address else address   # IPv6 as ss prints it
+    return f"[{address}]" if ":" in address else address  # IPv6 as ss prints it
 
 
 def listening_ports(ss_output: str) -> dict[int, str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from tunnelspec.core.constants import LOOPBACK
 
@@ -99,8 +99,16 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str]) -> b
     return data
 
 
-async def request(opener: Opener, method: str, path: str, payload=None, *, timeout: float = 30.0,
-                  headers: dict[str, str] | None = None, host: str = LOOPBACK) -> Response:
+async def request(
+    opener: Opener,
+    method: str,
+    path: str,
+    payload=None,
+    *,
+    timeout: float = 30.0,
+    headers: dict[str, str] | None = None,
+    host: str = LOOPBACK,
+) -> Response:
     """One request; `payload` (if not None) is sent as JSON. Raises HttpError when there is no answer."""
     body = json.dumps(payload).encode() if payload is not None else None
 
@@ -136,7 +144,7 @@ async def request(opener: Opener, method: str, path: str, payload=None, *, timeo
 
     try:
         return await asyncio.wait_for(go(), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise HttpError(f"no answer within {timeout:g}s") from None
 
 
@@ -156,10 +164,15 @@ HEALTH_REPORT_EVERY = 5.0
 HEALTH_FIRST_REPORT = 1.0
 
 
-async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float = 0.5, *,
-                      report: Callable[[float, str], Awaitable[None]] | None = None,
-                      report_every: float = HEALTH_REPORT_EVERY,
-                      first_report: float = HEALTH_FIRST_REPORT) -> Response:
+async def wait_health(
+    opener: Opener,
+    deadline_s: float = 120.0,
+    interval: float = 0.5,
+    *,
+    report: Callable[[float, str], Awaitable[None]] | None = None,
+    report_every: float = HEALTH_REPORT_EVERY,
+    first_report: float = HEALTH_FIRST_REPORT,
+) -> Response:
     """Poll /health until 200 (llama-server answers 503 while loading the model). Raises HttpError
     with the last status seen when the deadline passes. `report(elapsed_s, last_answer)` is awaited
     at the first answer that is not 200 (or after `first_report` s without one), then every
@@ -179,8 +192,7 @@ async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float
         await report(elapsed, last)
 
     for _ in range(int(deadline_s / interval) + 2):
-        poll = asyncio.ensure_future(
-            request(opener, "GET", "/health", timeout=min(10.0, max(1.0, end - loop.time()))))
+        poll = asyncio.ensure_future(request(opener, "GET", "/health", timeout=min(10.0, max(1.0, end - loop.time()))))
         try:
             while report is not None:
                 wait = max(0.0, next_report - (loop.time() - start))
@@ -206,11 +218,26 @@ async def wait_health(opener: Opener, deadline_s: float = 120.0, interval: float
     raise HttpError(f"/health not ok within {deadline_s:g}s (last: {last})")
 
 
-async def completion(opener: Opener, prompt: str, n_predict: int = 32, *, api_key: str | None = None,
-                     timeout: float = 120.0, extra: dict | None = None) -> dict:
+async def completion(
+    opener: Opener,
+    prompt: str,
+    n_predict: int = 32,
+    *,
+    api_key: str | None = None,
+    timeout: float = 120.0,
+    extra: dict | None = None,
+) -> dict:
     """POST /completion, greedy (so a draft equal to the target is always accepted); returns the JSON."""
-    payload = {"prompt": prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1, "seed": 1,
-               "cache_prompt": False, "stream": False, **(extra or {})}
+    payload = {
+        "prompt": prompt,
+        "n_predict": n_predict,
+        "temperature": 0.0,
+        "top_k": 1,
+        "seed": 1,
+        "cache_prompt": False,
+        "stream": False,
+        **(extra or {}),
+    }
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     r = await request(opener, "POST", "/completion", payload, timeout=timeout, headers=headers)
     if r.status != 200:

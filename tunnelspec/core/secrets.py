@@ -91,8 +91,9 @@ def masked(value):
     if isinstance(value, Secret):
         return MASK
     if isinstance(value, dict):
-        return {k: (MASK if is_secret_name(k) and not isinstance(v, (dict, list)) else masked(v))
-                for k, v in value.items()}
+        return {
+            k: (MASK if is_secret_name(k) and not isinstance(v, (dict, list)) else masked(v)) for k, v in value.items()
+        }
     if isinstance(value, list):
         return [masked(v) for v in value]
     return value

@@ -12,8 +12,7 @@ from jinja2 import meta
 from tunnelspec.core.secrets import Secret
 from tunnelspec.core.booleans import truthy
 
-_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                          autoescape=False)
+_ENV = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
 _ENV.filters["bool"] = truthy
 _ENV.filters["shlex_join"] = lambda v: __import__("shlex").join(map(str, v))
 _WHOLE = re.compile(r"^\{\{\s*(.+?)\s*\}\}$", re.S)
@@ -36,7 +35,7 @@ def _names(source: str) -> frozenset[str]:
     try:
         return frozenset(meta.find_undeclared_variables(_ENV.parse(source)))
     except jinja2.TemplateError:
-        return frozenset()      # the compile above raised already, or will, with the real message
+        return frozenset()  # the compile above raised already, or will, with the real message
 
 
 def _pick(variables, names: frozenset[str]) -> dict:

@@ -22,7 +22,6 @@ import signal
 ENV = "TUNNELSPEC_TEST_KILL_AT"
 
 
-
 def _parse(spec: str) -> tuple[str, str, int]:
     """(task, point, count): "build:progress:2" → ("build", "progress", 2)."""
     task, sep, last = spec.rpartition(":")

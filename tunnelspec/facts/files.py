@@ -25,8 +25,8 @@ esac
 
 @dataclass
 class FileState:
-    type: str                 # absent | file | dir | link | other
-    mode: str = ""            # octal, e.g. "644"
+    type: str  # absent | file | dir | link | other
+    mode: str = ""  # octal, e.g. "644"
     owner: str = ""
     group: str = ""
     sha256: str = ""
@@ -70,7 +70,7 @@ def _many_split(rc: int, out: bytes, paths: list[str]) -> list[bytes] | None:
     existing = [p for p, f in zip(paths, flags) if f == ord("1")]
     if len(fields) < 2 * len(existing) + 1:
         return None
-    recs, sums = fields[:2 * len(existing)], b"\0".join(fields[2 * len(existing):]).splitlines()
+    recs, sums = fields[: 2 * len(existing)], b"\0".join(fields[2 * len(existing) :]).splitlines()
     by_path: dict[str, bytes] = {}
     files = 0
     for i, p in enumerate(existing):
@@ -93,8 +93,14 @@ def _many_split(rc: int, out: bytes, paths: list[str]) -> list[bytes] | None:
     return [by_path.get(p, b"absent\n") for p in paths]
 
 
-register_merge(Merge(prefix=tuple(["sh", "-c", _SCRIPT, "sh"]), accepts=lambda p: p.startswith("/"),
-                     command=_many_command, split=_many_split))
+register_merge(
+    Merge(
+        prefix=tuple(["sh", "-c", _SCRIPT, "sh"]),
+        accepts=lambda p: p.startswith("/"),
+        command=_many_command,
+        split=_many_split,
+    )
+)
 
 
 def parse(out: str) -> FileState:

@@ -16,17 +16,59 @@ from dataclasses import asdict, dataclass, field
 from tunnelspec.llama.cuda_toolkit import parse_nvcc
 
 # Commands whose presence and path matter to some task; `command -v` on each, in one round trip.
-TOOLS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew",
-         "git", "cmake", "make", "cc", "c++", "gcc", "g++", "ccache", "python3", "ssh", "sshd",
-         "nft", "flock", "setpriv", "stdbuf", "nologin", "sudo", "systemctl", "useradd",
-         "glslc", "nvcc", "hipcc", "nvidia-smi", "vulkaninfo", "rocminfo", "haproxy")
+TOOLS = (
+    "apt-get",
+    "dnf",
+    "yum",
+    "zypper",
+    "pacman",
+    "apk",
+    "brew",
+    "git",
+    "cmake",
+    "make",
+    "cc",
+    "c++",
+    "gcc",
+    "g++",
+    "ccache",
+    "python3",
+    "ssh",
+    "sshd",
+    "nft",
+    "flock",
+    "setpriv",
+    "stdbuf",
+    "nologin",
+    "sudo",
+    "systemctl",
+    "useradd",
+    "glslc",
+    "nvcc",
+    "hipcc",
+    "nvidia-smi",
+    "vulkaninfo",
+    "rocminfo",
+    "haproxy",
+)
 # Headers a build needs (their -dev packages carry no command to look for).
-FILES = ("/etc/ssl/certs/ca-certificates.crt", "/usr/include/openssl/ssl.h", "/usr/include/vulkan/vulkan.h",
-         "/usr/include/spirv/unified1/spirv.hpp")
+FILES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/usr/include/openssl/ssl.h",
+    "/usr/include/vulkan/vulkan.h",
+    "/usr/include/spirv/unified1/spirv.hpp",
+)
 # Where tunnelspec's unit files and the tunnel key's forced command name these tools: the absolute
 # paths every Debian and Ubuntu release puts them at (`prereqs.FIXED_PATHS` checks them).
-FIXED = ("/usr/bin/python3", "/usr/bin/setpriv", "/usr/bin/stdbuf", "/usr/sbin/sshd", "/usr/sbin/nft",
-         "/usr/sbin/nologin", "/usr/sbin/haproxy")
+FIXED = (
+    "/usr/bin/python3",
+    "/usr/bin/setpriv",
+    "/usr/bin/stdbuf",
+    "/usr/sbin/sshd",
+    "/usr/sbin/nft",
+    "/usr/sbin/nologin",
+    "/usr/sbin/haproxy",
+)
 # Where sshd and nologin live when not on the login's PATH (a sudoer's PATH often lacks /usr/sbin), and
 # where NVIDIA's own CUDA installer puts nvcc (never on a non-interactive PATH; the build then names it
 # to CMake: build_plan.cuda_compiler_options).
@@ -81,15 +123,20 @@ fi
 exit 0
 """
 
-SCRIPT = _SCRIPT.replace("__SBIN__", SBIN_DIRS).replace("__CUDA_BIN__", CUDA_BIN).replace("__TOOLS__", " ".join(TOOLS)) \
-    .replace("__FILES__", " ".join(FILES + FIXED + DEVICE_FILES)).replace("__ICD_DIRS__", " ".join(VULKAN_ICD_DIRS))
+SCRIPT = (
+    _SCRIPT.replace("__SBIN__", SBIN_DIRS)
+    .replace("__CUDA_BIN__", CUDA_BIN)
+    .replace("__TOOLS__", " ".join(TOOLS))
+    .replace("__FILES__", " ".join(FILES + FIXED + DEVICE_FILES))
+    .replace("__ICD_DIRS__", " ".join(VULKAN_ICD_DIRS))
+)
 
 
 def facts_argv(build_root: str) -> list[str]:
     return ["sh", "-c", SCRIPT, "sh", build_root]
 
 
-_VERSIONS = ("openssh", "gcc", "cmake", "nvcc")   # version tuples, "1.2.3" strings in the dict form
+_VERSIONS = ("openssh", "gcc", "cmake", "nvcc")  # version tuples, "1.2.3" strings in the dict form
 
 
 def _version(text: str, pattern: str = r"(\d+)\.(\d+)(?:\.(\d+))?") -> tuple[int, ...] | None:
@@ -101,35 +148,35 @@ def _version(text: str, pattern: str = r"(\d+)\.(\d+)(?:\.(\d+))?") -> tuple[int
 
 @dataclass(frozen=True)
 class HostFacts:
-    system: str = ""                 # uname -s: Linux, Darwin, ...
+    system: str = ""  # uname -s: Linux, Darwin, ...
     kernel: str = ""
     arch: str = ""
     uid: int | None = None
     user: str = ""
-    os_id: str = ""                  # debian, ubuntu, ... (os-release ID)
+    os_id: str = ""  # debian, ubuntu, ... (os-release ID)
     os_like: str = ""
-    os_version: str = ""             # VERSION_ID: 12, 24.04
+    os_version: str = ""  # VERSION_ID: 12, 24.04
     os_codename: str = ""
     os_pretty: str = ""
-    macos: str = ""                  # sw_vers -productVersion on a Mac
-    init: str = ""                   # PID 1's name (systemd, init, sh, sshd, ...)
-    systemd_booted: bool = False     # /run/systemd/system exists: systemd is the running manager
+    macos: str = ""  # sw_vers -productVersion on a Mac
+    init: str = ""  # PID 1's name (systemd, init, sh, sshd, ...)
+    systemd_booted: bool = False  # /run/systemd/system exists: systemd is the running manager
     systemd_version: int | None = None
-    openssh: tuple[int, ...] | None = None       # sshd's version (the server), else ssh's
+    openssh: tuple[int, ...] | None = None  # sshd's version (the server), else ssh's
     openssh_text: str = ""
     gcc: tuple[int, ...] | None = None
     cmake: tuple[int, ...] | None = None
-    nvcc: tuple[int, ...] | None = None          # the CUDA toolkit's release (nvcc --version: "release 12.4")
-    nvcc_text: str = ""                          # nvcc's own line, for messages
+    nvcc: tuple[int, ...] | None = None  # the CUDA toolkit's release (nvcc --version: "release 12.4")
+    nvcc_text: str = ""  # nvcc's own line, for messages
     package_manager: str | None = None
     disk_dir: str = ""
     disk_free_kb: int | None = None
     nproc: int | None = None
     mem_kb: int | None = None
-    tools: dict = field(default_factory=dict)    # command -> path, for the TOOLS found
-    files: tuple = ()                            # the FILES present
-    vulkan_icds: tuple = ()                      # Vulkan driver manifests in VULKAN_ICD_DIRS
-    sudo_nopasswd: bool | None = None            # `sudo -n true` worked (None: root, or no sudo)
+    tools: dict = field(default_factory=dict)  # command -> path, for the TOOLS found
+    files: tuple = ()  # the FILES present
+    vulkan_icds: tuple = ()  # Vulkan driver manifests in VULKAN_ICD_DIRS
+    sudo_nopasswd: bool | None = None  # `sudo -n true` worked (None: root, or no sudo)
     sudo_msg: str = ""
 
     # ---- derived --------------------------------------------------------------------------
@@ -159,16 +206,20 @@ class HostFacts:
 
     def summary(self) -> str:
         """One line for status and logs."""
-        parts = [self.describe_os(), f"kernel {self.kernel}" if self.kernel else "", self.arch,
-                 f"systemd {self.systemd_version}" if self.has_systemd and self.systemd_version
-                 else f"init {self.init or '?'}",
-                 f"OpenSSH {'.'.join(map(str, self.openssh))}" if self.openssh else "",
-                 f"gcc {'.'.join(map(str, self.gcc))}" if self.gcc else "",
-                 f"cmake {'.'.join(map(str, self.cmake))}" if self.cmake else "",
-                 f"CUDA {'.'.join(map(str, self.nvcc))}" if self.nvcc else "",
-                 self.package_manager or "no known package manager",
-                 f"{self.disk_free_kb // 1024 // 1024} GiB free in {self.disk_dir}"
-                 if self.disk_free_kb is not None else ""]
+        parts = [
+            self.describe_os(),
+            f"kernel {self.kernel}" if self.kernel else "",
+            self.arch,
+            f"systemd {self.systemd_version}"
+            if self.has_systemd and self.systemd_version
+            else f"init {self.init or '?'}",
+            f"OpenSSH {'.'.join(map(str, self.openssh))}" if self.openssh else "",
+            f"gcc {'.'.join(map(str, self.gcc))}" if self.gcc else "",
+            f"cmake {'.'.join(map(str, self.cmake))}" if self.cmake else "",
+            f"CUDA {'.'.join(map(str, self.nvcc))}" if self.nvcc else "",
+            self.package_manager or "no known package manager",
+            f"{self.disk_free_kb // 1024 // 1024} GiB free in {self.disk_dir}" if self.disk_free_kb is not None else "",
+        ]
         return ", ".join(p for p in parts if p)
 
     def to_dict(self) -> dict:
@@ -189,7 +240,7 @@ def parse_facts(text: str) -> HostFacts:
             continue
         value = value.strip()
         if key.startswith("tool:"):
-            if value.startswith("/"):       # `command -v` of a shell builtin or alias is no path
+            if value.startswith("/"):  # `command -v` of a shell builtin or alias is no path
                 tools[key[5:]] = value
             continue
         if key.startswith("file:"):
@@ -210,19 +261,33 @@ def parse_facts(text: str) -> HostFacts:
     ssh_text = raw.get("sshd_version") or raw.get("ssh_version") or ""
     sudo_rc = raw.get("sudo_nopasswd_rc")
     return HostFacts(
-        system=raw.get("system", ""), kernel=raw.get("kernel", ""), arch=raw.get("arch", ""),
-        uid=num("uid"), user=raw.get("user", ""),
-        os_id=raw.get("os_ID", ""), os_like=raw.get("os_ID_LIKE", ""),
-        os_version=raw.get("os_VERSION_ID", ""), os_codename=raw.get("os_VERSION_CODENAME", ""),
-        os_pretty=raw.get("os_PRETTY_NAME", ""), macos=raw.get("macos", ""),
-        init=raw.get("init", ""), systemd_booted=raw.get("systemd_booted") == "yes",
+        system=raw.get("system", ""),
+        kernel=raw.get("kernel", ""),
+        arch=raw.get("arch", ""),
+        uid=num("uid"),
+        user=raw.get("user", ""),
+        os_id=raw.get("os_ID", ""),
+        os_like=raw.get("os_ID_LIKE", ""),
+        os_version=raw.get("os_VERSION_ID", ""),
+        os_codename=raw.get("os_VERSION_CODENAME", ""),
+        os_pretty=raw.get("os_PRETTY_NAME", ""),
+        macos=raw.get("macos", ""),
+        init=raw.get("init", ""),
+        systemd_booted=raw.get("systemd_booted") == "yes",
         systemd_version=systemd[0] if systemd else None,
-        openssh=_version(ssh_text, r"OpenSSH_(\d+)\.(\d+)"), openssh_text=ssh_text,
-        gcc=_version(raw.get("gcc", "")), cmake=_version(raw.get("cmake", "")),
-        nvcc=parse_nvcc(raw.get("nvcc", "")), nvcc_text=raw.get("nvcc", ""),
+        openssh=_version(ssh_text, r"OpenSSH_(\d+)\.(\d+)"),
+        openssh_text=ssh_text,
+        gcc=_version(raw.get("gcc", "")),
+        cmake=_version(raw.get("cmake", "")),
+        nvcc=parse_nvcc(raw.get("nvcc", "")),
+        nvcc_text=raw.get("nvcc", ""),
         package_manager=next((p for p in PACKAGE_MANAGERS if p in tools), None),
-        disk_dir=raw.get("disk_dir", ""), disk_free_kb=num("disk_free_kb"),
-        nproc=num("nproc"), mem_kb=num("mem_kb"), tools=tools, files=tuple(files),
+        disk_dir=raw.get("disk_dir", ""),
+        disk_free_kb=num("disk_free_kb"),
+        nproc=num("nproc"),
+        mem_kb=num("mem_kb"),
+        tools=tools,
+        files=tuple(files),
         vulkan_icds=tuple(icds),
         sudo_nopasswd=None if sudo_rc is None else sudo_rc == "0",
         sudo_msg=raw.get("sudo_nopasswd_msg", ""),

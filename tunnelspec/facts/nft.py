@@ -24,13 +24,14 @@ NFT = "/usr/sbin/nft"
 @dataclass(frozen=True)
 class PortRule:
     port: int
-    uids: tuple[int, ...]   # allowed socket owners, root included, sorted
+    uids: tuple[int, ...]  # allowed socket owners, root included, sorted
     comment: str
 
 
 @dataclass(frozen=True)
 class ListenRule:
     """Only these uids (root included) may answer connections on loopback port `port`."""
+
     port: int
     uids: tuple[int, ...]
     comment: str
@@ -62,19 +63,28 @@ def _set(uids: tuple[int, ...]) -> str:
 def ruleset_text(rules: tuple, header: str) -> str:
     """The file `nft -f` loads: it replaces tunnelspec's table in one transaction (the first line
     creates it if absent so that the delete never fails) and touches no other table."""
-    lines = [f"#!{NFT} -f", *(f"# {h}" if h else "#" for h in header.splitlines()),
-             f"table {FAMILY} {TABLE}", f"delete table {FAMILY} {TABLE}",
-             f"table {FAMILY} {TABLE} {{", f"\tchain {CHAIN} {{",
-             "\t\ttype filter hook output priority filter; policy accept;"]
+    lines = [
+        f"#!{NFT} -f",
+        *(f"# {h}" if h else "#" for h in header.splitlines()),
+        f"table {FAMILY} {TABLE}",
+        f"delete table {FAMILY} {TABLE}",
+        f"table {FAMILY} {TABLE} {{",
+        f"\tchain {CHAIN} {{",
+        "\t\ttype filter hook output priority filter; policy accept;",
+    ]
     for r in ordered(rules):
         if isinstance(r, ListenRule):
             synack = f'oif "lo" tcp sport {r.port} tcp flags & (syn | ack) == syn | ack'
-            lines += [f'\t\t{synack} meta skuid {_set(r.uids)} accept comment "{r.comment}"',
-                      f'\t\t{synack} meta skuid != {_set(r.uids)} counter tcp flags set rst | ack comment "{r.comment}"',
-                      f'\t\t{synack} counter drop comment "{r.comment}"']
+            lines += [
+                f'\t\t{synack} meta skuid {_set(r.uids)} accept comment "{r.comment}"',
+                f'\t\t{synack} meta skuid != {_set(r.uids)} counter tcp flags set rst | ack comment "{r.comment}"',
+                f'\t\t{synack} counter drop comment "{r.comment}"',
+            ]
         else:
-            lines.append(f'\t\toif "lo" tcp dport {r.port} tcp flags & (syn | ack) == syn '
-                         f'meta skuid != {_set(r.uids)} counter reject with tcp reset comment "{r.comment}"')
+            lines.append(
+                f'\t\toif "lo" tcp dport {r.port} tcp flags & (syn | ack) == syn '
+                f'meta skuid != {_set(r.uids)} counter reject with tcp reset comment "{r.comment}"'
+            )
     lines += ["\t}", "}"]
     return "\n".join(lines) + "\n"
 
@@ -102,8 +112,16 @@ def _flags(mask) -> list:
 def _rule(expr: list, comment: str | None) -> tuple | None:
     """One live rule as an atom when it is exactly one of our shapes, else None:
     ("connect", PortRule), or ("accept" | "reset" | "drop", port, uids) of a listen guard."""
-    seen = {"oif": False, "dport": None, "sport": None, "syn": False, "synack": False, "uids": None, "op": None,
-            "verdict": None}
+    seen = {
+        "oif": False,
+        "dport": None,
+        "sport": None,
+        "syn": False,
+        "synack": False,
+        "uids": None,
+        "op": None,
+        "verdict": None,
+    }
     for e in expr:
         m = e.get("match")
         if m:
@@ -132,20 +150,31 @@ def _rule(expr: list, comment: str | None) -> tuple | None:
             seen["verdict"] = "accept"
         elif "drop" in e:
             seen["verdict"] = "drop"
-        elif (e.get("mangle", {}).get("key") == {"payload": {"protocol": "tcp", "field": "flags"}}
-              and sorted(_flags(e["mangle"].get("value"))) == ["ack", "rst"]):
+        elif e.get("mangle", {}).get("key") == {"payload": {"protocol": "tcp", "field": "flags"}} and sorted(
+            _flags(e["mangle"].get("value"))
+        ) == ["ack", "rst"]:
             seen["verdict"] = "reset"
         else:
             return None
     if not seen["oif"]:
         return None
-    if (seen["dport"] and seen["sport"] is None and seen["syn"] and seen["uids"] and seen["op"] == "!="
-            and seen["verdict"] == "reject"):
+    if (
+        seen["dport"]
+        and seen["sport"] is None
+        and seen["syn"]
+        and seen["uids"]
+        and seen["op"] == "!="
+        and seen["verdict"] == "reject"
+    ):
         return ("connect", PortRule(seen["dport"], seen["uids"], comment or ""))
     if not (seen["sport"] and seen["dport"] is None and seen["synack"]):
         return None
     want = {"accept": "==", "reset": "!=", "drop": None}
-    if seen["verdict"] in want and seen["op"] == want[seen["verdict"]] and (seen["verdict"] == "drop") == (seen["uids"] is None):
+    if (
+        seen["verdict"] in want
+        and seen["op"] == want[seen["verdict"]]
+        and (seen["verdict"] == "drop") == (seen["uids"] is None)
+    ):
         return (seen["verdict"], seen["sport"], seen["uids"], comment or "")
     return None
 
@@ -153,10 +182,10 @@ def _rule(expr: list, comment: str | None) -> tuple | None:
 @dataclass
 class LiveTable:
     present: bool
-    rules: tuple = ()         # PortRule and ListenRule, ordered()
-    foreign: int = 0          # rules or chains of another shape in our table
-    chain_ok: bool = False    # our output chain with the right hook, priority and policy
-    rejected: int = 0         # packets the rules refused so far (counters)
+    rules: tuple = ()  # PortRule and ListenRule, ordered()
+    foreign: int = 0  # rules or chains of another shape in our table
+    chain_ok: bool = False  # our output chain with the right hook, priority and policy
+    rejected: int = 0  # packets the rules refused so far (counters)
 
 
 def _listen_guards(atoms: list[tuple]) -> tuple[list[ListenRule], int]:
@@ -190,8 +219,13 @@ def parse_live(text: str) -> LiveTable:
     for i in items:
         if "chain" in i:
             c = i["chain"]
-            if (c.get("name") == CHAIN and c.get("type") == "filter" and c.get("hook") == "output"
-                    and c.get("prio") == 0 and c.get("policy") == "accept"):
+            if (
+                c.get("name") == CHAIN
+                and c.get("type") == "filter"
+                and c.get("hook") == "output"
+                and c.get("prio") == 0
+                and c.get("policy") == "accept"
+            ):
                 live.chain_ok = True
             else:
                 live.foreign += 1
@@ -236,8 +270,13 @@ def guard_gaps(live: LiveTable, port: int, owner_uid: int, open_port: bool = Fal
 
 
 def describe(rules: tuple) -> str:
-    return "; ".join(f"{'listen ' if isinstance(r, ListenRule) else ''}tcp/{r.port} uids {','.join(map(str, r.uids))}"
-                     for r in ordered(rules)) or "no rule"
+    return (
+        "; ".join(
+            f"{'listen ' if isinstance(r, ListenRule) else ''}tcp/{r.port} uids {','.join(map(str, r.uids))}"
+            for r in ordered(rules)
+        )
+        or "no rule"
+    )
 
 
 # ---- what a host has now, in one round trip ------------------------------------------------------
@@ -263,13 +302,13 @@ echo "== end"
 
 @dataclass
 class HostIsolation:
-    nft: bool                  # /usr/sbin/nft present
-    net_admin: bool            # this session's effective capabilities include CAP_NET_ADMIN
+    nft: bool  # /usr/sbin/nft present
+    net_admin: bool  # this session's effective capabilities include CAP_NET_ADMIN
     table: LiveTable
-    table_error: str           # nft's complaint when it could not list (other than "no such table")
+    table_error: str  # nft's complaint when it could not list (other than "no such table")
     enabled: str
     active: str
-    links: list[str]           # <unit>.wants|requires/tunnelspec-isolation.service symlinks
+    links: list[str]  # <unit>.wants|requires/tunnelspec-isolation.service symlinks
     requires_dirs: list[str]
     uids: dict[str, int | None]
 
@@ -294,11 +333,17 @@ def parse_observation(text: str, users: list[str]) -> HostIsolation:
     uids = {}
     for u, v in zip(users, s.get("uids", [])):
         uids[u] = int(v) if v.strip().isdigit() else None
-    return HostIsolation(nft=(s.get("nft") or ["no"])[0] == "yes", net_admin=net_admin, table=table,
-                         table_error=err, enabled=" ".join(s.get("enabled", [])).strip(),
-                         active=" ".join(s.get("active", [])).strip(),
-                         links=[l for l in s.get("links", []) if l], requires_dirs=[l for l in s.get("reqdirs", []) if l],
-                         uids=uids)
+    return HostIsolation(
+        nft=(s.get("nft") or ["no"])[0] == "yes",
+        net_admin=net_admin,
+        table=table,
+        table_error=err,
+        enabled=" ".join(s.get("enabled", [])).strip(),
+        active=" ".join(s.get("active", [])).strip(),
+        links=[l for l in s.get("links", []) if l],
+        requires_dirs=[l for l in s.get("reqdirs", []) if l],
+        uids=uids,
+    )
 
 
 def observe_argv(users: list[str]) -> list[str]:

@@ -53,8 +53,8 @@ class OwnedListener:
     address: str
     port: int
     uid: int
-    owner: str                     # the uid's name on the host ('' when it has none)
-    ours: bool = False             # the owner is an account tunnelspec created (SERVICE_USER_MARK)
+    owner: str  # the uid's name on the host ('' when it has none)
+    ours: bool = False  # the owner is an account tunnelspec created (SERVICE_USER_MARK)
     holders: tuple[Holder, ...] = field(default=())
 
     def describe(self) -> str:

@@ -61,13 +61,12 @@ def parse_sshd_T(text: str) -> dict[str, str]:
     return out
 
 
-
-
 async def effective_settings(conn, sshd: str, user: str, address: str, config: str | None = None) -> dict[str, str]:
     """What sshd would apply to `user` connecting from `address` (keywords lower-cased), with its
     own configuration or `config`; raises RuntimeError with sshd's message when `sshd -T` fails."""
-    res = await conn.probe([sshd, *(["-f", config] if config else []), "-T", "-C",
-                            f"user={user},host=tunnelspec-check,addr={address}"])
+    res = await conn.probe(
+        [sshd, *(["-f", config] if config else []), "-T", "-C", f"user={user},host=tunnelspec-check,addr={address}"]
+    )
     if res.rc != 0:
         raise RuntimeError(f"sshd -T failed: {res.stderr.strip()}")
     return parse_sshd_T(res.stdout)

@@ -47,7 +47,6 @@ def parse_stale(text: str) -> dict[str, str]:
     return out
 
 
-
 def parse_show(text: str) -> dict[str, str]:
     """`systemctl show -p A,B UNIT` → {"A": value, "B": value}."""
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
@@ -82,7 +81,7 @@ def parse_unit_values(text: str, n: int) -> list[str]:
         lines.pop()
     if len(lines) == 2 * n - 1 and all(lines[i] == "" for i in range(1, len(lines), 2)):
         return lines[0::2]
-    return text.split()   # another layout (older systemd): words, as before
+    return text.split()  # another layout (older systemd): words, as before
 
 
 SERVICE_STATE_SCRIPT = 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/dev/null || :'
@@ -90,11 +89,27 @@ SERVICE_STATE_SCRIPT = 'systemctl is-active "$1"; systemctl is-enabled "$1" 2>/d
 
 # `systemctl is-active` and `is-enabled` answer from two vocabularies with no word in common: a word
 # is put where it belongs even when the other command printed nothing (no systemd bus).
-_ACTIVE = frozenset({"active", "inactive", "failed", "activating", "deactivating", "reloading", "maintenance",
-                     "refreshing", "unknown"})
-_ENABLED = frozenset({"enabled", "enabled-runtime", "linked", "linked-runtime", "alias", "masked",
-                      "masked-runtime", "static", "indirect", "disabled", "generated", "transient", "bad",
-                      "not-found"})
+_ACTIVE = frozenset(
+    {"active", "inactive", "failed", "activating", "deactivating", "reloading", "maintenance", "refreshing", "unknown"}
+)
+_ENABLED = frozenset(
+    {
+        "enabled",
+        "enabled-runtime",
+        "linked",
+        "linked-runtime",
+        "alias",
+        "masked",
+        "masked-runtime",
+        "static",
+        "indirect",
+        "disabled",
+        "generated",
+        "transient",
+        "bad",
+        "not-found",
+    }
+)
 
 
 def parse_service_state(text: str) -> tuple[str, str]:

@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tunnelspec.core.errors import LabError
 
@@ -48,8 +48,11 @@ def source_line(gateway: str, key: str, release: str) -> str:
 
 
 def _chroot_apt(root: Path, args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["chroot", str(root), "env", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive",
-                           "apt-get", "-q", *args], capture_output=True, text=True)
+    return subprocess.run(
+        ["chroot", str(root), "env", "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive", "apt-get", "-q", *args],
+        capture_output=True,
+        text=True,
+    )
 
 
 def _uris(root: Path, packages: tuple[str, ...], log: Callable[[str], None]) -> list[re.Match]:
@@ -60,8 +63,9 @@ def _uris(root: Path, packages: tuple[str, ...], log: Callable[[str], None]) -> 
         res = _chroot_apt(root, ["install", "--print-uris", "-y", "--no-install-recommends", *wanted])
         if res.returncode == 0:
             return [m for m in (_URI.match(l) for l in res.stdout.splitlines()) if m]
-        absent = set(re.findall(r"Unable to locate package (\S+)", res.stderr)) | \
-            set(re.findall(r"Package '?(\S+?)'? has no installation candidate", res.stderr))
+        absent = set(re.findall(r"Unable to locate package (\S+)", res.stderr)) | set(
+            re.findall(r"Package '?(\S+?)'? has no installation candidate", res.stderr)
+        )
         if not absent & set(wanted):
             raise LabError(f"apt in the image cannot plan the prerequisites:\n{res.stderr[-2000:]}")
         log(f"lab: not in this release, left out of its repository: {', '.join(sorted(absent))}")
@@ -91,8 +95,9 @@ def _fetch(m: re.Match, release: str) -> Path:
     return cached
 
 
-def build_repo(root: Path, key: str, release: str, packages: tuple[str, ...],
-               log: Callable[[str], None] = print) -> int:
+def build_repo(
+    root: Path, key: str, release: str, packages: tuple[str, ...], log: Callable[[str], None] = print
+) -> int:
     """Fill `repo_dir(key)` from the freshly bootstrapped `root` (whose apt lists are debootstrap's);
     returns the number of packages in the repository."""
     final = repo_dir(key)
@@ -117,7 +122,7 @@ def build_repo(root: Path, key: str, release: str, packages: tuple[str, ...],
     os.link(bindir / "Packages", bindir / "by-hash" / "SHA256" / digest)
     for m, cached in files:
         # The URI is percent-encoded (`g%2b%2b`); the file is named as apt asks for it decoded.
-        dest = base / urllib.parse.unquote(m["uri"][len(MIRROR_PREFIX):])
+        dest = base / urllib.parse.unquote(m["uri"][len(MIRROR_PREFIX) :])
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.link(cached, dest)
     (staging / ".complete").write_text(f"{release}\n{len(files)} packages\n")
@@ -144,10 +149,14 @@ def serve(gateway: str, pid: int | None, log_path: Path) -> int:
         return pid  # type: ignore[return-value]
     REPO_ROOT.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", gateway,
-                                 "--directory", str(REPO_ROOT), str(PORT)],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "--bind", gateway, "--directory", str(REPO_ROOT), str(PORT)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
     return proc.pid
 
 

@@ -151,8 +151,7 @@ def build_repo(sdist: Path, bare_dest: Path) -> tuple[str, str]:
         git(work, "checkout", "-q", "-b", SIDE_BRANCH)
         with open(work / SIDE_FILE, "a", encoding="utf-8") as f:
             f.write(SIDE_LINE)
-        git(work, "commit", "-q", "--no-verify", "-a", "-m", "tunnelspec test: harmless README patch",
-            date=_SIDE_DATE)
+        git(work, "commit", "-q", "--no-verify", "-a", "-m", "tunnelspec test: harmless README patch", date=_SIDE_DATE)
         side = git(work, "rev-parse", "HEAD")
         git(work, "checkout", "-q", MAIN_BRANCH)
         publish_bare(work, Path(tmp), [SIDE_BRANCH], bare_dest)
@@ -212,8 +211,9 @@ def _commit_on(repo: Path, parent: str, name: str, text: str, message: str, date
     env = {**sdist_trees.git_env(date), "GIT_INDEX_FILE": index}
 
     def plumb(*args: str, stdin: str | None = None) -> str:
-        res = subprocess.run(["git", "-C", str(repo), *args], input=stdin, env=env, capture_output=True,
-                             text=True, timeout=600)
+        res = subprocess.run(
+            ["git", "-C", str(repo), *args], input=stdin, env=env, capture_output=True, text=True, timeout=600
+        )
         if res.returncode != 0:
             raise LabError(f"git {' '.join(args)} in {repo} failed: {res.stderr.strip()}")
         return res.stdout.strip()

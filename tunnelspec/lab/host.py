@@ -41,8 +41,8 @@ class HostSpec:
     index: int
     ip: str
     netns: str
-    machine: str   # unique across labs: names nspawn's /run/systemd/nspawn entries
-    home: Path     # <state>/<host>
+    machine: str  # unique across labs: names nspawn's /run/systemd/nspawn entries
+    home: Path  # <state>/<host>
 
 
 def is_mounted(path: Path) -> bool:
@@ -56,8 +56,12 @@ def mount_overlay(spec: HostSpec, image: Path) -> Path:
     for sub in ("upper", "work", "root"):
         (spec.home / sub).mkdir(parents=True, exist_ok=True)
     opts = f"lowerdir={image},upperdir={spec.home / 'upper'},workdir={spec.home / 'work'}"
-    res = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(root)],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    res = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", opts, str(root)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if res.returncode != 0:
         raise LabError(f"host {spec.name}: overlay mount failed: {res.stdout.strip()}")
     return root
@@ -73,7 +77,7 @@ class LoginUser:
     """A sudoer the lab's inventory logs in as (`lab up --login-user`), instead of root."""
 
     name: str
-    password: str | None = None     # None: passwordless sudo (NOPASSWD)
+    password: str | None = None  # None: passwordless sudo (NOPASSWD)
 
 
 def _chroot(root: Path, argv: list[str], input: str | None = None) -> None:
@@ -84,8 +88,7 @@ def _chroot(root: Path, argv: list[str], input: str | None = None) -> None:
 
 def add_login_user(root: Path, login: LoginUser, client_pub: str) -> None:
     """The login user in the host's tree (before boot): a home, the lab key, sudo rights."""
-    if subprocess.run(["chroot", str(root), "getent", "passwd", login.name],
-                      capture_output=True).returncode != 0:
+    if subprocess.run(["chroot", str(root), "getent", "passwd", login.name], capture_output=True).returncode != 0:
         _chroot(root, ["useradd", "--create-home", "--shell", "/bin/bash", login.name])
     if login.password is not None:
         # On stdin, never on an argv (chpasswd hashes it with the host's default method).
@@ -101,8 +104,9 @@ def add_login_user(root: Path, login: LoginUser, client_pub: str) -> None:
     _chroot(root, ["chown", f"{login.name}:{login.name}", f"/home/{login.name}/.ssh/authorized_keys"])
 
 
-def personalise(spec: HostSpec, root: Path, client_pub: str, apt_source: str = "",
-                login: LoginUser | None = None) -> str:
+def personalise(
+    spec: HostSpec, root: Path, client_pub: str, apt_source: str = "", login: LoginUser | None = None
+) -> str:
     """Own machine-id, hostname, host key, root's authorized_keys, the package source (the lab's
     repository on the bridge) and the login user; returns the host pub key."""
     key_path = spec.home / "ssh_host_ed25519_key"
@@ -113,7 +117,8 @@ def personalise(spec: HostSpec, root: Path, client_pub: str, apt_source: str = "
     (root / "etc/machine-id").write_text(mid.read_text())
     (root / "etc/hostname").write_text(spec.name + "\n")
     (root / "etc/hosts").write_text(
-        f"127.0.0.1\tlocalhost\n{spec.ip}\t{spec.name}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+        f"127.0.0.1\tlocalhost\n{spec.ip}\t{spec.name}\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+    )
     write_private(root / "etc/ssh/ssh_host_ed25519_key", key_path.read_bytes())
     (root / "etc/ssh/ssh_host_ed25519_key.pub").write_text(host_pub + "\n")
     ssh_dir = root / "root/.ssh"
@@ -121,8 +126,9 @@ def personalise(spec: HostSpec, root: Path, client_pub: str, apt_source: str = "
     os.chmod(ssh_dir, 0o700)
     write_private(ssh_dir / "authorized_keys", (client_pub + "\n").encode())
     if apt_source:
-        (root / "etc/apt/sources.list").write_text("# tunnelspec lab: Debian's files, served on the lab bridge\n"
-                                                   + apt_source)
+        (root / "etc/apt/sources.list").write_text(
+            "# tunnelspec lab: Debian's files, served on the lab bridge\n" + apt_source
+        )
     if login is not None:
         add_login_user(root, login, client_pub)
     return host_pub
@@ -130,12 +136,19 @@ def personalise(spec: HostSpec, root: Path, client_pub: str, apt_source: str = "
 
 def nspawn_argv(spec: HostSpec, root: Path) -> list[str]:
     return [
-        "systemd-nspawn", "--boot", "--quiet",
-        f"--directory={root}", f"--machine={spec.machine}", f"--hostname={spec.name}",
+        "systemd-nspawn",
+        "--boot",
+        "--quiet",
+        f"--directory={root}",
+        f"--machine={spec.machine}",
+        f"--hostname={spec.name}",
         # No systemd on the controller: nothing to register with, no unit to move into.
-        "--register=no", "--keep-unit",
+        "--register=no",
+        "--keep-unit",
         f"--network-namespace-path=/run/netns/{spec.netns}",
-        "--resolv-conf=off", "--link-journal=no", "--console=passive",
+        "--resolv-conf=off",
+        "--link-journal=no",
+        "--console=passive",
         # Root inside the host may change its own firewall (tunnelspec's loopback isolation loads
         # nftables rules): the host has its own network namespace, so nothing of the machine's
         # network is reachable with it.
@@ -151,8 +164,13 @@ def start(spec: HostSpec, root: Path, cgroup_paths: list[Path]) -> int:
     try:
         proc = subprocess.Popen(
             ["sh", "-c", SUPERVISE, "sh", *nspawn_argv(spec, root)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True, preexec_fn=lambda: cgroups.join(paths), close_fds=True)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=lambda: cgroups.join(paths),
+            close_fds=True,
+        )
     finally:
         log.close()
     return proc.pid
@@ -211,10 +229,25 @@ def container_init(supervisor_pid: int) -> int | None:
 
 def enter_argv(init_pid: int, argv: list[str]) -> list[str]:
     """Run argv inside the host (all its namespaces, its root), with a clean login-like env."""
-    return ["nsenter", f"--target={init_pid}", "--mount", "--uts", "--ipc", "--net", "--pid",
-            "--cgroup", "--root", "--wd",
-            "env", "-i", "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            "HOME=/root", "LANG=C.UTF-8", "CCACHE_DIR=" + CCACHE_IN_HOST, *argv]
+    return [
+        "nsenter",
+        f"--target={init_pid}",
+        "--mount",
+        "--uts",
+        "--ipc",
+        "--net",
+        "--pid",
+        "--cgroup",
+        "--root",
+        "--wd",
+        "env",
+        "-i",
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME=/root",
+        "LANG=C.UTF-8",
+        "CCACHE_DIR=" + CCACHE_IN_HOST,
+        *argv,
+    ]
 
 
 def request_poweroff(supervisor_pid: int | None) -> None:
@@ -222,8 +255,12 @@ def request_poweroff(supervisor_pid: int | None) -> None:
     init = container_init(supervisor_pid) if alive(supervisor_pid) else None
     if init:
         try:
-            subprocess.run(enter_argv(init, ["systemctl", "poweroff", "--no-block"]),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=20)
+            subprocess.run(
+                enter_argv(init, ["systemctl", "poweroff", "--no-block"]),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=20,
+            )
         except subprocess.TimeoutExpired:
             pass  # a wedged host: the kill below ends it
 

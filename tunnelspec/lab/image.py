@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tunnelspec.core.errors import LabError
 from tunnelspec.components.host import prereqs
@@ -38,8 +38,19 @@ DEFAULT_RELEASE = "bookworm"
 
 PACKAGES = (
     # systemd as PID 1 with logind/dbus so `systemctl` over SSH behaves as on a real host
-    "systemd", "systemd-sysv", "dbus", "libpam-systemd", "dbus-user-session",
-    "openssh-server", "iproute2", "netbase", "procps", "util-linux", "coreutils", "sudo", "curl",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "libpam-systemd",
+    "dbus-user-session",
+    "openssh-server",
+    "iproute2",
+    "netbase",
+    "procps",
+    "util-linux",
+    "coreutils",
+    "sudo",
+    "curl",
     "ca-certificates",
 )
 
@@ -71,11 +82,7 @@ CUSTOMISE_FILES = {
     # Shared ccache, bind-mounted from the controller: content-based compiler check and base_dir=/
     # make hits portable between hosts whose compilers and build paths are identical.
     "etc/ccache.conf": (
-        "cache_dir = /var/cache/ccache\n"
-        "compiler_check = content\n"
-        "base_dir = /\n"
-        "hash_dir = false\n"
-        "max_size = 5G\n"
+        "cache_dir = /var/cache/ccache\ncompiler_check = content\nbase_dir = /\nhash_dir = false\nmax_size = 5G\n"
     ),
     "etc/environment": "CCACHE_DIR=/var/cache/ccache\n",
     "etc/systemd/journald.conf.d/tunnelspec-lab.conf": "[Journal]\nStorage=persistent\n",
@@ -90,9 +97,13 @@ CUSTOMISE_FILES = {
 
 MASKED_UNITS = (
     # We configure eth0 ourselves from the controller; networkd must not touch it.
-    "systemd-networkd.service", "systemd-networkd.socket", "systemd-networkd-wait-online.service",
+    "systemd-networkd.service",
+    "systemd-networkd.socket",
+    "systemd-networkd-wait-online.service",
     # Need real block devices / hardware that a container does not have.
-    "e2scrub_reap.service", "e2scrub_all.timer", "e2scrub_all.service",
+    "e2scrub_reap.service",
+    "e2scrub_all.timer",
+    "e2scrub_all.service",
     "systemd-firstboot.service",
 )
 
@@ -159,7 +170,7 @@ def ensure_image(log: Callable[[str], None] = print, release: str = DEFAULT_RELE
     tarball = CACHE_DIR / f"image-{key}.tar.zst"
     unpacked = IMAGES_DIR / key
     if not aptrepo.is_complete(key) and tarball.exists():
-        tarball.unlink()            # image and repository are made together: both again
+        tarball.unlink()  # image and repository are made together: both again
     if (unpacked / ".complete").exists() and aptrepo.is_complete(key):
         return unpacked
     if unpacked.exists():
@@ -172,8 +183,10 @@ def ensure_image(log: Callable[[str], None] = print, release: str = DEFAULT_RELE
     staging.mkdir(mode=0o755)
     if tarball.exists():
         t0 = time.monotonic()
-        _run(["tar", "-C", str(staging), "--numeric-owner", "--xattrs", "-I", "zstd -d",
-              "-xpf", str(tarball)], "unpacking the cached image")
+        _run(
+            ["tar", "-C", str(staging), "--numeric-owner", "--xattrs", "-I", "zstd -d", "-xpf", str(tarball)],
+            "unpacking the cached image",
+        )
         log(f"lab: image {key} unpacked from {tarball} in {time.monotonic() - t0:.1f} s")
     else:
         _build(staging, tarball, key, release, log)
@@ -189,22 +202,52 @@ def _build(root: Path, tarball: Path, key: str, release: str, log: Callable[[str
     debs.mkdir(parents=True, exist_ok=True)
     log(f"lab: building the {release} image {key} with debootstrap ({len(PACKAGES)} packages) ...")
     # nice: the machine's few cores are shared with builds running at the same time.
-    _run(["nice", "-n", "10", "debootstrap", "--variant=minbase", f"--cache-dir={debs}",
-          "--include=" + ",".join(PACKAGES), release, str(root), MIRROR], "debootstrap")
+    _run(
+        [
+            "nice",
+            "-n",
+            "10",
+            "debootstrap",
+            "--variant=minbase",
+            f"--cache-dir={debs}",
+            "--include=" + ",".join(PACKAGES),
+            release,
+            str(root),
+            MIRROR,
+        ],
+        "debootstrap",
+    )
     t1 = time.monotonic()
     n = aptrepo.build_repo(root, key, release, repo_packages(), log)
-    log(f"lab: {release} package repository: {n} packages for the prerequisites "
-        f"in {time.monotonic() - t1:.0f} s")
+    log(f"lab: {release} package repository: {n} packages for the prerequisites in {time.monotonic() - t1:.0f} s")
     t1 = time.monotonic()
     _customise(root)
     tmp = tarball.with_suffix(".partial")
     # Written to a temp name then renamed, so a crash never leaves a truncated cache entry.
-    _run(["nice", "-n", "10", "tar", "-C", str(root), "--numeric-owner", "--xattrs",
-          "--exclude=./.complete",
-          "-I", "zstd -T0 -3", "-cpf", str(tmp), "."], "archiving the image")
+    _run(
+        [
+            "nice",
+            "-n",
+            "10",
+            "tar",
+            "-C",
+            str(root),
+            "--numeric-owner",
+            "--xattrs",
+            "--exclude=./.complete",
+            "-I",
+            "zstd -T0 -3",
+            "-cpf",
+            str(tmp),
+            ".",
+        ],
+        "archiving the image",
+    )
     os.replace(tmp, tarball)
-    log(f"lab: image {key} built: debootstrap {t1 - t0:.0f} s, customise+archive "
-        f"{time.monotonic() - t1:.0f} s -> {tarball}")
+    log(
+        f"lab: image {key} built: debootstrap {t1 - t0:.0f} s, customise+archive "
+        f"{time.monotonic() - t1:.0f} s -> {tarball}"
+    )
 
 
 def _mounted_lowerdirs() -> set[str]:
@@ -216,7 +259,7 @@ def _mounted_lowerdirs() -> set[str]:
             if len(fields) > 3 and fields[2] == "overlay":
                 for opt in fields[3].split(","):
                     if opt.startswith("lowerdir="):
-                        used.update(Path(p).name for p in opt[len("lowerdir="):].split(":"))
+                        used.update(Path(p).name for p in opt[len("lowerdir=") :].split(":"))
     return used
 
 
@@ -228,7 +271,7 @@ def prune_images(keep: set[str], log: Callable[[str], None] = print) -> None:
     """
     keep = keep | _mounted_lowerdirs()
     for tarball in CACHE_DIR.glob("image-*.tar.zst"):
-        if tarball.name[len("image-"):-len(".tar.zst")] not in keep:
+        if tarball.name[len("image-") : -len(".tar.zst")] not in keep:
             tarball.unlink(missing_ok=True)
             log(f"lab: removed unused image archive {tarball}")
     if REPO_DIR.is_dir():

@@ -27,13 +27,15 @@ def ensure_keypair(path: Path, comment: str) -> str:
     """Keep an existing OpenSSH ed25519 key at `path`, or create one; return the public line."""
     if not path.exists():
         key = Ed25519PrivateKey.generate()
-        write_private(path, key.private_bytes(serialization.Encoding.PEM,
-                                              serialization.PrivateFormat.OpenSSH,
-                                              serialization.NoEncryption()))
+        write_private(
+            path,
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+            ),
+        )
     os.chmod(path, 0o600)
     key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
-    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                         serialization.PublicFormat.OpenSSH).decode()
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     line = f"{pub} {comment}".strip()
     Path(str(path) + ".pub").write_text(line + "\n")
     return line

@@ -1,11 +1,11 @@
 """The lab: N real hosts (systemd-nspawn + real systemd + real sshd) on a private bridge.
 
-    lab = Lab("lab")                     # files land in ./lab; state in /var/lib/tunnelspec-lab/
-    lab.up(["main", "rpc-a", "rpc-b"])   # idempotent: keeps running hosts, restarts dead ones
-    lab.hosts                            # {"main": "10.77.0.10", ...}
-    lab.exec("rpc-a", ["systemctl", "is-system-running"])
-    lab.link("rpc-a", up=False)          # cut its cable; up=True restores it
-    lab.down()                           # nothing left behind
+lab = Lab("lab")                     # files land in ./lab; state in /var/lib/tunnelspec-lab/
+lab.up(["main", "rpc-a", "rpc-b"])   # idempotent: keeps running hosts, restarts dead ones
+lab.hosts                            # {"main": "10.77.0.10", ...}
+lab.exec("rpc-a", ["systemctl", "is-system-running"])
+lab.link("rpc-a", up=False)          # cut its cable; up=True restores it
+lab.down()                           # nothing left behind
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tunnelspec.core.errors import LabError
 from tunnelspec.lab import aptrepo, cgroups, host, network, outputs, prereq, state
@@ -46,8 +46,13 @@ class HostStatus:
 
 
 class Lab:
-    def __init__(self, dir: str | Path = "lab", subnet: str | None = None,
-                 bridge: str | None = None, log: Callable[[str], None] = print):
+    def __init__(
+        self,
+        dir: str | Path = "lab",
+        subnet: str | None = None,
+        bridge: str | None = None,
+        log: Callable[[str], None] = print,
+    ):
         self.dir = Path(dir).resolve()
         self.log = log
         known = state.find_by_dir(self.dir)
@@ -80,9 +85,14 @@ class Lab:
         return {n: h["ip"] for n, h in st["hosts"].items()} if st else {}
 
     # ---- up -------------------------------------------------------------------------------------
-    def up(self, hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
-           deadline_s: float = 180.0, releases: dict[str, str] | None = None,
-           login_user: str | None = None, login_password: str | None = None) -> dict[str, float]:
+    def up(
+        self,
+        hosts: list[str] | tuple[str, ...] = DEFAULT_HOSTS,
+        deadline_s: float = 180.0,
+        releases: dict[str, str] | None = None,
+        login_user: str | None = None,
+        login_password: str | None = None,
+    ) -> dict[str, float]:
         """Bring the lab up; returns timings in seconds (image, fixtures, boot, total).
 
         `releases`: host -> Debian codename (default bookworm for every host); `login_user`: a
@@ -93,8 +103,9 @@ class Lab:
         with state.locked():
             return self._up(list(hosts), deadline_s, dict(releases or {}), login)
 
-    def _up(self, hosts: list[str], deadline_s: float, releases: dict[str, str],
-            login: LoginUser | None) -> dict[str, float]:
+    def _up(
+        self, hosts: list[str], deadline_s: float, releases: dict[str, str], login: LoginUser | None
+    ) -> dict[str, float]:
         self._validate_hosts(hosts)
         for name, rel in releases.items():
             if name not in hosts:
@@ -112,9 +123,11 @@ class Lab:
         state.save(self.net.bridge, st)
         # Kept: this recipe's image of every release (another lab, or the next test, boots them) and
         # every image a lab still mounts; removed: images of older recipes.
-        prune_images({content_key(r) for r in RELEASES} | {Path(h["image"]).name for s in state.all_labs()
-                                                            for h in s["hosts"].values() if h.get("image")},
-                     self.log)
+        prune_images(
+            {content_key(r) for r in RELEASES}
+            | {Path(h["image"]).name for s in state.all_labs() for h in s["hosts"].values() if h.get("image")},
+            self.log,
+        )
 
         self.dir.mkdir(parents=True, exist_ok=True)
         client_pub = ensure_keypair(self.key_file, "tunnelspec-lab-client")
@@ -122,8 +135,9 @@ class Lab:
             d.mkdir(parents=True, exist_ok=True)
         _ensure_nspawn_tmpfs()
         network.ensure_bridge(self.net)
-        st["repo_pid"] = aptrepo.serve(self.net.gateway, st.get("repo_pid"),
-                                       state.state_dir(self.net.bridge) / "apt-repo.log")
+        st["repo_pid"] = aptrepo.serve(
+            self.net.gateway, st.get("repo_pid"), state.state_dir(self.net.bridge) / "apt-repo.log"
+        )
         state.save(self.net.bridge, st)
 
         t_boot0 = time.monotonic()
@@ -135,11 +149,12 @@ class Lab:
         self._write_files(host_keys, fixtures, login)
         self._wait_ready(hosts, deadline_s)
         t_boot = time.monotonic() - t_boot0
-        timings = {"image": t_image, "fixtures": t_fix, "boot": t_boot,
-                   "total": time.monotonic() - t0}
-        self.log(f"lab: {len(hosts)} hosts up on {self.net.bridge} ({self.net.subnet}) — image "
-                 f"{t_image:.1f} s, fixtures {t_fix:.1f} s, boot {t_boot:.1f} s, total "
-                 f"{timings['total']:.1f} s; files in {self.dir}")
+        timings = {"image": t_image, "fixtures": t_fix, "boot": t_boot, "total": time.monotonic() - t0}
+        self.log(
+            f"lab: {len(hosts)} hosts up on {self.net.bridge} ({self.net.subnet}) — image "
+            f"{t_image:.1f} s, fixtures {t_fix:.1f} s, boot {t_boot:.1f} s, total "
+            f"{timings['total']:.1f} s; files in {self.dir}"
+        )
         return timings
 
     def _validate_hosts(self, hosts: list[str]) -> None:
@@ -155,38 +170,64 @@ class Lab:
         st = state.load(self.net.bridge)
         login_rec = {"user": login.name, "password": login.password is not None} if login else None
         if st is None:
-            st = {"dir": str(self.dir), "bridge": self.net.bridge, "subnet": str(self.net.subnet),
-                  "order": hosts, "hosts": {}, "releases": releases, "login": login_rec}
+            st = {
+                "dir": str(self.dir),
+                "bridge": self.net.bridge,
+                "subnet": str(self.net.subnet),
+                "order": hosts,
+                "hosts": {},
+                "releases": releases,
+                "login": login_rec,
+            }
             state.save(self.net.bridge, st)
             return st
         if st.get("releases", {h: "bookworm" for h in st["order"]}) != releases and st["order"] == hosts:
-            raise LabError(f"the lab in {self.dir} runs releases "
-                           f"{','.join(f'{h}={r}' for h, r in st.get('releases', {}).items())}, not "
-                           f"{','.join(f'{h}={r}' for h, r in releases.items())}: run `tunnelspec lab down` first")
+            raise LabError(
+                f"the lab in {self.dir} runs releases "
+                f"{','.join(f'{h}={r}' for h, r in st.get('releases', {}).items())}, not "
+                f"{','.join(f'{h}={r}' for h, r in releases.items())}: run `tunnelspec lab down` first"
+            )
         if st.get("login") != login_rec and st["order"] == hosts:
-            raise LabError(f"the lab in {self.dir} logs in as {(st.get('login') or {}).get('user', 'root')}, not "
-                           f"{login.name if login else 'root'}: run `tunnelspec lab down` first")
+            raise LabError(
+                f"the lab in {self.dir} logs in as {(st.get('login') or {}).get('user', 'root')}, not "
+                f"{login.name if login else 'root'}: run `tunnelspec lab down` first"
+            )
         if st["dir"] != str(self.dir):
-            raise LabError(f"bridge {self.net.bridge} is used by the lab in {st['dir']}: take it "
-                           f"down first or pass another bridge and subnet")
+            raise LabError(
+                f"bridge {self.net.bridge} is used by the lab in {st['dir']}: take it "
+                f"down first or pass another bridge and subnet"
+            )
         if st["subnet"] != str(self.net.subnet):
-            raise LabError(f"the lab in {self.dir} runs on {st['subnet']}, not {self.net.subnet}: "
-                           f"run `tunnelspec lab down` first")
+            raise LabError(
+                f"the lab in {self.dir} runs on {st['subnet']}, not {self.net.subnet}: run `tunnelspec lab down` first"
+            )
         if st["order"] != hosts:
-            raise LabError(f"the lab in {self.dir} has hosts {','.join(st['order'])}, not "
-                           f"{','.join(hosts)}: run `tunnelspec lab down` first")
+            raise LabError(
+                f"the lab in {self.dir} has hosts {','.join(st['order'])}, not "
+                f"{','.join(hosts)}: run `tunnelspec lab down` first"
+            )
         return st
 
     def _specs(self, hosts: list[str]) -> list[HostSpec]:
         home = state.state_dir(self.net.bridge)
-        return [HostSpec(name=n, index=i, ip=self.net.host_ip(i), netns=self.net.netns(n),
-                         machine=self._machine(n), home=home / n)
-                for i, n in enumerate(hosts)]
+        return [
+            HostSpec(
+                name=n,
+                index=i,
+                ip=self.net.host_ip(i),
+                netns=self.net.netns(n),
+                machine=self._machine(n),
+                home=home / n,
+            )
+            for i, n in enumerate(hosts)
+        ]
 
-    def _ensure_host(self, st: dict, spec: HostSpec, image: Path, client_pub: str, apt_source: str,
-                     login: LoginUser | None) -> str:
-        rec = st["hosts"].setdefault(spec.name, {"ip": spec.ip, "index": spec.index, "pid": None,
-                                                 "netns": spec.netns, "cgroups": []})
+    def _ensure_host(
+        self, st: dict, spec: HostSpec, image: Path, client_pub: str, apt_source: str, login: LoginUser | None
+    ) -> str:
+        rec = st["hosts"].setdefault(
+            spec.name, {"ip": spec.ip, "index": spec.index, "pid": None, "netns": spec.netns, "cgroups": []}
+        )
         state.save(self.net.bridge, st)  # recorded before anything is created
         network.ensure_host_link(self.net, spec.index, spec.name)
         if host.supervisor_alive(rec["pid"], spec.machine):
@@ -212,8 +253,8 @@ class Lab:
         self.known_hosts.write_text(outputs.known_hosts_text(host_keys))
         self.ssh_config.write_text(outputs.ssh_config_text(hosts, self.key_file, self.known_hosts))
         self.inventory.write_text(
-            outputs.inventory_text(hosts, self.key_file, self.known_hosts, fixtures,
-                                   login.name if login else None))
+            outputs.inventory_text(hosts, self.key_file, self.known_hosts, fixtures, login.name if login else None)
+        )
 
     def _wait_ready(self, hosts: list[str], deadline_s: float) -> None:
         end = time.monotonic() + deadline_s
@@ -223,16 +264,20 @@ class Lab:
             for name in sorted(pending):
                 rec = state.load(self.net.bridge)["hosts"][name]
                 if not host.supervisor_alive(rec["pid"], self._machine(name)):
-                    raise LabError(f"lab host {name} stopped while booting; see "
-                                   f"{state.state_dir(self.net.bridge) / name / 'nspawn.log'}")
+                    raise LabError(
+                        f"lab host {name} stopped while booting; see "
+                        f"{state.state_dir(self.net.bridge) / name / 'nspawn.log'}"
+                    )
                 states[name] = self._system_state(name)
                 if states[name] in ("running", "degraded") and self._ssh_ok(name):
                     pending.discard(name)
             if pending:
                 time.sleep(POLL_S)
         if pending:
-            raise LabError("lab hosts not ready after %.0f s: %s" % (deadline_s, ", ".join(
-                f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending))))
+            raise LabError(
+                "lab hosts not ready after %.0f s: %s"
+                % (deadline_s, ", ".join(f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending)))
+            )
         for name in hosts:
             if states[name] == "degraded":
                 failed = self.exec(name, ["systemctl", "--failed", "--plain", "--no-legend"])
@@ -247,8 +292,9 @@ class Lab:
 
     def _ssh_ok(self, name: str) -> bool:
         """sshd answers and accepts our key, with strict host-key checking against our file."""
-        res = subprocess.run(["ssh", "-F", str(self.ssh_config), name, "true"],
-                             stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+        res = subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), name, "true"], stdin=subprocess.DEVNULL, capture_output=True, timeout=20
+        )
         return res.returncode == 0
 
     # ---- status / helpers -------------------------------------------------------------------
@@ -262,9 +308,16 @@ class Lab:
             if rec is None:
                 continue
             running = host.supervisor_alive(rec["pid"], self._machine(name))
-            out.append(HostStatus(name, rec["ip"], rec["pid"], running,
-                                  self._system_state(name) if running else "-",
-                                  network.link_is_up(self.net, rec["index"])))
+            out.append(
+                HostStatus(
+                    name,
+                    rec["ip"],
+                    rec["pid"],
+                    running,
+                    self._system_state(name) if running else "-",
+                    network.link_is_up(self.net, rec["index"]),
+                )
+            )
         return out
 
     def _machine(self, name: str) -> str:
@@ -273,12 +326,20 @@ class Lab:
     def _record(self, name: str) -> dict:
         st = state.load(self.net.bridge)
         if st is None or name not in st["hosts"]:
-            raise LabError(f"no lab host {name!r} in {self.dir} (hosts: "
-                           f"{', '.join(self.hosts) or 'none, run `tunnelspec lab up`'})")
+            raise LabError(
+                f"no lab host {name!r} in {self.dir} (hosts: "
+                f"{', '.join(self.hosts) or 'none, run `tunnelspec lab up`'})"
+            )
         return st["hosts"][name]
 
-    def exec(self, name: str, argv: list[str], input: bytes | str | None = None,
-             timeout: float | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+    def exec(
+        self,
+        name: str,
+        argv: list[str],
+        input: bytes | str | None = None,
+        timeout: float | None = None,
+        capture: bool = True,
+    ) -> subprocess.CompletedProcess:
         """Run argv inside a host through its namespaces (works even with its link cut)."""
         rec = self._record(name)
         init = None
@@ -306,8 +367,10 @@ class Lab:
     def _down(self) -> None:
         st = state.load(self.net.bridge)
         if st is not None:
-            pids = {name: rec["pid"] if host.supervisor_alive(rec["pid"], self._machine(name))
-                    else None for name, rec in st["hosts"].items()}
+            pids = {
+                name: rec["pid"] if host.supervisor_alive(rec["pid"], self._machine(name)) else None
+                for name, rec in st["hosts"].items()
+            }
             for pid in pids.values():
                 host.request_poweroff(pid)
             deadline = time.monotonic() + POWEROFF_S  # one deadline for all hosts
@@ -346,8 +409,7 @@ def _ensure_nspawn_tmpfs() -> None:
     if run_fs.stdout.strip() == "tmpfs" or host.is_mounted(NSPAWN_RUN):
         return
     NSPAWN_RUN.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tunnelspec-lab", str(NSPAWN_RUN)],
-                   check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tunnelspec-lab", str(NSPAWN_RUN)], check=True)
     TMPFS_MARKER.parent.mkdir(parents=True, exist_ok=True)
     TMPFS_MARKER.write_text("mounted by tunnelspec lab\n")
 

@@ -22,5 +22,7 @@ def check_platform() -> None:
 def check_tools() -> None:
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing:
-        raise LabError(f"missing tools for the lab: {', '.join(missing)}; install them with:\n"
-                       f"  {APT_LINE} openssh-client util-linux")
+        raise LabError(
+            f"missing tools for the lab: {', '.join(missing)}; install them with:\n"
+            f"  {APT_LINE} openssh-client util-linux"
+        )

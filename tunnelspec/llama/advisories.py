@@ -50,36 +50,59 @@ class Advisory:
 
 ADVISORIES: tuple[Advisory, ...] = (
     Advisory(
-        "GHSA-j8rj-fmpv-wcxw", "CVE-2026-34159",
+        "GHSA-j8rj-fmpv-wcxw",
+        "CVE-2026-34159",
         "unauthenticated RCE via RPC GRAPH_COMPUTE (CVSS 9.8)",
-        introduced=None, fixed=8492, fix="b8492 (PR #20908)",
+        introduced=None,
+        fixed=8492,
+        fix="b8492 (PR #20908)",
         note="the GHSA listing names <= b7991; the CVE record says fixed in b8492",
     ),
     Advisory(
-        "PR-21030-regression", "CVE-2026-34159",
+        "PR-21030-regression",
+        "CVE-2026-34159",
         "regression of the PR #20908 fix, repaired by PR #21030 a few days later",
-        introduced=8492, fixed=8841, fix="PR #21030",
+        introduced=8492,
+        fixed=8841,
+        fix="PR #21030",
         note="the build number of PR #21030 is not known here; the window ends at b8841, a build "
-             "known to be weeks later. Avoid builds between the two PRs",
+        "known to be weeks later. Avoid builds between the two PRs",
         approximate=True,
     ),
     Advisory(
-        "CVE-2026-118375", "CVE-2026-118375", "RDMA receive stack overflow in the RPC transport",
-        introduced=8841, fixed=11865, fix="b11865, or build with GGML_RPC_RDMA=OFF",
+        "CVE-2026-118375",
+        "CVE-2026-118375",
+        "RDMA receive stack overflow in the RPC transport",
+        introduced=8841,
+        fixed=11865,
+        fix="b11865, or build with GGML_RPC_RDMA=OFF",
         note="RDMA never negotiates through a tunnel anyway",
-        mitigation="GGML_RPC_RDMA=OFF", mitigated_text="RDMA off",
+        mitigation="GGML_RPC_RDMA=OFF",
+        mitigated_text="RDMA off",
     ),
     Advisory(
-        "CVE-2026-137567", "CVE-2026-137567", "COPY_TENSOR out-of-bounds write",
-        introduced=11450, fixed=12658, fix="b12658",
+        "CVE-2026-137567",
+        "CVE-2026-137567",
+        "COPY_TENSOR out-of-bounds write",
+        introduced=11450,
+        fixed=12658,
+        fix="b12658",
     ),
     Advisory(
-        "CVE-2024-42477/8/9", "CVE-2024-42477, CVE-2024-42478, CVE-2024-42479",
-        "RPC server out-of-bounds read/write", introduced=None, fixed=3561, fix="b3561",
+        "CVE-2024-42477/8/9",
+        "CVE-2024-42477, CVE-2024-42478, CVE-2024-42479",
+        "RPC server out-of-bounds read/write",
+        introduced=None,
+        fixed=3561,
+        fix="b3561",
     ),
     Advisory(
-        "GRAPH_RECOMPUTE-UAF", "-", "GRAPH_RECOMPUTE use-after-free",
-        introduced=None, fixed=None, fix="PR #24292",
+        "GRAPH_RECOMPUTE-UAF",
+        "-",
+        "GRAPH_RECOMPUTE use-after-free",
+        introduced=None,
+        fixed=None,
+        fix="PR #24292",
         note="no build number known for the fix: verify the tree contains PR #24292",
     ),
 )
@@ -113,8 +136,7 @@ class AdvisoryCheck:
     @property
     def message(self) -> str:
         if self.build_number is None:
-            return ("build number unknown (vendored or shallow source): known-vulnerable RPC builds "
-                    "cannot be ruled out")
+            return "build number unknown (vendored or shallow source): known-vulnerable RPC builds cannot be ruled out"
         if not self.findings:
             return f"b{self.build_number}: no known RPC advisory"
         parts = [_finding_text(f) for f in self.findings]

@@ -41,8 +41,12 @@ BASE_OPTIONS = (
 # - LLAMA_CURL: deprecated in newer trees (they warn when it is passed).
 TREE_OFF_OPTIONS = ("LLAMA_BUILD_WEBUI", "LLAMA_USE_PREBUILT_UI", "LLAMA_BUILD_UI", "LLAMA_CURL")
 # The CMakeLists files whose option() names are read (paths inside the tree).
-OPTION_FILES = ("CMakeLists.txt", "ggml/CMakeLists.txt", "tools/server/CMakeLists.txt",
-                "examples/server/CMakeLists.txt")
+OPTION_FILES = (
+    "CMakeLists.txt",
+    "ggml/CMakeLists.txt",
+    "tools/server/CMakeLists.txt",
+    "examples/server/CMakeLists.txt",
+)
 BACKEND_OPTIONS = {
     "cpu": (),
     "cuda": ("-DGGML_CUDA=ON",),
@@ -58,8 +62,13 @@ def ccache_env(root: str) -> list[str]:
     to the build directory, compilers compared by content (not mtime), `__DATE__` ignored, and one
     locale: ccache hashes LANG, LC_ALL, LC_CTYPE and LC_MESSAGES (they change compiler messages), and
     an SSH session and a desktop shell rarely agree on them."""
-    return [f"CCACHE_BASEDIR={root}", "CCACHE_COMPILERCHECK=content", "CCACHE_NOHASHDIR=1",
-            "CCACHE_SLOPPINESS=time_macros", *LOCALE_ENV]
+    return [
+        f"CCACHE_BASEDIR={root}",
+        "CCACHE_COMPILERCHECK=content",
+        "CCACHE_NOHASHDIR=1",
+        "CCACHE_SLOPPINESS=time_macros",
+        *LOCALE_ENV,
+    ]
 
 
 # The compiler's locale for every build (the C locale exists everywhere; sources are read as UTF-8
@@ -69,8 +78,13 @@ LOCALE_ENV = ("LANG=C", "LC_ALL=C", "LC_CTYPE=C", "LC_MESSAGES=C")
 
 def keyed_options(commit: str, build_number: int | None, backend: str, extra: list[str]) -> list[str]:
     """Options that change the binaries (part of the key). Build number 0 = unknown to build-info."""
-    return [*BASE_OPTIONS, f"-DLLAMA_BUILD_NUMBER={build_number or 0}", f"-DLLAMA_BUILD_COMMIT={commit[:9]}",
-            *BACKEND_OPTIONS[backend], *extra]
+    return [
+        *BASE_OPTIONS,
+        f"-DLLAMA_BUILD_NUMBER={build_number or 0}",
+        f"-DLLAMA_BUILD_COMMIT={commit[:9]}",
+        *BACKEND_OPTIONS[backend],
+        *extra,
+    ]
 
 
 # ---- CUDA architectures --------------------------------------------------------------------------
@@ -87,8 +101,9 @@ def cmake_sets(extra: list[str], name: str) -> str | None:
     return None
 
 
-def cuda_arch_plan(backend: str, extra: list[str], inventory_archs: str | None,
-                   detected: list[str] | None, gpus: str = "") -> tuple[list[str], str]:
+def cuda_arch_plan(
+    backend: str, extra: list[str], inventory_archs: str | None, detected: list[str] | None, gpus: str = ""
+) -> tuple[list[str], str]:
     """(options to add, what the build step says) for CMAKE_CUDA_ARCHITECTURES.
 
     The inventory wins (`-DCMAKE_CUDA_ARCHITECTURES` in llama_cmake_args, or llama_cuda_architectures);
@@ -104,7 +119,9 @@ def cuda_arch_plan(backend: str, extra: list[str], inventory_archs: str | None,
     if given is not None:
         return [], f"CUDA architectures {given} (llama_cmake_args)"
     if inventory_archs:
-        return [f"-D{CUDA_ARCH_VAR}={inventory_archs}"], f"CUDA architectures {inventory_archs} (llama_cuda_architectures)"
+        return [
+            f"-D{CUDA_ARCH_VAR}={inventory_archs}"
+        ], f"CUDA architectures {inventory_archs} (llama_cuda_architectures)"
     if not detected:
         raise ValueError("no CUDA architecture: nvidia-smi reported no GPU; set llama_cuda_architectures")
     archs = ";".join(detected)
@@ -141,8 +158,10 @@ def check_tree(names: set[str], where: str) -> None:
     """Refuse a tree tunnelspec cannot build, naming what is missing (rather than a cmake error
     deep in the build or binaries without RPC)."""
     if "GGML_RPC" not in names:
-        raise ValueError(f"{where}: the tree declares no GGML_RPC option (ggml/CMakeLists.txt): "
-                         "it has no RPC backend tunnelspec can build")
+        raise ValueError(
+            f"{where}: the tree declares no GGML_RPC option (ggml/CMakeLists.txt): "
+            "it has no RPC backend tunnelspec can build"
+        )
 
 
 def launcher_options(ccache: bool, backend: str) -> list[str]:

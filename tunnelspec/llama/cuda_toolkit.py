@@ -24,8 +24,6 @@ import re
 from dataclasses import dataclass
 
 
-
-
 def parse_nvcc(text: str) -> tuple[int, ...] | None:
     """The toolkit release `nvcc --version` reports ("Cuda compilation tools, release 12.4, V12.4.131");
     the one parser of that line (the host facts read it too)."""
@@ -36,8 +34,9 @@ def parse_nvcc(text: str) -> tuple[int, ...] | None:
 CMAKELISTS = "ggml/src/ggml-cuda/CMakeLists.txt"
 
 _NEEDS_COMMENT = re.compile(r"#\s*(\d+)\s*==\s*[^#]*?\bneeds CUDA v?(\d+(?:\.\d+)?)", re.I)
-_GUARD = re.compile(r'^\s*if\s*\(\s*CUDAToolkit_VERSION\s+VERSION_(GREATER_EQUAL|LESS)\s+"?(\d+(?:\.\d+)?)"?\s*\)\s*$',
-                    re.I)
+_GUARD = re.compile(
+    r'^\s*if\s*\(\s*CUDAToolkit_VERSION\s+VERSION_(GREATER_EQUAL|LESS)\s+"?(\d+(?:\.\d+)?)"?\s*\)\s*$', re.I
+)
 _IF = re.compile(r"^\s*if\s*\(", re.I)
 _ELSE = re.compile(r"^\s*else(if)?\s*\(", re.I)
 _ENDIF = re.compile(r"^\s*endif\s*\(", re.I)
@@ -118,8 +117,9 @@ def architectures(value: str) -> list[int]:
     return out
 
 
-def refusal(host: str, nvcc: tuple[int, ...] | None, nvcc_text: str, archs: str, cmake_text: str,
-            where: str) -> str | None:
+def refusal(
+    host: str, nvcc: tuple[int, ...] | None, nvcc_text: str, archs: str, cmake_text: str, where: str
+) -> str | None:
     """Why the host's nvcc cannot build this tree for these architectures, or None. `where` names the
     tree (its path and commit) for the message."""
     if nvcc is None:
@@ -134,13 +134,19 @@ def refusal(host: str, nvcc: tuple[int, ...] | None, nvcc_text: str, archs: str,
         if floors:
             v = _s(max(floors))
             need = f"CUDA {v} or newer"
-            todo = (f"install CUDA toolkit {v} or newer (NVIDIA's) and put its nvcc first on the PATH, or set "
-                    "llama_cuda_architectures to an older architecture this toolkit has")
+            todo = (
+                f"install CUDA toolkit {v} or newer (NVIDIA's) and put its nvcc first on the PATH, or set "
+                "llama_cuda_architectures to an older architecture this toolkit has"
+            )
         else:
             v = _s(min(r.version for r in failed))
             need = f"a CUDA toolkit older than {v}"
-            todo = (f"install a CUDA toolkit older than {v} (NVIDIA's) and put its nvcc first on the PATH, or "
-                    "build this node for another backend (vulkan)")
-        return (f"{host}: {said} cannot build {where} for CUDA architecture {arch}: the tree builds {arch} with "
-                f"{need} only ({'; '.join(r.where() for r in failed)}). What to do: {todo}")
+            todo = (
+                f"install a CUDA toolkit older than {v} (NVIDIA's) and put its nvcc first on the PATH, or "
+                "build this node for another backend (vulkan)"
+            )
+        return (
+            f"{host}: {said} cannot build {where} for CUDA architecture {arch}: the tree builds {arch} with "
+            f"{need} only ({'; '.join(r.where() for r in failed)}). What to do: {todo}"
+        )
     return None

@@ -91,8 +91,13 @@ class Device:
         return f"{self.name} ({self.description}, {self.free_mib}/{self.total_mib} MiB free)"
 
     def as_fact(self) -> dict:
-        return {"name": self.name, "description": self.description, "kind": self.kind,
-                "total_mib": self.total_mib, "free_mib": self.free_mib}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "kind": self.kind,
+            "total_mib": self.total_mib,
+            "free_mib": self.free_mib,
+        }
 
 
 def parse_device_line(line: str) -> Device | None:
@@ -141,11 +146,13 @@ class NodeLog:
 
 # Lines in which a GPU runtime says why it found nothing (ggml-cuda: `ggml_cuda_init: failed to
 # initialize CUDA: no CUDA-capable device is detected`; ggml-vulkan: `ggml_vulkan: No devices found.`).
-_HINTS = re.compile(r"failed to initialize (?:CUDA|ROCm|MUSA)|ggml_vulkan: No devices found|"
-                    r"CUDA driver version is insufficient|no CUDA-capable device|hipErrorNoDevice|"
-                    r"ERROR_INCOMPATIBLE_DRIVER|ErrorIncompatibleDriver|Permission denied.*/dev/|"
-                    r"error while loading shared libraries",
-                    re.I)
+_HINTS = re.compile(
+    r"failed to initialize (?:CUDA|ROCm|MUSA)|ggml_vulkan: No devices found|"
+    r"CUDA driver version is insufficient|no CUDA-capable device|hipErrorNoDevice|"
+    r"ERROR_INCOMPATIBLE_DRIVER|ErrorIncompatibleDriver|Permission denied.*/dev/|"
+    r"error while loading shared libraries",
+    re.I,
+)
 
 
 def parse_node_log(text: str) -> NodeLog:
@@ -164,16 +171,19 @@ def parse_node_log(text: str) -> NodeLog:
         m = _BANNER.search(lines[last_banner])
         assert m is not None  # the line was chosen by this very pattern
         version = (int(m.group(1)), int(m.group(2)), int(m.group(3)))
-        at = next((j for j in range(last_banner + 1, min(len(lines), last_banner + 8))
-                   if lines[j].strip() == "Devices:"), None)
+        at = next(
+            (j for j in range(last_banner + 1, min(len(lines), last_banner + 8)) if lines[j].strip() == "Devices:"),
+            None,
+        )
         banner = Banner(version, tuple(_device_block(lines, at + 1)) if at is not None else ())
     if last_unknown is not None:
         i, name = last_unknown
-        at = next((j for j in range(i + 1, min(len(lines), i + 4))
-                   if lines[j].strip().lower() == "available devices:"), None)
+        at = next(
+            (j for j in range(i + 1, min(len(lines), i + 4)) if lines[j].strip().lower() == "available devices:"), None
+        )
         unknown = UnknownDevice(name, tuple(_device_block(lines, at + 1)) if at is not None else ())
     end = last_banner if last_banner is not None else (last_unknown[0] if last_unknown else len(lines))
-    hints = tuple(dict.fromkeys(line.strip() for line in lines[run_start:end + 1] if _HINTS.search(line)))
+    hints = tuple(dict.fromkeys(line.strip() for line in lines[run_start : end + 1] if _HINTS.search(line)))
     return NodeLog(banner, unknown, hints)
 
 
@@ -205,8 +215,10 @@ def node_devices(output: str) -> list[Device]:
     """The devices a `list_devices_argv` run printed (every device of the node)."""
     log = parse_node_log(output)
     if log.unknown is None:
-        raise DeviceError("the RPC server did not list its devices (no 'available devices:' after its "
-                          f"'unknown device' error); its output:\n{_tail(output)}")
+        raise DeviceError(
+            "the RPC server did not list its devices (no 'available devices:' after its "
+            f"'unknown device' error); its output:\n{_tail(output)}"
+        )
     return list(log.unknown.available)
 
 
@@ -229,33 +241,42 @@ def _names(devices) -> str:
 
 
 _CAUSES = {
-    "cuda": ("the NVIDIA driver: does `nvidia-smi` on {node} list the GPU (a driver older than the CUDA "
-             "toolkit's runtime is refused too)?",
-             "device-node permissions: can the RPC server's user ({user}) open /dev/nvidia* "
-             "(ls -l /dev/nvidia*; containers need the devices passed in)?"),
-    "hip": ("the ROCm driver: does `rocminfo` on {node} list the GPU (amdgpu loaded)?",
-            "device-node permissions: /dev/kfd and /dev/dri/renderD* belong to the `render` and `video` "
-            "groups: do they exist on {node} and may {user} use them?"),
-    "vulkan": ("the Vulkan driver (ICD): does `vulkaninfo --summary` on {node} list the GPU (Mesa's "
-               "lavapipe: mesa-vulkan-drivers; NVIDIA: the driver's Vulkan ICD)?",
-               "device-node permissions: /dev/dri/renderD* belong to the `render` (and `video`) group: "
-               "do they exist on {node} and may {user} use them?",
-               "a CPU implementation (Mesa's llvmpipe/lavapipe) is skipped by ggml-vulkan unless chosen: "
-               "rpc_env=GGML_VK_VISIBLE_DEVICES=0 (its index in vulkaninfo's list)"),
+    "cuda": (
+        "the NVIDIA driver: does `nvidia-smi` on {node} list the GPU (a driver older than the CUDA "
+        "toolkit's runtime is refused too)?",
+        "device-node permissions: can the RPC server's user ({user}) open /dev/nvidia* "
+        "(ls -l /dev/nvidia*; containers need the devices passed in)?",
+    ),
+    "hip": (
+        "the ROCm driver: does `rocminfo` on {node} list the GPU (amdgpu loaded)?",
+        "device-node permissions: /dev/kfd and /dev/dri/renderD* belong to the `render` and `video` "
+        "groups: do they exist on {node} and may {user} use them?",
+    ),
+    "vulkan": (
+        "the Vulkan driver (ICD): does `vulkaninfo --summary` on {node} list the GPU (Mesa's "
+        "lavapipe: mesa-vulkan-drivers; NVIDIA: the driver's Vulkan ICD)?",
+        "device-node permissions: /dev/dri/renderD* belong to the `render` (and `video`) group: "
+        "do they exist on {node} and may {user} use them?",
+        "a CPU implementation (Mesa's llvmpipe/lavapipe) is skipped by ggml-vulkan unless chosen: "
+        "rpc_env=GGML_VK_VISIBLE_DEVICES=0 (its index in vulkaninfo's list)",
+    ),
     "metal": ("Metal exists on macOS only, which tunnelspec does not deploy to",),
 }
 
 
-def check_served(node: str, backend: str, requested: tuple[str, ...] | list[str], log: NodeLog,
-                 user: str = "the rpc user") -> str:
+def check_served(
+    node: str, backend: str, requested: tuple[str, ...] | list[str], log: NodeLog, user: str = "the rpc user"
+) -> str:
     """The device check after a node's RPC server started: it serves what its build and inventory
     ask for. Returns a one-line summary; raises DeviceError naming the node, what it serves and the
     likely causes. `requested`: rpc_devices (empty: the server's default choice)."""
     if log.unknown is not None:
         raise requested_missing(node, requested or [log.unknown.requested], log.unknown.available)
     if log.banner is None:
-        raise DeviceError(f"{node}: the RPC server printed no banner (no 'Starting RPC server' line in its "
-                          "journal): cannot tell which devices it serves; see journalctl -u tunnelspec-rpc")
+        raise DeviceError(
+            f"{node}: the RPC server printed no banner (no 'Starting RPC server' line in its "
+            "journal): cannot tell which devices it serves; see journalctl -u tunnelspec-rpc"
+        )
     served = log.banner.devices
     if not served:
         raise DeviceError(f"{node}: the RPC server's banner lists no devices")
@@ -270,23 +291,30 @@ def check_served(node: str, backend: str, requested: tuple[str, ...] | list[str]
         return summary
     what = "CPU only" if all(d.kind == "cpu" for d in served) else f"no {want} device"
     causes = [c.format(node=node, user=user) for c in _CAUSES.get(backend, ())]
-    causes.append("rpc_devices: unset, the server picks every non-CPU device and falls back to the CPU "
-                  "when it finds none; set rpc_devices=CPU (or llama_backend=cpu) if the CPU is what "
-                  "you want" if not requested else
-                  f"rpc_devices={','.join(requested)}: does it name this node's {want} device?")
+    causes.append(
+        "rpc_devices: unset, the server picks every non-CPU device and falls back to the CPU "
+        "when it finds none; set rpc_devices=CPU (or llama_backend=cpu) if the CPU is what "
+        "you want"
+        if not requested
+        else f"rpc_devices={','.join(requested)}: does it name this node's {want} device?"
+    )
     seen = "; the runtime said: " + " | ".join(log.hints) if log.hints else ""
-    raise DeviceError(f"{node}: built for {backend} (llama_backend={backend}) but its RPC server serves {what}: "
-                      f"{_names(served)}{seen}. Check: " + "; ".join(f"({i}) {c}" for i, c in enumerate(causes, 1)))
+    raise DeviceError(
+        f"{node}: built for {backend} (llama_backend={backend}) but its RPC server serves {what}: "
+        f"{_names(served)}{seen}. Check: " + "; ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
+    )
 
 
 def requested_missing(node: str, requested, available) -> DeviceError:
     """rpc_devices names a device the node does not have: the error, listing what it has."""
     have = {d.name.lower() for d in available}
     missing = [r for r in requested if r.lower() not in have] or list(requested)
-    return DeviceError(f"{node}: rpc_devices={','.join(requested)} names {', '.join(missing)}, which this node "
-                       f"does not have; its devices: {_names(available)}. Set rpc_devices to some of "
-                       f"{', '.join(d.name for d in available) or 'them'} (or remove it: every non-CPU device, "
-                       "else the CPU)")
+    return DeviceError(
+        f"{node}: rpc_devices={','.join(requested)} names {', '.join(missing)}, which this node "
+        f"does not have; its devices: {_names(available)}. Set rpc_devices to some of "
+        f"{', '.join(d.name for d in available) or 'them'} (or remove it: every non-CPU device, "
+        "else the CPU)"
+    )
 
 
 def check_requested(node: str, requested, available) -> str:
@@ -321,9 +349,11 @@ def default_target_devices(backend: str, listed: list[Device]) -> str:
     want = BACKEND_PREFIX.get(backend)
     local = [d.name for d in listed if want and d.prefix.lower() == want.lower()]
     if not local:
-        raise DeviceError(f"main is built for {backend} but llama-server --list-devices shows no {want} device "
-                          f"(it lists: {', '.join(d.name for d in listed) or 'nothing'}); check the driver "
-                          "and device permissions, or set llama_target_devices=none to run the target on the CPU")
+        raise DeviceError(
+            f"main is built for {backend} but llama-server --list-devices shows no {want} device "
+            f"(it lists: {', '.join(d.name for d in listed) or 'nothing'}); check the driver "
+            "and device permissions, or set llama_target_devices=none to run the target on the CPU"
+        )
     return ",".join(local)
 
 
@@ -340,14 +370,20 @@ def served_text(names: Sequence[str], served: list[dict] | None) -> str:
         return "?"
     if not served:
         return ",".join(names)
-    return ", ".join(f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
-                     if i < len(served) and (d := served[i]) else n for i, n in enumerate(names))
+    return ", ".join(
+        f"{n} = {d['name']} ({d['description']}, {d['free_mib']}/{d['total_mib']} MiB free)"
+        if i < len(served) and (d := served[i])
+        else n
+        for i, n in enumerate(names)
+    )
 
 
 # ---- a command line for scripts (scripts/gpu-check.sh) ---------------------------------------------
 def _main(argv: list[str]) -> int:
-    usage = ("usage: python -m tunnelspec.llama.devices cuda-arch        (nvidia-smi output on stdin)\n"
-             "       python -m tunnelspec.llama.devices served BACKEND   (rpc-server output on stdin)")
+    usage = (
+        "usage: python -m tunnelspec.llama.devices cuda-arch        (nvidia-smi output on stdin)\n"
+        "       python -m tunnelspec.llama.devices served BACKEND   (rpc-server output on stdin)"
+    )
     if not argv or argv[0] not in ("cuda-arch", "served"):
         print(usage, file=sys.stderr)
         return 2

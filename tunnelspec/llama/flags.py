@@ -100,8 +100,7 @@ def parse_help(text: str, build: str = "unknown build") -> ServerHelp:
     def flush():
         if current is not None:
             desc = " ".join(current["help"]).strip()
-            help_.options.append(HelpOption(tuple(current["names"]), current["hint"], desc,
-                                            _REMOVED in desc))
+            help_.options.append(HelpOption(tuple(current["names"]), current["hint"], desc, _REMOVED in desc))
 
     for line in text.splitlines():
         if line.startswith("-") and not line.startswith("---"):
@@ -124,7 +123,7 @@ def _split_columns(line: str) -> tuple[str, str]:
     alias ("-md,   --spec-draft-model") follows a comma and is not a separator. Long option parts
     put the description on the next line instead."""
     m = _COLUMN_GAP.search(line)
-    return (line[:m.start()], line[m.end():]) if m else (line, "")
+    return (line[: m.start()], line[m.end() :]) if m else (line, "")
 
 
 _COLUMN_GAP = re.compile(r"(?<=[^,\s])\s{2,}")
@@ -138,7 +137,7 @@ def _split_names(head: str) -> tuple[list[str], str]:
         if not m:
             break
         names.append(m.group(1))
-        rest = rest[m.end():]
+        rest = rest[m.end() :]
         if not m.group(2):
             break
     return names, rest.strip()
@@ -187,8 +186,10 @@ def draft_flags(h: ServerHelp) -> DraftFlags:
     if spec_type is not None and DRAFT_SIMPLE not in types:
         if any(t.startswith("draft-") for t in types):
             # Draft types exist but not the plain one: a layout this code does not know.
-            raise TaskFailed(f"llama-server --spec-type has no '{DRAFT_SIMPLE}' value in this build ({h.build}); "
-                             f"it lists {', '.join(types)}")
+            raise TaskFailed(
+                f"llama-server --spec-type has no '{DRAFT_SIMPLE}' value in this build ({h.build}); "
+                f"it lists {', '.join(types)}"
+            )
         needed = None  # the draft model alone enables speculation on this build
     else:
         needed = spec_type

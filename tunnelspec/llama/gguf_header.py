@@ -33,11 +33,40 @@ DEFAULT_ALIGNMENT = 32
 # ggml type → (elements per block, bytes per block), as ggml's type traits (gguf-py GGML_QUANT_SIZES).
 # A type missing here (one newer than this table) has its start checked, not its end.
 TYPE_SIZES = {
-    0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 9: (32, 40),
-    10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 15: (256, 292),
-    16: (256, 66), 17: (256, 74), 18: (256, 98), 19: (256, 50), 20: (32, 18), 21: (256, 110), 22: (256, 82),
-    23: (256, 136), 24: (1, 1), 25: (1, 2), 26: (1, 4), 27: (1, 8), 28: (1, 8), 29: (256, 56), 30: (1, 2),
-    34: (256, 54), 35: (256, 66), 39: (32, 17), 40: (64, 36), 41: (128, 18),
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
+    8: (32, 34),
+    9: (32, 40),
+    10: (256, 84),
+    11: (256, 110),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+    15: (256, 292),
+    16: (256, 66),
+    17: (256, 74),
+    18: (256, 98),
+    19: (256, 50),
+    20: (32, 18),
+    21: (256, 110),
+    22: (256, 82),
+    23: (256, 136),
+    24: (1, 1),
+    25: (1, 2),
+    26: (1, 4),
+    27: (1, 8),
+    28: (1, 8),
+    29: (256, 56),
+    30: (1, 2),
+    34: (256, 54),
+    35: (256, 66),
+    39: (32, 17),
+    40: (64, 36),
+    41: (128, 18),
 }
 
 
@@ -48,9 +77,9 @@ class _Short(Exception):
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    dims: tuple[int, ...]     # ggml's ne order: dims[0] is the row length
-    type: int                 # ggml type
-    offset: int               # from the start of the tensor data
+    dims: tuple[int, ...]  # ggml's ne order: dims[0] is the row length
+    type: int  # ggml type
+    offset: int  # from the start of the tensor data
 
 
 @dataclass(frozen=True)
@@ -58,7 +87,7 @@ class Header:
     kv: dict[str, object]  # arrays: their length
     tensors: tuple[str, ...] | None  # None: the bytes ended before the tensor infos did
     infos: tuple[TensorInfo, ...] | None = None
-    data_start: int | None = None    # where the tensor data begins (the infos' end, aligned)
+    data_start: int | None = None  # where the tensor data begins (the infos' end, aligned)
 
     @property
     def arch(self) -> str | None:
@@ -89,7 +118,7 @@ class _Cursor:
         n = self.take("<Q")
         if self.pos + n > len(self.data):
             raise _Short
-        out = self.data[self.pos:self.pos + n].decode("utf-8", "replace")
+        out = self.data[self.pos : self.pos + n].decode("utf-8", "replace")
         self.pos += n
         return out
 
@@ -197,8 +226,8 @@ def nbytes(t: TensorInfo) -> int | None:
 
 @dataclass(frozen=True)
 class Extent:
-    need: int                 # bytes the file must hold: the data's start + the furthest tensor end
-    last: str                 # the tensor that ends furthest
+    need: int  # bytes the file must hold: the data's start + the furthest tensor end
+    last: str  # the tensor that ends furthest
     unsized: tuple[str, ...]  # tensors of a type TYPE_SIZES does not know: only their start counts
 
 
@@ -215,7 +244,7 @@ def extent(h: Header) -> Extent:
         size = nbytes(t)
         if size is None:
             unsized.append(t.name)
-            size = 1          # its first byte at least
+            size = 1  # its first byte at least
         end = h.data_start + t.offset + size
         if end > need:
             need, last = end, t.name
@@ -226,8 +255,10 @@ def shortfall(size: int, ext: Extent) -> str | None:
     """Why a file of `size` bytes cannot hold the tensors, or None when it can."""
     if size >= ext.need:
         return None
-    return (f"cut short: {size} bytes, its tensors need {ext.need} ({ext.need - size} bytes missing; "
-            f"tensor {ext.last} ends past the end of the file)")
+    return (
+        f"cut short: {size} bytes, its tensors need {ext.need} ({ext.need - size} bytes missing; "
+        f"tensor {ext.last} ends past the end of the file)"
+    )
 
 
 # ---- run on the host -----------------------------------------------------------------------------

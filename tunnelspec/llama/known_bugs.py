@@ -41,6 +41,8 @@ def draft_n_max_warnings(n_max: int | None, slots: int | None, build: str) -> li
     if slots is not None and n_max + 1 <= slots:
         return []
     where = f"{slots} parallel slot(s)" if slots else "the parallel slots (auto: not known before start)"
-    return [f"spec_draft_n_max={n_max}: {ISSUE_25719} — some builds abort on the first completion with "
-            f"GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max) when n_max + 1 exceeds {where}; "
-            f"on {build} leave spec_draft_n_max unset (the build's own default) or raise -np"]
+    return [
+        f"spec_draft_n_max={n_max}: {ISSUE_25719} — some builds abort on the first completion with "
+        f"GGML_ASSERT(n_outputs_max <= cparams.n_outputs_max) when n_max + 1 exceeds {where}; "
+        f"on {build} leave spec_draft_n_max unset (the build's own default) or raise -np"
+    ]

@@ -91,8 +91,9 @@ def draft_need(draft_bytes: int, shape: ModelShape | None, n_ctx: int | None) ->
     return Need(draft_bytes, kv, compute_bytes(shape, draft_bytes), tuple(notes))
 
 
-def target_share_need(target_bytes: int, share: float, total_weight: float, shape: ModelShape | None,
-                      n_ctx: int | None) -> Need:
+def target_share_need(
+    target_bytes: int, share: float, total_weight: float, shape: ModelShape | None, n_ctx: int | None
+) -> Need:
     """A target node's part: `share`/`total_weight` of the target's weights and of its KV cache
     (layers carry both), plus its compute buffers (without the logits: the output layer stays on
     the last device, which is main's)."""
@@ -110,8 +111,12 @@ def target_share_need(target_bytes: int, share: float, total_weight: float, shap
 
 
 def combine(*needs: Need) -> Need:
-    return Need(sum(n.weights for n in needs), sum(n.kv for n in needs), sum(n.compute for n in needs),
-                tuple(x for n in needs for x in n.notes))
+    return Need(
+        sum(n.weights for n in needs),
+        sum(n.kv for n in needs),
+        sum(n.compute for n in needs),
+        tuple(x for n in needs for x in n.notes),
+    )
 
 
 @dataclass(frozen=True)
@@ -130,8 +135,11 @@ def check_fit(node: str, devices: list[tuple[str, int, int]], need: Need, what: 
     per = ", ".join(f"{n} {_mib(f)} free of {_mib(t)}" for n, f, t in devices) or "no device"
     figures = f"{what} needs {_mib(need.total)} ({need.describe()}); {node} reports {_mib(free)} free ({per})"
     if need.total > free:
-        return Fit("refuse", f"{node}: {what} does not fit: {figures}. Use a smaller (more quantized) model, a "
-                   "smaller context, or a node with more memory")
+        return Fit(
+            "refuse",
+            f"{node}: {what} does not fit: {figures}. Use a smaller (more quantized) model, a "
+            "smaller context, or a node with more memory",
+        )
     left = free - need.total
     if left < max(free * TIGHT_SHARE, TIGHT_MIN_MIB * MIB):
         return Fit("tight", f"{node}: {what} fits tightly, {_mib(left)} would be left: {figures}")
@@ -158,10 +166,14 @@ def gguf_shape(header: bytes) -> ModelShape:
         return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
     vocab = found.get("tokenizer.ggml.tokens")
-    return ModelShape(n_layer=num("block_count"), n_embd=num("embedding_length"), n_head=num("attention.head_count"),
-                      n_head_kv=num("attention.head_count_kv"),
-                      n_vocab=num("vocab_size") or (int(vocab) if isinstance(vocab, int) else None),
-                      n_ctx_train=num("context_length"))
+    return ModelShape(
+        n_layer=num("block_count"),
+        n_embd=num("embedding_length"),
+        n_head=num("attention.head_count"),
+        n_head_kv=num("attention.head_count_kv"),
+        n_vocab=num("vocab_size") or (int(vocab) if isinstance(vocab, int) else None),
+        n_ctx_train=num("context_length"),
+    )
 
 
 def ram_available(meminfo: str) -> tuple[int, int] | None:

@@ -14,8 +14,10 @@ from tunnelspec.llama.device_error import DeviceError
 NVIDIA_SMI_FIELDS = ("compute_cap", "name", "driver_version", "memory.total")
 NVIDIA_SMI_ARGV = ["nvidia-smi", f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}", "--format=csv,noheader"]
 # The probe: nvidia-smi's own messages (some go to stderr) in its output, "not found" made explicit.
-NVIDIA_SMI_SCRIPT = ('command -v nvidia-smi >/dev/null 2>&1 || { echo "tunnelspec: nvidia-smi: command not found"; '
-                     'exit 127; }; exec ' + " ".join(NVIDIA_SMI_ARGV) + " 2>&1")
+NVIDIA_SMI_SCRIPT = (
+    'command -v nvidia-smi >/dev/null 2>&1 || { echo "tunnelspec: nvidia-smi: command not found"; '
+    "exit 127; }; exec " + " ".join(NVIDIA_SMI_ARGV) + " 2>&1"
+)
 NVIDIA_SMI_PROBE = ["sh", "-c", NVIDIA_SMI_SCRIPT]
 
 
@@ -59,8 +61,10 @@ def parse_nvidia_smi(text: str, rc: int = 0, host: str = "this host") -> list[Nv
     elif "No devices were found" in said:
         why = "the driver sees no GPU (a container without the GPU passed in?)"
     elif "not a valid field" in said:
-        why = ("this driver's nvidia-smi cannot report compute_cap (older than R510): set "
-               "llama_cuda_architectures (e.g. 86) in the inventory")
+        why = (
+            "this driver's nvidia-smi cannot report compute_cap (older than R510): set "
+            "llama_cuda_architectures (e.g. 86) in the inventory"
+        )
     else:
         why = "nvidia-smi listed no GPU"
     raise DeviceError(f"{host}: llama_backend=cuda but {why}; nvidia-smi said: {said}")

@@ -15,7 +15,7 @@ import enum
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.llama.versions import format_version
@@ -142,14 +142,18 @@ async def probe_stream(
         version = await _hello(reader, writer, legacy, timeout)
         if expected is not None and tuple(version) != tuple(expected):
             # Patch matters: it bumps when ops are inserted mid-list, and llama.cpp ignores it.
-            return ProbeResult(ProbeStatus.MISMATCH, version, detail=(
-                f"server speaks RPC v{format_version(version)}, "
-                f"expected v{format_version(expected)}"), legacy_hello=legacy)
+            return ProbeResult(
+                ProbeStatus.MISMATCH,
+                version,
+                detail=(f"server speaks RPC v{format_version(version)}, expected v{format_version(expected)}"),
+                legacy_hello=legacy,
+            )
         devices = await _devices(reader, writer, version, timeout)
         return ProbeResult(ProbeStatus.OK, version, devices, legacy_hello=legacy)
-    except asyncio.TimeoutError:
-        return ProbeResult(ProbeStatus.BUSY, detail=(
-            f"connected but no reply within {timeout:g}s (another client holds the server?)"))
+    except TimeoutError:
+        return ProbeResult(
+            ProbeStatus.BUSY, detail=(f"connected but no reply within {timeout:g}s (another client holds the server?)")
+        )
     except _Closed as exc:
         return ProbeResult(ProbeStatus.CLOSED, detail=f"server closed the connection ({exc})")
     finally:
@@ -179,7 +183,7 @@ async def probe(opener: Opener, timeout: float = 5.0, expected: Version | None =
     for legacy in (False, True):
         try:
             reader, writer = await asyncio.wait_for(opener(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # On loopback a connect only hangs when the server's accept backlog is full.
             return ProbeResult(ProbeStatus.BUSY, detail=f"connect timed out after {timeout:g}s")
         except Exception as exc:  # noqa: BLE001 - classified below, anything else propagates
@@ -207,8 +211,9 @@ async def poll(deadline_s: float, attempt):
         await asyncio.sleep(POLL_S)
 
 
-async def probe_until(opener: Opener, deadline_s: float, expected: Version | None = None,
-                      busy_timeout: float = 3.0) -> ProbeResult:
+async def probe_until(
+    opener: Opener, deadline_s: float, expected: Version | None = None, busy_timeout: float = 3.0
+) -> ProbeResult:
     """Probe until the server answers (or says busy, or mismatches), polling while it is not up yet
     (it was (re)started a moment ago)."""
     last = None
@@ -221,12 +226,14 @@ async def probe_until(opener: Opener, deadline_s: float, expected: Version | Non
     return await poll(deadline_s, attempt) or last
 
 
-async def probe_tcp(host: str = LOOPBACK, port: int = 50052, timeout: float = 5.0,
-                    expected: Version | None = None) -> ProbeResult:
+async def probe_tcp(
+    host: str = LOOPBACK, port: int = 50052, timeout: float = 5.0, expected: Version | None = None
+) -> ProbeResult:
     return await probe(lambda: asyncio.open_connection(host, port), timeout, expected)
 
 
-def probe_tcp_sync(host: str = LOOPBACK, port: int = 50052, timeout: float = 5.0,
-                   expected: Version | None = None) -> ProbeResult:
+def probe_tcp_sync(
+    host: str = LOOPBACK, port: int = 50052, timeout: float = 5.0, expected: Version | None = None
+) -> ProbeResult:
     """Blocking helper for scripts and tests outside an event loop."""
     return asyncio.run(probe_tcp(host, port, timeout, expected))

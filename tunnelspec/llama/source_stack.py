@@ -41,8 +41,16 @@ GIT_IDENTITY_ENV = {
     "GIT_COMMITTER_DATE": "2001-01-01T00:00:00+00:00",
 }
 # Host git config must not change bytes or prompt: no signing, no CRLF conversion, no editor.
-GIT_CONFIG_ARGS = ["-c", "commit.gpgsign=false", "-c", "core.autocrlf=false", "-c", "core.editor=true",
-                   "-c", "advice.detachedHead=false"]
+GIT_CONFIG_ARGS = [
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "core.editor=true",
+    "-c",
+    "advice.detachedHead=false",
+]
 
 
 @dataclass(frozen=True)
@@ -85,9 +93,11 @@ def short_sha_error(value, key: str) -> str | None:
     if FULL_SHA.match(text):
         return None
     if re.fullmatch(r"[0-9a-f]{4,39}", text):
-        return (f"{key} {value!r} is a short SHA; give the full 40-hex SHA, quoted (a prefix can come to "
-                f"name another commit, or several); resolve it in a clone that has the commit: "
-                f"git rev-parse '{text}^{{commit}}' (for a PR, git fetch origin refs/pull/<N>/head first)")
+        return (
+            f"{key} {value!r} is a short SHA; give the full 40-hex SHA, quoted (a prefix can come to "
+            f"name another commit, or several); resolve it in a clone that has the commit: "
+            f"git rev-parse '{text}^{{commit}}' (for a PR, git fetch origin refs/pull/<N>/head first)"
+        )
     return f"{key} {value!r} must be a full 40-hex commit SHA, quoted"
 
 
@@ -126,8 +136,10 @@ def parse_patches(entries, base_dir: Path) -> list[PatchSpec]:
                 raise TaskFailed(f"{where}: remote and ref must be non-empty and not start with '-'")
             out.append(PatchSpec("remote", commit=commit, remote=remote, ref=ref))
         else:
-            raise TaskFailed(f"{where} has keys {sorted(keys)}; use {{pr, commit}} (one commit of a PR), "
-                             "{pr, head} (the whole PR), {remote, ref, commit} or {file}")
+            raise TaskFailed(
+                f"{where} has keys {sorted(keys)}; use {{pr, commit}} (one commit of a PR), "
+                "{pr, head} (the whole PR), {remote, ref, commit} or {file}"
+            )
     return out
 
 
@@ -146,16 +158,20 @@ def pr_commits(rev_list: str, spec: PatchSpec, base: str, host: str) -> list[str
             f"{what}: the PR holds {len(merges)} merge commit(s) ({shown}) between llama_commit {base[:12]} "
             "and its head; a whole-PR entry replays the PR's own commits one by one, and a merge would bring "
             "the other branch's commits in as if they were the PR's. Rebase the PR onto llama_commit and pin "
-            "the new head, or list the commits you want as {\"pr\": N, \"commit\": SHA} entries, oldest first")
+            'the new head, or list the commits you want as {"pr": N, "commit": SHA} entries, oldest first'
+        )
     if not rows:
-        raise TaskFailed(f"{what}: head {(spec.commit or '')[:12]} is already contained in llama_commit {base[:12]}: "
-                         "nothing to apply (the PR was merged before that commit?); remove the entry")
+        raise TaskFailed(
+            f"{what}: head {(spec.commit or '')[:12]} is already contained in llama_commit {base[:12]}: "
+            "nothing to apply (the PR was merged before that commit?); remove the entry"
+        )
     if len(rows) > PR_MAX_COMMITS:
         raise TaskFailed(
             f"{what}: {len(rows)} commits lie between llama_commit {base[:12]} and the PR's head, more than "
             f"a PR holds (GitHub lists at most {PR_MAX_COMMITS}); llama_commit is probably older than the "
             "commit the PR branches from, so upstream commits would come along: pin a llama_commit at or "
-            "after the PR's base (git merge-base), or list the PR's commits as {\"pr\", \"commit\"} entries")
+            'after the PR\'s base (git merge-base), or list the PR\'s commits as {"pr", "commit"} entries'
+        )
     return [r[0] for r in rows]
 
 
@@ -208,7 +224,7 @@ def parse_state(text: str) -> SourceState:
     dirty = []
     for i, line in enumerate(lines):
         if line == "--- stack":
-            raw = "\n".join(lines[i + 1:]).strip()
+            raw = "\n".join(lines[i + 1 :]).strip()
             try:
                 st.stack = json.loads(raw) if raw else None
             except ValueError:
@@ -244,5 +260,11 @@ def build_number_from_describe(describe: str | None) -> int | None:
 
 def stack_record(fp: str, base: str, head: str, tree: str, steps: list[dict]) -> str:
     """The `.git/tunnelspec-stack` file: what the stack produced, written after the last patch."""
-    return json.dumps({"recipe": STACK_RECIPE, "fingerprint": fp, "base": base, "head": head,
-                       "tree": tree, "patches": steps}, indent=2, sort_keys=True) + "\n"
+    return (
+        json.dumps(
+            {"recipe": STACK_RECIPE, "fingerprint": fp, "base": base, "head": head, "tree": tree, "patches": steps},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )

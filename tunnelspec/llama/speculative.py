@@ -78,8 +78,9 @@ def spec_type_argv(h: ServerHelp, spec_type: str | None) -> list[str]:
     want = spec_type or DEFAULT_TYPE
     s = spec_support(h)
     if want not in s.types:
-        raise SpecError(f"spec_type {want} is not offered by this llama-server build ({s.build}); "
-                        f"it has: {s.describe()}")
+        raise SpecError(
+            f"spec_type {want} is not offered by this llama-server build ({s.build}); it has: {s.describe()}"
+        )
     return [] if s.implicit or s.flag is None else [s.flag, want]  # not implicit: the build names its flag
 
 
@@ -113,8 +114,6 @@ def split_modes(h: ServerHelp) -> list[str]:
     return h.values(flag) if flag else []
 
 
-
-
 # ---- draft-mtp: is the draft file an MTP head of this target? -------------------------------------
 # An MTP head reads its own target's last hidden state (`h_nextn`) one position later. llama.cpp
 # loads a separate MTP file given with `-md` as its own model (`convert_hf_to_gguf.py --mtp` writes
@@ -141,17 +140,21 @@ def mtp_draft_refusal(target, draft, build: str, target_path: str, draft_path: s
     """Why `draft` (llama/gguf_header.Header of llama_draft_model) cannot be the MTP draft of
     `target` on this build — llama-server would exit or abort at every start — or None."""
     if (draft.arch_int(MTP_LAYERS_KEY) or 0) <= 0:
-        return (f"spec_type draft-mtp needs an MTP head as llama_draft_model, and {draft_path} has none "
-                f"(architecture {draft.arch or '?'}, no {draft.arch or '<arch>'}.{MTP_LAYERS_KEY} in its header): "
-                f"llama-server ({build}) would exit at every start with 'failed to create MTP context'. "
-                "Give the separate MTP file of this target (convert_hf_to_gguf.py --mtp writes one), or "
-                "another spec_type (draft-simple for an ordinary draft model)")
+        return (
+            f"spec_type draft-mtp needs an MTP head as llama_draft_model, and {draft_path} has none "
+            f"(architecture {draft.arch or '?'}, no {draft.arch or '<arch>'}.{MTP_LAYERS_KEY} in its header): "
+            f"llama-server ({build}) would exit at every start with 'failed to create MTP context'. "
+            "Give the separate MTP file of this target (convert_hf_to_gguf.py --mtp writes one), or "
+            "another spec_type (draft-simple for an ordinary draft model)"
+        )
     wd, wt = _width(draft), _width(target)
     if wd and wt and wd != wt:
-        return (f"the MTP draft {draft_path} reads hidden states {wd} wide and the target {target_path} "
-                f"({target.arch}) makes them {wt} wide: llama-server ({build}) would abort at every start "
-                "(GGML_ASSERT: MTP input row width must match the target h_nextn width). Give the MTP file "
-                "converted from this target")
+        return (
+            f"the MTP draft {draft_path} reads hidden states {wd} wide and the target {target_path} "
+            f"({target.arch}) makes them {wt} wide: llama-server ({build}) would abort at every start "
+            "(GGML_ASSERT: MTP input row width must match the target h_nextn width). Give the MTP file "
+            "converted from this target"
+        )
     return None
 
 
@@ -160,10 +163,14 @@ def mtp_draft_warnings(target, draft, draft_path: str) -> list[str]:
     nothing), or the whole model rather than its MTP block (all of it goes to the draft device)."""
     out = []
     if draft.arch and target.arch and draft.arch not in (target.arch, f"{target.arch}-assistant"):
-        out.append(f"the MTP draft {draft_path} is a {draft.arch} head and the target is {target.arch}: an MTP "
-                   "head reads its own target's hidden state, so few drafted tokens, if any, will be accepted")
+        out.append(
+            f"the MTP draft {draft_path} is a {draft.arch} head and the target is {target.arch}: an MTP "
+            "head reads its own target's hidden state, so few drafted tokens, if any, will be accepted"
+        )
     if draft.tensors is not None and MTP_TRUNK_PROBE in draft.tensors:
-        out.append(f"{draft_path} holds the whole model and its MTP block, not the MTP block alone: llama-server "
-                   "loads all of it onto the draft device (the trunk unused there); an MTP-only file "
-                   "(convert_hf_to_gguf.py --mtp) carries the head alone")
+        out.append(
+            f"{draft_path} holds the whole model and its MTP block, not the MTP block alone: llama-server "
+            "loads all of it onto the draft device (the trunk unused there); an MTP-only file "
+            "(convert_hf_to_gguf.py --mtp) carries the head alone"
+        )
     return out

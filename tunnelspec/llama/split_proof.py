@@ -54,7 +54,7 @@ def slot_bytes(header: bytes, file_size: int) -> list[int] | None:
     try:
         for _ in range(n_tensors):
             (n,) = struct.unpack_from("<Q", header, pos)
-            name = header[pos + 8:pos + 8 + n].decode("utf-8", "replace")
+            name = header[pos + 8 : pos + 8 + n].decode("utf-8", "replace")
             pos += 8 + n
             (dims,) = struct.unpack_from("<I", header, pos)
             pos += 4 + 8 * dims + 4  # the dimensions, then the type
@@ -99,7 +99,7 @@ def target_load(journal: str, nodes: Mapping[str, Sequence[str]], ports: dict[st
     by_port = {ports[n]: devs for n, devs in nodes.items() if n in ports}
     buffers: dict[str, float] = {}
     seen = [lines[start].strip()]
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if "load_tensors:" not in line:
             break  # the next stage (context, KV cache) or the draft's own lines
         b = _BUFFER.search(line)
@@ -118,8 +118,9 @@ def target_load(journal: str, nodes: Mapping[str, Sequence[str]], ports: dict[st
     return TargetLoad(int(m.group(1)), int(m.group(2)), buffers, tuple(seen))
 
 
-def observed_layers(load: TargetLoad, devices_in_order: list[str], slots: Sequence[int] | None
-                    ) -> list[tuple[str, int | None]]:
+def observed_layers(
+    load: TargetLoad, devices_in_order: list[str], slots: Sequence[int] | None
+) -> list[tuple[str, int | None]]:
     """Slots per device as the load lines show them: ("CPU", slots - offloaded), then each -dev device
     in order, the run of consecutive slots whose bytes are nearest its buffer (0 without a buffer).
     Without the slot bytes only the CPU's count is known: the others are None."""
@@ -184,9 +185,13 @@ def check_split(journal: str, plan: ServedPlan, tolerance: float = 1.0) -> Split
     want = ", ".join(f"{d} {x:.1f}" for d, x in asked)
     bad = [d for (d, x), (_, n) in zip(asked, seen) if n is not None and abs(n - x) > tolerance + 1e-9]
     if bad:
-        return SplitCheck(False, asked, seen,
-                          f"the target's layers are not where the proportions say: asked {want} of {load.slots} "
-                          f"layer slots, the load lines show {figures} ({'; '.join(load.lines)})")
+        return SplitCheck(
+            False,
+            asked,
+            seen,
+            f"the target's layers are not where the proportions say: asked {want} of {load.slots} "
+            f"layer slots, the load lines show {figures} ({'; '.join(load.lines)})",
+        )
     exact = "" if slots else " (offload devices: buffer present, slot bytes unknown)"
     return SplitCheck(True, asked, seen, f"layers {figures} of {load.slots} as asked ({want}){exact}")
 

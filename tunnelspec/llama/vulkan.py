@@ -27,8 +27,15 @@ sed -n 's/^#define VK_HEADER_VERSION \([0-9][0-9]*\).*/version:\1/p' "$h" 2>/dev
 
 
 def probe_argv(src_dir: str) -> list[str]:
-    return ["sh", "-c", PROBE, "sh", f"{src_dir.rstrip('/')}/{GGML_VULKAN_CPP}", VULKAN_CORE_H,
-            *(f"{w}={e}" for w, e, _ in NEEDS)]
+    return [
+        "sh",
+        "-c",
+        PROBE,
+        "sh",
+        f"{src_dir.rstrip('/')}/{GGML_VULKAN_CPP}",
+        VULKAN_CORE_H,
+        *(f"{w}={e}" for w, e, _ in NEEDS),
+    ]
 
 
 def refusal(host: str, probe_output: str) -> str | None:
@@ -38,8 +45,10 @@ def refusal(host: str, probe_output: str) -> str | None:
     version = f"1.3.{m.group(1)}" if m else "unknown"
     for what, ext, first in NEEDS:
         if f"tree:{what}" in lines and f"header:{ext}" not in lines:
-            return (f"{host}: this llama.cpp tree's Vulkan backend uses {ext} (vk::{what}), which the host's "
-                    f"Vulkan headers ({VULKAN_CORE_H}, version {version}) lack: it needs headers 1.3.{first} "
-                    "or later (libvulkan-dev of Debian 13, Ubuntu 24.04, or the LunarG SDK). Debian 12's "
-                    "1.3.239 cannot build it; pin an older llama.cpp or upgrade the node")
+            return (
+                f"{host}: this llama.cpp tree's Vulkan backend uses {ext} (vk::{what}), which the host's "
+                f"Vulkan headers ({VULKAN_CORE_H}, version {version}) lack: it needs headers 1.3.{first} "
+                "or later (libvulkan-dev of Debian 13, Ubuntu 24.04, or the LunarG SDK). Debian 12's "
+                "1.3.239 cannot build it; pin an older llama.cpp or upgrade the node"
+            )
     return None

@@ -22,7 +22,7 @@ class Arg:
     default: Any = None
     choices: tuple | None = None
     secret: bool = False
-    help: str = ""                 # one line for docs/modules.md (generated: python -m tunnelspec.commands.modules_doc)
+    help: str = ""  # one line for docs/modules.md (generated: python -m tunnelspec.commands.modules_doc)
 
 
 @dataclass
@@ -54,10 +54,10 @@ def change(msg: str, diff: Diff | None = None, **data) -> Change:
     return Change(True, msg, diff, data)
 
 
-TASKS: dict[str, type["Task"]] = {}
+TASKS: dict[str, type[Task]] = {}
 
 
-def register_task(cls: type["Task"]) -> type["Task"]:
+def register_task(cls: type[Task]) -> type[Task]:
     TASKS[cls.module] = cls
     return cls
 
@@ -77,7 +77,9 @@ def _coerce(name: str, spec: Arg, value: Any):
     elif list in types and isinstance(value, str):
         out = [value]
     else:
-        raise ArgumentError(f"argument {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}")
+        raise ArgumentError(
+            f"argument {name!r} must be {'/'.join(t.__name__ for t in types)}, got {type(value).__name__}"
+        )
     if spec.choices and out not in spec.choices:
         raise ArgumentError(f"argument {name!r} must be one of {', '.join(map(str, spec.choices))}, got {out!r}")
     return out
@@ -120,12 +122,14 @@ class Task:
             out[name] = _coerce(name, spec, value)
         extra = cls.unknown_args(params)
         if extra:
-            raise ArgumentError(f"unknown argument(s) {', '.join(map(repr, extra))} for module {cls.module!r}; "
-                             f"known: {', '.join(sorted(cls.args))}")
+            raise ArgumentError(
+                f"unknown argument(s) {', '.join(map(repr, extra))} for module {cls.module!r}; "
+                f"known: {', '.join(sorted(cls.args))}"
+            )
         return out
 
     @classmethod
-    def build(cls, params: dict) -> "Task":
+    def build(cls, params: dict) -> Task:
         """A task from raw params, validated: how the executor and tasks that use other tasks make one."""
         return cls(cls.validate(params))
 

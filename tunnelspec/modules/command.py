@@ -19,8 +19,9 @@ class Command(Task):
     args = {
         "argv": Arg(list, help="The command as a list (preferred: no shell)."),
         "cmd": Arg(str, help="The command as one string, split like a shell line (no shell runs it)."),
-        "creates": Arg(str,
-                       help="Skip when this path exists (one of creates/removes is required, so the task is idempotent)."),
+        "creates": Arg(
+            str, help="Skip when this path exists (one of creates/removes is required, so the task is idempotent)."
+        ),
         "removes": Arg(str, help="Skip when this path does not exist."),
         "chdir": Arg(str, help="Directory to run in."),
         "timeout": Arg((int, float), help="Seconds before the command is killed (none by default)."),

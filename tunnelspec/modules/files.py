@@ -89,8 +89,7 @@ class Symlink(Task):
             return ok("link up to date")
         if st.exists and st.type not in ("link",):
             raise TaskFailed(f"{self.p['path']} exists and is a {st.type}; refusing to replace it with a link")
-        return change(f"link {self.p['path']} → {self.p['src']}",
-                      Diff(st.link_target, self.p["src"], self.p["path"]))
+        return change(f"link {self.p['path']} → {self.p['src']}", Diff(st.link_target, self.p["src"], self.p["path"]))
 
     async def apply(self, ctx, ch) -> None:
         await ctx.conn.run(["ln", "-sfn", "--", self.p["src"], self.p["path"]], check=True)
@@ -103,8 +102,11 @@ class Absent(Task):
     module = "absent"
     args = {
         "path": Arg(str, required=True, help="Path to remove (file, symlink or directory)."),
-        "recurse": Arg(bool, default=False,
-                       help="Remove a non-empty directory with its contents; without it a directory must be empty."),
+        "recurse": Arg(
+            bool,
+            default=False,
+            help="Remove a non-empty directory with its contents; without it a directory must be empty.",
+        ),
     }
 
     def probes(self) -> list[list[str]]:
@@ -122,8 +124,10 @@ class Absent(Task):
         if self.p["recurse"]:
             await ctx.conn.run(["rm", "-rf", "--", self.p["path"]], check=True)
         else:
-            await ctx.conn.run(["sh", "-c", '[ -d "$1" ] && [ ! -L "$1" ] && rmdir -- "$1" || rm -f -- "$1"',
-                                "sh", self.p["path"]], check=True)
+            await ctx.conn.run(
+                ["sh", "-c", '[ -d "$1" ] && [ ! -L "$1" ] && rmdir -- "$1" || rm -f -- "$1"', "sh", self.p["path"]],
+                check=True,
+            )
 
 
 class _Content(Task):
@@ -142,15 +146,19 @@ class _Content(Task):
         if st.exists and st.type != "file":
             raise TaskFailed(f"{self.p['dest']} exists and is a {st.type}, not a file")
         if not st.exists:
-            return change(f"create {self.p['dest']}", Diff("", data.decode(errors="replace"), self.p["dest"]),
-                          content=True)
+            return change(
+                f"create {self.p['dest']}", Diff("", data.decode(errors="replace"), self.p["dest"]), content=True
+            )
         if st.sha256 != want:
             before = ""
             if ctx.options.diff or ctx.options.check:
                 got = await ctx.conn.get(self.p["dest"])
                 before = (got or b"").decode(errors="replace")
-            return change(f"update {self.p['dest']} (content differs)",
-                          Diff(before, data.decode(errors="replace"), self.p["dest"]), content=True)
+            return change(
+                f"update {self.p['dest']} (content differs)",
+                Diff(before, data.decode(errors="replace"), self.p["dest"]),
+                content=True,
+            )
         d = _meta_diffs(st, self.p["mode"], self.p["owner"], self.p["group"])
         return change(", ".join(d)) if d else ok("content and mode up to date")
 
@@ -192,8 +200,7 @@ class Copy(_Content):
         "mode": Arg((str, int), help="Mode, e.g. `0644`."),
         "owner": Arg(str, help="Owner user."),
         "group": Arg(str, help="Owner group."),
-        "validate": Arg(str,
-                        help="Command run on a candidate first (`%s` is its path); non-zero keeps the old file."),
+        "validate": Arg(str, help="Command run on a candidate first (`%s` is its path); non-zero keeps the old file."),
     }
 
     async def desired(self, ctx) -> bytes:
@@ -225,10 +232,16 @@ def template_search_path(ctx, name: str | None = None) -> list[Path]:
     if name and (SHIPPED_TEMPLATES / name).exists() and (ctx.inventory_dir / name).exists():
         where = ctx.inventory_dir / name
         if name not in OVERRIDABLE:
-            raise TaskFailed(f"{where} would replace tunnelspec's own {name}, which root runs or reads: refused. "
-                             f"Move or rename that file (only {', '.join(sorted(OVERRIDABLE))} may be replaced)")
-        ctx.emit(events.message(f"WARNING: {ctx.host}: {where} replaces tunnelspec's shipped {name} "
-                                "(a file next to the inventory wins): remove it to use the shipped one"))
+            raise TaskFailed(
+                f"{where} would replace tunnelspec's own {name}, which root runs or reads: refused. "
+                f"Move or rename that file (only {', '.join(sorted(OVERRIDABLE))} may be replaced)"
+            )
+        ctx.emit(
+            events.message(
+                f"WARNING: {ctx.host}: {where} replaces tunnelspec's shipped {name} "
+                "(a file next to the inventory wins): remove it to use the shipped one"
+            )
+        )
     return [ctx.inventory_dir, SHIPPED_TEMPLATES]
 
 
@@ -238,14 +251,14 @@ class Template(_Content):
 
     module = "template"
     args = {
-        "src": Arg(str, required=True,
-                   help="The template (relative: the inventory's directory, then tunnelspec's templates)."),
+        "src": Arg(
+            str, required=True, help="The template (relative: the inventory's directory, then tunnelspec's templates)."
+        ),
         "dest": Arg(str, required=True, help="Destination path on the host."),
         "mode": Arg((str, int), help="Mode, e.g. `0644`."),
         "owner": Arg(str, help="Owner user."),
         "group": Arg(str, help="Owner group."),
-        "validate": Arg(str,
-                        help="Command run on a candidate first (`%s` is its path); non-zero keeps the old file."),
+        "validate": Arg(str, help="Command run on a candidate first (`%s` is its path); non-zero keeps the old file."),
         "vars": Arg(dict, default={}, help="Variables added to the host's for this template."),
     }
 

@@ -15,6 +15,7 @@ def register_gate(kind: str):
     def deco(fn):
         GATES[kind] = fn
         return fn
+
     return deco
 
 

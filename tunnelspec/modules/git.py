@@ -57,12 +57,16 @@ class GitCheckout(Task):
 
     async def check(self, ctx):
         if not FULL_SHA.match(self.p["version"]):
-            raise TaskFailed(f"version {self.p['version']!r} is not a full 40-hex commit SHA; pin the SHA "
-                             f"(`git rev-parse {self.p['version']}`)")
+            raise TaskFailed(
+                f"version {self.p['version']!r} is not a full 40-hex commit SHA; pin the SHA "
+                f"(`git rev-parse {self.p['version']}`)"
+            )
         res = await ctx.conn.probe(self._state_argv(), check=True)
         head, state = _parse_state(res.stdout)
         if head == "absent":
-            return change(f"clone {self.p['repo']} at {self.p['version'][:12]}", Diff("", self.p["version"]), clone=True)
+            return change(
+                f"clone {self.p['repo']} at {self.p['version'][:12]}", Diff("", self.p["version"]), clone=True
+            )
         if state == "dirty" and not self.p["force"]:
             raise TaskFailed(f"{self.p['dest']} has local modifications; commit or discard them, or set force")
         if head == self.p["version"] and state == "clean":

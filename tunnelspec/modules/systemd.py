@@ -29,8 +29,7 @@ class SystemdUnit(Task):
         "src": Arg(str, help="A template (from the inventory's directory or tunnelspec's templates)."),
         "content": Arg(str, help="The unit's text, when there is no template."),
         "vars": Arg(dict, default={}, help="Extra template variables."),
-        "verify": Arg(bool, default=True,
-                      help="Check a candidate with `systemd-analyze verify` before installing it."),
+        "verify": Arg(bool, default=True, help="Check a candidate with `systemd-analyze verify` before installing it."),
     }
 
     def _inner(self):
@@ -77,8 +76,14 @@ class SystemdUnitAbsent(Task):
         return [self._state_argv()]
 
     def _state_argv(self) -> list[str]:
-        return ["sh", "-c", 'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
-                "sh", self.p["name"], _unit_path(self.p["name"])]
+        return [
+            "sh",
+            "-c",
+            'systemctl is-active -q "$1" && echo active; [ -e "$2" ] && echo file || :',
+            "sh",
+            self.p["name"],
+            _unit_path(self.p["name"]),
+        ]
 
     async def check(self, ctx):
         res = await ctx.conn.probe(self._state_argv())
@@ -104,8 +109,9 @@ class Service(Task):
         "name": Arg(str, required=True, help="The unit."),
         "state": Arg(str, default="started", choices=("started", "stopped"), help="`started` or `stopped`."),
         "enabled": Arg(bool, help="Enabled at boot (true/false); unset: left as is."),
-        "installed_only": Arg(bool, default=False,
-                              help="A unit that is not installed is left alone (ok) instead of failing to start."),
+        "installed_only": Arg(
+            bool, default=False, help="A unit that is not installed is left alone (ok) instead of failing to start."
+        ),
     }
 
     def probes(self) -> list[list[str]]:
@@ -162,8 +168,11 @@ class DaemonReload(Task):
 
     module = "daemon_reload"
     args = {
-        "units": Arg(list, default=[],
-                     help="Reload only when systemd reports one of these units' files changed on disk (a task); empty: reload whenever notified (a handler)."),
+        "units": Arg(
+            list,
+            default=[],
+            help="Reload only when systemd reports one of these units' files changed on disk (a task); empty: reload whenever notified (a handler).",
+        ),
     }
 
     @classmethod

@@ -25,15 +25,22 @@ def ours(fields: list[str]) -> bool:
         return False
     if fields[4] == MARK:
         return True
-    return (fields[4] == "" and fields[0].startswith("tunnelspec-") and fields[2].isdigit()
-            and 0 < int(fields[2]) <= SYSTEM_UID_MAX)
+    return (
+        fields[4] == ""
+        and fields[0].startswith("tunnelspec-")
+        and fields[2].isdigit()
+        and 0 < int(fields[2]) <= SYSTEM_UID_MAX
+    )
 
 
 def not_ours(host: str, fields: list[str]) -> str:
-    return (f"{host}: user {fields[0]} exists and was not created by tunnelspec (uid {fields[2]}, shell {fields[6]}"
-            + (f", comment {fields[4]!r}" if fields[4] else "") + "): tunnelspec changes and removes only the "
-            "service users it created. Choose another name (rpc_user, tunnel_user, llama_user, front_user) or "
-            "remove that account yourself")
+    return (
+        f"{host}: user {fields[0]} exists and was not created by tunnelspec (uid {fields[2]}, shell {fields[6]}"
+        + (f", comment {fields[4]!r}" if fields[4] else "")
+        + "): tunnelspec changes and removes only the "
+        "service users it created. Choose another name (rpc_user, tunnel_user, llama_user, front_user) or "
+        "remove that account yourself"
+    )
 
 
 # Kill every process of the user, then wait (≤ 5 s) until none is left but zombies: SIGKILL is
@@ -90,8 +97,10 @@ class User(Task):
         if self.p["home"] and fields[5] != self.p["home"]:
             diffs.append(("home", fields[5], self.p["home"]))
         if diffs:
-            return change(", ".join(f"{k} {a} → {b}" for k, a, b in diffs),
-                          Diff("\n".join(f"{k}={a}" for k, a, _ in diffs), "\n".join(f"{k}={b}" for k, _, b in diffs)))
+            return change(
+                ", ".join(f"{k} {a} → {b}" for k, a, b in diffs),
+                Diff("\n".join(f"{k}={a}" for k, a, _ in diffs), "\n".join(f"{k}={b}" for k, _, b in diffs)),
+            )
         return ok("user present")
 
     async def apply(self, ctx, ch):
@@ -134,8 +143,13 @@ class ServiceUsersOwned(Task):
         return [self._argv()]
 
     def _argv(self) -> list[str]:
-        return ["sh", "-c", 'for u in "$@"; do getent passwd -- "$u" || echo "$u:-"; done', "sh",
-                *[str(n) for n in self.p["names"]]]
+        return [
+            "sh",
+            "-c",
+            'for u in "$@"; do getent passwd -- "$u" || echo "$u:-"; done',
+            "sh",
+            *[str(n) for n in self.p["names"]],
+        ]
 
     async def check(self, ctx):
         names = [str(n) for n in self.p["names"]]
@@ -176,8 +190,12 @@ class AuthorizedKey(Task):
         "key": Arg(str, required=True, help="The public key: `type base64 [comment]`."),
         "options": Arg(str, help="Options written before the key (e.g. `restrict,port-forwarding`)."),
         "owner": Arg(str, help="Owner of the file (and of a created directory)."),
-        "state": Arg(str, default="present", choices=("present", "absent"),
-                     help="`present`: the line is there exactly; `absent`: no line with this key."),
+        "state": Arg(
+            str,
+            default="present",
+            choices=("present", "absent"),
+            help="`present`: the line is there exactly; `absent`: no line with this key.",
+        ),
         "exclusive": Arg(bool, default=False, help="Remove every other key line from the file."),
     }
 
@@ -204,8 +222,11 @@ class AuthorizedKey(Task):
         new = "\n".join(kept) + ("\n" if kept else "")
         if new == cur or (not kept and data is None):
             return ok("key " + ("present" if self.p["state"] == "present" else "absent"))
-        return change("key line " + ("installed" if self.p["state"] == "present" else "removed"),
-                      Diff(cur, new, self.p["path"]), new=new)
+        return change(
+            "key line " + ("installed" if self.p["state"] == "present" else "removed"),
+            Diff(cur, new, self.p["path"]),
+            new=new,
+        )
 
     async def apply(self, ctx, ch):
         owner = self.p["owner"]

@@ -20,9 +20,20 @@ def play_start(play: str, hosts: list[str]) -> dict:
     return _event("play_start", play=play, hosts=hosts)
 
 
-def task_result(host: str, task: str, play: str, status: str, msg: str, *, module: str | None = None,
-                no_log: bool = False, duration: float | None = None, diff=None, would_change: bool = False,
-                after: list[str] | None = None) -> dict:
+def task_result(
+    host: str,
+    task: str,
+    play: str,
+    status: str,
+    msg: str,
+    *,
+    module: str | None = None,
+    no_log: bool = False,
+    duration: float | None = None,
+    diff=None,
+    would_change: bool = False,
+    after: list[str] | None = None,
+) -> dict:
     """`diff`: a tasks.base.Diff or None. Optional fields appear only when they say something."""
     ev = _event("task_result", host=host, task=task, play=play, status=status, msg=msg)
     if module is not None:
@@ -81,15 +92,25 @@ def recap(hosts: dict, exit_code: int) -> dict:
     return _event("recap", hosts=hosts, exit_code=exit_code)
 
 
-def host_keys(host: str, address: str, port: int, keys: list[dict], error: str | None = None,
-              skipped: str | None = None) -> dict:
+def host_keys(
+    host: str, address: str, port: int, keys: list[dict], error: str | None = None, skipped: str | None = None
+) -> dict:
     """`hostkeys scan --format json`: one per host."""
     return _event("host_keys", host=host, address=address, port=port, keys=keys, error=error, skipped=skipped)
 
 
 # Every constructor, by the kind it builds (the schema test walks this).
 CONSTRUCTORS = {
-    "run_start": run_start, "play_start": play_start, "task_result": task_result, "unreachable": unreachable,
-    "progress": progress, "gate": gate, "host_key_pinned": host_key_pinned, "message": message,
-    "error": error, "run_lock": run_lock_waiting, "recap": recap, "host_keys": host_keys,
+    "run_start": run_start,
+    "play_start": play_start,
+    "task_result": task_result,
+    "unreachable": unreachable,
+    "progress": progress,
+    "gate": gate,
+    "host_key_pinned": host_key_pinned,
+    "message": message,
+    "error": error,
+    "run_lock": run_lock_waiting,
+    "recap": recap,
+    "host_keys": host_keys,
 }

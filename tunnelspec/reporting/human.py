@@ -37,9 +37,13 @@ class HumanReporter:
             self._w(self._c(st, f"{label}: [{ev['host']}] {ev['task']}") + (f" — {msg}" if msg else ""))
             if "diff" in ev:
                 d = ev["diff"]
-                for line in difflib.unified_diff(d["before"].splitlines(), d["after"].splitlines(),
-                                                 f"before: {d.get('path', '')}", f"after: {d.get('path', '')}",
-                                                 lineterm=""):
+                for line in difflib.unified_diff(
+                    d["before"].splitlines(),
+                    d["after"].splitlines(),
+                    f"before: {d.get('path', '')}",
+                    f"after: {d.get('path', '')}",
+                    lineterm="",
+                ):
                     self._w("    " + line)
         elif kind == "unreachable":
             self._w(self._c("unreachable", f"unreachable: [{ev['host']}]") + f" — {ev.get('msg', '')}")
@@ -49,8 +53,7 @@ class HumanReporter:
             self._w(f"  .. [{ev['host']}] run lock: {ev['msg']}")
         elif kind == "gate":
             color = {"ok": "ok", "planned": "changed"}.get(ev["status"], "failed")
-            self._w(self._c(color, f"gate {ev['status']}: {ev['play']}")
-                    + f" — {ev['msg']}")
+            self._w(self._c(color, f"gate {ev['status']}: {ev['play']}") + f" — {ev['msg']}")
         elif kind == "host_key_pinned":
             self._w(f"NOTE: [{ev['host']}] {ev['msg']}")
         elif kind == "recap":

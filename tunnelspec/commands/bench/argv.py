@@ -19,15 +19,43 @@ from tunnelspec.components.server.args import UNIT
 # Flags (every spelling across builds) that carry the RPC placement, each with a value.
 # -sm/-ts/-ngl describe the deployed devices (-ngl: main's CPU share of a split): kept with them
 # (same placement), dropped with them (main alone takes every layer its devices can).
-PLACEMENT_FLAGS = frozenset({"--rpc", "-dev", "--device", "-sm", "--split-mode", "-ts", "--tensor-split",
-                             "-ngl", "--gpu-layers", "--n-gpu-layers"})
+PLACEMENT_FLAGS = frozenset(
+    {
+        "--rpc",
+        "-dev",
+        "--device",
+        "-sm",
+        "--split-mode",
+        "-ts",
+        "--tensor-split",
+        "-ngl",
+        "--gpu-layers",
+        "--n-gpu-layers",
+    }
+)
 # The draft and its settings, and --port (the baseline has its own), each with a value.
-DRAFT_FLAGS = frozenset({
-    "--spec-type", "--spec-draft-model", "-md", "--model-draft",
-    "--spec-draft-device", "-devd", "--device-draft", "--spec-draft-ngl", "-ngld", "--gpu-layers-draft",
-    "--n-gpu-layers-draft", "--spec-draft-n-max", "--draft-max", "--draft-n", "--draft", "--port",
-    "--spec-draft-p-min", "--draft-p-min",
-})
+DRAFT_FLAGS = frozenset(
+    {
+        "--spec-type",
+        "--spec-draft-model",
+        "-md",
+        "--model-draft",
+        "--spec-draft-device",
+        "-devd",
+        "--device-draft",
+        "--spec-draft-ngl",
+        "-ngld",
+        "--gpu-layers-draft",
+        "--n-gpu-layers-draft",
+        "--spec-draft-n-max",
+        "--draft-max",
+        "--draft-n",
+        "--draft",
+        "--port",
+        "--spec-draft-p-min",
+        "--draft-p-min",
+    }
+)
 _MODEL_DRAFT = ("--spec-draft-model", "-md", "--model-draft")
 _RPC_DEVICE = re.compile(r"^RPC(\d+|\[.*\])$", re.I)
 
@@ -51,7 +79,7 @@ def flag_value(argv: list[str], *names: str) -> str | None:
 
 
 def deployed_kind(argv: list[str]) -> str:
-    """"speculative" (a draft model), "split" (target layers over RPC devices, no draft) or "local"."""
+    """ "speculative" (a draft model), "split" (target layers over RPC devices, no draft) or "local"."""
     if flag_value(argv, *_MODEL_DRAFT):
         return "speculative"
     return "split" if flag_value(argv, "--rpc") else "local"
@@ -84,7 +112,9 @@ def describe_placement(argv: list[str]) -> str:
     """One line: where the target and the draft run, from the argv's own flags."""
     dev = flag_value(argv, "-dev", "--device") or "default devices"
     ts = flag_value(argv, "-ts", "--tensor-split")
-    target = ("target on main's CPU (-dev none)" if dev == "none" else f"target on {dev}") + (f" (-ts {ts})" if ts else "")
+    target = ("target on main's CPU (-dev none)" if dev == "none" else f"target on {dev}") + (
+        f" (-ts {ts})" if ts else ""
+    )
     ngl = flag_value(argv, "-ngl", "--gpu-layers", "--n-gpu-layers")
     if ngl is not None and dev != "none":
         target += f" and main's CPU (-ngl {ngl})"

@@ -25,7 +25,16 @@ import time
 from tunnelspec.commands.bench import figures as figs
 from tunnelspec.components.front import model as front
 from tunnelspec.commands.bench import netwait
-from tunnelspec.commands.bench.argv import baseline_argv, context_size, deployed_kind, describe_placement, flag_value, local_devices, parse_exec_start, rpc_ports
+from tunnelspec.commands.bench.argv import (
+    baseline_argv,
+    context_size,
+    deployed_kind,
+    describe_placement,
+    flag_value,
+    local_devices,
+    parse_exec_start,
+    rpc_ports,
+)
 from tunnelspec.commands.bench.render import render
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.core.constants import LOOPBACK
@@ -38,8 +47,17 @@ from tunnelspec.components.server.verify import read_api_key, start_timeout
 from tunnelspec.components.server.fit import gguf_facts
 from tunnelspec.components.tls.reach import ApiTls, api_opener
 
-__all__ = ["BENCH_UNIT", "DEFAULT_PROMPT", "SCHEMA", "baseline_argv", "bench_sync", "parse_exec_start",
-           "refuse_same_placement", "render", "run_bench"]
+__all__ = [
+    "BENCH_UNIT",
+    "DEFAULT_PROMPT",
+    "SCHEMA",
+    "baseline_argv",
+    "bench_sync",
+    "parse_exec_start",
+    "refuse_same_placement",
+    "render",
+    "run_bench",
+]
 
 BENCH_UNIT = "tunnelspec-llama-bench.service"
 SCHEMA = 2
@@ -51,10 +69,12 @@ def refuse_same_placement(yes: bool) -> None:
     """--same-placement stops the deployed llama-server: never without an explicit yes (and never
     by asking: CI has no terminal)."""
     if not yes:
-        raise UsageError("bench --same-placement stops the deployed llama-server on main for the baseline "
-                         "(the rpc-servers serve one client at a time): serving is interrupted for the "
-                         "baseline's load and runs, and the server is started again afterwards. Add --yes "
-                         "to allow it, or leave --same-placement out to compare with main alone (no interruption).")
+        raise UsageError(
+            "bench --same-placement stops the deployed llama-server on main for the baseline "
+            "(the rpc-servers serve one client at a time): serving is interrupted for the "
+            "baseline's load and runs, and the server is started again afterwards. Add --yes "
+            "to allow it, or leave --same-placement out to compare with main alone (no interruption)."
+        )
 
 
 async def _unit_run(conn, unit: str) -> dict:
@@ -62,8 +82,9 @@ async def _unit_run(conn, unit: str) -> dict:
     return figs.parse_unit_run(res.stdout)
 
 
-async def _measure(conn, unit: str, opener, key, prompt: str, n_predict: int, runs: int,
-                   ports: list[int], port_nodes: dict[int, str]) -> dict:
+async def _measure(
+    conn, unit: str, opener, key, prompt: str, n_predict: int, runs: int, ports: list[int], port_nodes: dict[int, str]
+) -> dict:
     """One side: a warm-up (the first request pays allocations), then `runs` completions with the
     network sampled meanwhile when the side has tunnels."""
     await http.completion(opener, prompt, 8, api_key=key, timeout=COMPLETION_TIMEOUT)
@@ -111,9 +132,11 @@ async def configured_argv(conn, main, running: list[str]) -> list[str]:
     for argv in (modes or {}).values():
         if isinstance(argv, list) and argv == running and argv and argv[0] == binary:
             return list(argv)
-    raise TaskFailed(f"main: {UNIT} runs a command line the deploy did not configure ({' '.join(running[:3])} …; "
-                     f"not a mode of {front.MODES_PATH} with {binary}): bench runs nothing a service chose. "
-                     "Run `tunnelspec deploy`, or see `tunnelspec status`")
+    raise TaskFailed(
+        f"main: {UNIT} runs a command line the deploy did not configure ({' '.join(running[:3])} …; "
+        f"not a mode of {front.MODES_PATH} with {binary}): bench runs nothing a service chose. "
+        "Run `tunnelspec deploy`, or see `tunnelspec status`"
+    )
 
 
 async def _fit(conn, argv: list[str], local: str, n_ctx: int | None, size, shape, note: str, user: str) -> dict:
@@ -141,17 +164,21 @@ async def _guarded_port(conn, main, hv: dict) -> int:
     port = main.front.bench_port
     held = [x for x in await port_owners.observe(conn) if x.port == port]
     if held:
-        raise TaskFailed(f"main: bench's port {port} (bench_port) is taken: {held[0].describe()}; stop that "
-                         "process (and find out who started it), or set another bench_port (nothing was changed)")
+        raise TaskFailed(
+            f"main: bench's port {port} (bench_port) is taken: {held[0].describe()}; stop that "
+            "process (and find out who started it), or set another bench_port (nothing was changed)"
+        )
     if not isolation.opted_in(hv.get(isolation.OPT_OUT, True)):
         return port
     seen = await nft.observe(conn, [main.users.llama])
     uid = seen.uids.get(main.users.llama)
     gaps = nft.guard_gaps(seen.table, port, uid) if uid is not None else ["no such user " + main.users.llama]
     if seen.table_error or gaps:
-        raise TaskFailed(f"main: bench's port {port} (bench_port) is not guarded by the isolation rules in force "
-                         f"({seen.table_error or ', '.join(gaps)}): run `tunnelspec deploy` first, which loads them "
-                         "(nothing was changed)")
+        raise TaskFailed(
+            f"main: bench's port {port} (bench_port) is not guarded by the isolation rules in force "
+            f"({seen.table_error or ', '.join(gaps)}): run `tunnelspec deploy` first, which loads them "
+            "(nothing was changed)"
+        )
     return port
 
 
@@ -165,8 +192,9 @@ async def _active(conn, units: tuple[str, ...]) -> list[str]:
     return [u for u, state in zip(units, res.stdout.split()) if state == "active"]
 
 
-async def _baseline(conn, main, base: list[str], port: int, tls, key, prompt, n_predict, runs, wait_s,
-                    port_nodes, same_placement: bool) -> dict:
+async def _baseline(
+    conn, main, base: list[str], port: int, tls, key, prompt, n_predict, runs, wait_s, port_nodes, same_placement: bool
+) -> dict:
     user = main.users.llama
     held: list[str] = []
     if same_placement:
@@ -178,9 +206,26 @@ async def _baseline(conn, main, base: list[str], port: int, tls, key, prompt, n_
     await conn.run(["systemctl", "reset-failed", BENCH_UNIT])
     try:
         t0 = time.monotonic()
-        await conn.run(["systemd-run", "--quiet", f"--unit={BENCH_UNIT}", f"--uid={user}", f"--gid={user}",
-                        "-p", "NoNewPrivileges=yes", "-p", "ProtectSystem=strict", "-p", "ProtectHome=yes",
-                        "-p", "PrivateTmp=yes", "--", *base], check=True)
+        await conn.run(
+            [
+                "systemd-run",
+                "--quiet",
+                f"--unit={BENCH_UNIT}",
+                f"--uid={user}",
+                f"--gid={user}",
+                "-p",
+                "NoNewPrivileges=yes",
+                "-p",
+                "ProtectSystem=strict",
+                "-p",
+                "ProtectHome=yes",
+                "-p",
+                "PrivateTmp=yes",
+                "--",
+                *base,
+            ],
+            check=True,
+        )
         # On loopback; TLS only when llama-server itself serves it (the deployed flags kept: same
         # client path). Behind a front that terminates TLS, llama-server speaks plain HTTP.
         opener = api_opener(conn, port, LOOPBACK, tls if flag_value(base, "--ssl-key-file") else None)
@@ -188,8 +233,10 @@ async def _baseline(conn, main, base: list[str], port: int, tls, key, prompt, n_
             await http.wait_health(opener, wait_s)
         except http.HttpError as e:
             tail = (await conn.run(["journalctl", "--no-pager", "-o", "cat", "-n", "15", "-u", BENCH_UNIT])).stdout
-            raise TaskFailed(f"main: bench's baseline server ({BENCH_UNIT}) did not become healthy: {e}; "
-                             f"its last lines:\n{tail.strip()}") from None
+            raise TaskFailed(
+                f"main: bench's baseline server ({BENCH_UNIT}) did not become healthy: {e}; "
+                f"its last lines:\n{tail.strip()}"
+            ) from None
         ready = round(time.monotonic() - t0, 3)
         side = await _measure(conn, BENCH_UNIT, opener, key, prompt, n_predict, runs, rpc_ports(base), port_nodes)
         side["ready_seconds"] = ready
@@ -204,12 +251,22 @@ async def _baseline(conn, main, base: list[str], port: int, tls, key, prompt, n_
             try:
                 await http.wait_health(api_opener(conn, main.server_port, main.server_host, tls), wait_s)
             except http.HttpError as e:
-                raise TaskFailed(f"main: the deployed llama-server, started again after bench's baseline, is not "
-                                 f"healthy: {e}; see `tunnelspec status`, and `tunnelspec deploy` restores it") from None
+                raise TaskFailed(
+                    f"main: the deployed llama-server, started again after bench's baseline, is not "
+                    f"healthy: {e}; see `tunnelspec status`, and `tunnelspec deploy` restores it"
+                ) from None
 
 
-async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFAULT_PROMPT,
-                    n_predict: int = 64, runs: int = 3, same_placement: bool = False, yes: bool = False) -> dict:
+async def run_bench(
+    inventory,
+    cluster,
+    opts: ConnectOptions,
+    prompt: str = DEFAULT_PROMPT,
+    n_predict: int = 64,
+    runs: int = 3,
+    same_placement: bool = False,
+    yes: bool = False,
+) -> dict:
     """same_placement: the baseline keeps the deployed target placement and drops only the draft;
     it stops the deployed llama-server meanwhile, so it needs yes=True."""
     if same_placement:
@@ -223,22 +280,37 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         # chooses the command line and execs it).
         argv = (await _unit_run(conn, UNIT))["argv"]
         if not argv or not argv[0].endswith("llama-server"):
-            raise TaskFailed(f"main: {UNIT} is not running llama-server (its main process runs "
-                             f"{' '.join(argv[:2]) or 'nothing'}): run `tunnelspec deploy`, or see `tunnelspec status`")
+            raise TaskFailed(
+                f"main: {UNIT} is not running llama-server (its main process runs "
+                f"{' '.join(argv[:2]) or 'nothing'}): run `tunnelspec deploy`, or see `tunnelspec status`"
+            )
         argv = await configured_argv(conn, main, argv)
         kind = deployed_kind(argv)
         if same_placement and kind != "speculative":
-            raise UsageError(f"bench --same-placement drops only the draft, and the deployed llama-server on "
-                             f"{main.name} has none ({kind}): the baseline would be the deployed server itself. "
-                             "Leave --same-placement out to compare with the model on main alone.")
+            raise UsageError(
+                f"bench --same-placement drops only the draft, and the deployed llama-server on "
+                f"{main.name} has none ({kind}): the baseline would be the deployed server itself. "
+                "Leave --same-placement out to compare with the model on main alone."
+            )
         tls = ApiTls.of(main)
         port_nodes = {n.tunnel_port: n.name for n in cluster.rpc}
         try:
-            deployed = await _measure(conn, UNIT, api_opener(conn, main.server_port, main.server_host, tls), key_s,
-                                      prompt, n_predict, runs, rpc_ports(argv), port_nodes)
+            deployed = await _measure(
+                conn,
+                UNIT,
+                api_opener(conn, main.server_port, main.server_host, tls),
+                key_s,
+                prompt,
+                n_predict,
+                runs,
+                rpc_ports(argv),
+                port_nodes,
+            )
         except http.HttpError as e:
-            raise TaskFailed(f"main: the deployed llama-server did not answer bench's completions: {e}; "
-                             "see `tunnelspec status` (nothing was changed)") from None
+            raise TaskFailed(
+                f"main: the deployed llama-server did not answer bench's completions: {e}; "
+                "see `tunnelspec status` (nothing was changed)"
+            ) from None
         deployed.update(kind=kind, placement=describe_placement(argv))
         n_ctx = context_size(argv) or figs.journal_n_ctx(deployed.pop("journal"))
         model = flag_value(argv, "-m", "--model")
@@ -247,28 +319,40 @@ async def run_bench(inventory, cluster, opts: ConnectOptions, prompt: str = DEFA
         local = local_devices(argv, main.target_devices)
         port = await _guarded_port(conn, main, inventory.host_vars(main.name))
         base = baseline_argv(argv, local, port, same_placement)
-        baseline = {"kind": "same_placement" if same_placement else "main_alone",
-                    "title": "same placement, no draft" if same_placement else "main alone",
-                    "devices": flag_value(base, "-dev", "--device") or local, "rpc": bool(rpc_ports(base)),
-                    "endpoint": f"{LOOPBACK}:{port}", "n_ctx": n_ctx,
-                    "fit": None if same_placement else await _fit(conn, argv, local, n_ctx, size, shape, note,
-                                                                  main.users.llama)}
+        baseline = {
+            "kind": "same_placement" if same_placement else "main_alone",
+            "title": "same placement, no draft" if same_placement else "main alone",
+            "devices": flag_value(base, "-dev", "--device") or local,
+            "rpc": bool(rpc_ports(base)),
+            "endpoint": f"{LOOPBACK}:{port}",
+            "n_ctx": n_ctx,
+            "fit": None
+            if same_placement
+            else await _fit(conn, argv, local, n_ctx, size, shape, note, main.users.llama),
+        }
         baseline["placement"] = describe_placement(base) if same_placement else f"-dev {baseline['devices']}, no RPC"
         if baseline["fit"] and baseline["fit"]["fits"] is False:
             baseline.update(ran=False, why=baseline["fit"]["message"])
         else:
             try:
-                side = await _baseline(conn, main, base, port, tls, key_s, prompt, n_predict, runs, wait_s,
-                                       port_nodes, same_placement)
+                side = await _baseline(
+                    conn, main, base, port, tls, key_s, prompt, n_predict, runs, wait_s, port_nodes, same_placement
+                )
                 side.pop("journal", None)
                 baseline.update(side, ran=True)
             except (TaskFailed, http.HttpError) as e:
                 baseline.update(ran=False, error=str(e), why=str(e))
         d_tps, b_tps = deployed.get("predicted_per_second"), baseline.get("predicted_per_second")
-        return {"schema": SCHEMA, "prompt": prompt, "n_predict": n_predict, "runs": runs,
-                "model": {"path": model, "size_mib": round(size / figs.MIB) if size else None},
-                "deployed": deployed, "baseline": baseline,
-                "speedup": round(d_tps / b_tps, 3) if d_tps and b_tps else None}
+        return {
+            "schema": SCHEMA,
+            "prompt": prompt,
+            "n_predict": n_predict,
+            "runs": runs,
+            "model": {"path": model, "size_mib": round(size / figs.MIB) if size else None},
+            "deployed": deployed,
+            "baseline": baseline,
+            "speedup": round(d_tps / b_tps, 3) if d_tps and b_tps else None,
+        }
     finally:
         await conn.close()
 

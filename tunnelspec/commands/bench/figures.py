@@ -43,9 +43,13 @@ def parse_unit_run(text: str) -> dict:
     pid = props.get("MainPID", "0")
     start = props.get("ExecMainStartTimestampMonotonic", "0")
     pid = int(pid) if pid.isdigit() else 0
-    return {"pid": pid, "invocation": props.get("InvocationID") or None,
-            "start_us": int(start) if start.isdigit() and int(start) > 0 else None,
-            "argv": [a for a in cmdline.split("\n") if a] if pid else [], "journal": journal}
+    return {
+        "pid": pid,
+        "invocation": props.get("InvocationID") or None,
+        "start_us": int(start) if start.isdigit() and int(start) > 0 else None,
+        "argv": [a for a in cmdline.split("\n") if a] if pid else [],
+        "journal": journal,
+    }
 
 
 def load_time(journal: str, start_us: int | None) -> dict:
@@ -62,10 +66,15 @@ def load_time(journal: str, start_us: int | None) -> dict:
             return {"seconds": round(m * 60 + s + ms / 1e3 + us / 1e6, 3), "source": "llama-server's log timestamp"}
         mono = _MONO.match(line)
         if mono and start_us:
-            return {"seconds": round(float(mono.group(1)) - start_us / 1e6, 3),
-                    "source": "journal: main process start to 'model loaded'"}
+            return {
+                "seconds": round(float(mono.group(1)) - start_us / 1e6, 3),
+                "source": "journal: main process start to 'model loaded'",
+            }
         return {"seconds": None, "why": "the 'model loaded' line has no time to read"}
-    return {"seconds": None, "why": "this run's journal has no 'model loaded' line (rotated, or a build that does not print it)"}
+    return {
+        "seconds": None,
+        "why": "this run's journal has no 'model loaded' line (rotated, or a build that does not print it)",
+    }
 
 
 def journal_n_ctx(journal: str) -> int | None:
@@ -87,16 +96,20 @@ def side_figures(timings: list[dict]) -> dict:
     """A side's speeds from the `timings` of its measured completions: medians of prompt and
     generation tokens/s, draft tokens accepted/generated summed, and the completions' own time
     (prompt + generation, what the network wait is a share of)."""
+
     def total(key):
         return sum(t.get(key) or 0 for t in timings)
 
-    return {"runs": len(timings),
-            "prompt_per_second": _round(_median([t.get("prompt_per_second") for t in timings])),
-            "predicted_per_second": _round(_median([t.get("predicted_per_second") for t in timings])),
-            "prompt_n": timings[-1].get("prompt_n") if timings else None,
-            "predicted_n": timings[-1].get("predicted_n") if timings else None,
-            "draft_n": total("draft_n"), "draft_n_accepted": total("draft_n_accepted"),
-            "completion_seconds": round((total("prompt_ms") + total("predicted_ms")) / 1000, 3)}
+    return {
+        "runs": len(timings),
+        "prompt_per_second": _round(_median([t.get("prompt_per_second") for t in timings])),
+        "predicted_per_second": _round(_median([t.get("predicted_per_second") for t in timings])),
+        "prompt_n": timings[-1].get("prompt_n") if timings else None,
+        "predicted_n": timings[-1].get("predicted_n") if timings else None,
+        "draft_n": total("draft_n"),
+        "draft_n_accepted": total("draft_n_accepted"),
+        "completion_seconds": round((total("prompt_ms") + total("predicted_ms")) / 1000, 3),
+    }
 
 
 def _round(x: float | None) -> float | None:
@@ -115,12 +128,15 @@ def device_figures(list_devices: str, names: str) -> tuple[list[tuple[str, int, 
     listed = {d.name.lower(): d for d in devices.parse_list_devices(list_devices)}
     want = [n for n in names.split(",") if n]
     found = [listed[n.lower()] for n in want if n.lower() in listed]
-    return ([(d.name, d.free_mib * MIB, d.total_mib * MIB) for d in found],
-            [n for n in want if n.lower() not in listed])
+    return (
+        [(d.name, d.free_mib * MIB, d.total_mib * MIB) for d in found],
+        [n for n in want if n.lower() not in listed],
+    )
 
 
-def fit_on_main(model_bytes: int, shape, n_ctx: int | None, figures: list[tuple[str, int, int]],
-                note: str = "") -> dict:
+def fit_on_main(
+    model_bytes: int, shape, n_ctx: int | None, figures: list[tuple[str, int, int]], note: str = ""
+) -> dict:
     """Whether the target fits main alone: its weights, KV cache for n_ctx and compute buffers
     (llama/memory_fit.py's estimate, the one the deploy uses for a node) against what main's devices
     report free now (with the deployed server running, as the baseline would run beside it)."""
@@ -129,8 +145,14 @@ def fit_on_main(model_bytes: int, shape, n_ctx: int | None, figures: list[tuple[
         need = memory_fit.Need(need.weights, need.kv, need.compute, need.notes + (note,))
     fit = memory_fit.check_fit("main", figures, need, "the target")
     free = sum(f for _, f, _ in figures)
-    return {"fits": fit.level != "refuse", "level": fit.level, "need_mib": round(need.total / MIB),
-            "free_mib": round(free / MIB), "devices": [n for n, _, _ in figures], "message": fit.message}
+    return {
+        "fits": fit.level != "refuse",
+        "level": fit.level,
+        "need_mib": round(need.total / MIB),
+        "free_mib": round(free / MIB),
+        "devices": [n for n, _, _ in figures],
+        "message": fit.message,
+    }
 
 
 def fit_unknown(why: str) -> dict:

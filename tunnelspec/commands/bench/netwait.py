@@ -11,14 +11,23 @@ from tunnelspec.commands.bench import sampler as bench_sampler
 
 SOURCE = Path(bench_sampler.__file__).read_text()
 INTERVAL_S = 0.001
-MAX_SECONDS = 3600.0   # bound of one sampler run, whatever happens to the controller's runs
+MAX_SECONDS = 3600.0  # bound of one sampler run, whatever happens to the controller's runs
 READY_TIMEOUT = 30.0
 
 
 def sampler_argv(pid: int, ports: list[int], max_seconds: float, interval: float = INTERVAL_S) -> list[str]:
     max_seconds = min(max_seconds, MAX_SECONDS)
-    return ["python3", "-I", "-c", SOURCE, str(pid), ",".join(str(p) for p in ports), f"{interval:g}",
-            f"{max_seconds:g}", str(int(max_seconds / interval) + 1)]
+    return [
+        "python3",
+        "-I",
+        "-c",
+        SOURCE,
+        str(pid),
+        ",".join(str(p) for p in ports),
+        f"{interval:g}",
+        f"{max_seconds:g}",
+        str(int(max_seconds / interval) + 1),
+    ]
 
 
 class Sampling:
@@ -28,11 +37,11 @@ class Sampling:
         self.proc, self.first = proc, first
 
     @classmethod
-    async def start(cls, conn, pid: int, ports: list[int], max_seconds: float) -> "Sampling":
+    async def start(cls, conn, pid: int, ports: list[int], max_seconds: float) -> Sampling:
         proc = await conn.spawn(sampler_argv(pid, ports, max_seconds))
         try:
             first = await asyncio.wait_for(proc.readline(), READY_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             first = ""
         return cls(proc, first)
 
@@ -67,14 +76,23 @@ def summarize(output: str, port_nodes: dict[int, str], busy_s: float | None) -> 
         return {"seconds": None, "why": doc["error"]}
     samples = int(doc.get("samples") or 0)
     if samples == 0:
-        return {"seconds": None, "why": f"the sampler took no sample (stopped: {doc.get('stopped')})",
-                "stopped": doc.get("stopped")}
+        return {
+            "seconds": None,
+            "why": f"the sampler took no sample (stopped: {doc.get('stopped')})",
+            "stopped": doc.get("stopped"),
+        }
     secs = float(doc.get("waiting_s") or 0.0)
     by_node = {port_nodes.get(int(p), f"port {p}"): round(float(s), 3) for p, s in (doc.get("by_port") or {}).items()}
-    return {"seconds": round(secs, 3), "share": round(secs / busy_s, 4) if busy_s else None,
-            "of_seconds": round(busy_s, 3) if busy_s else None, "by_node": by_node,
-            "samples": samples, "waiting_samples": int(doc.get("waiting") or 0),
-            "interval_s": round(float(doc.get("elapsed_s") or 0.0) / samples, 6), "stopped": doc.get("stopped")}
+    return {
+        "seconds": round(secs, 3),
+        "share": round(secs / busy_s, 4) if busy_s else None,
+        "of_seconds": round(busy_s, 3) if busy_s else None,
+        "by_node": by_node,
+        "samples": samples,
+        "waiting_samples": int(doc.get("waiting") or 0),
+        "interval_s": round(float(doc.get("elapsed_s") or 0.0) / samples, 6),
+        "stopped": doc.get("stopped"),
+    }
 
 
 def without_rpc() -> dict:

@@ -35,10 +35,14 @@ def _wait(w: dict | None) -> str:
 def _rows(side: dict) -> list[str]:
     load = side.get("load")
     ready = side.get("ready_seconds")
-    return [side.get("placement", "-"),
-            _secs(load, f", /health {ready:.2f} s" if isinstance(ready, (int, float)) and load else ""),
-            _speed(side.get("prompt_per_second")), _speed(side.get("predicted_per_second")),
-            _draft(side), _wait(side.get("network_wait"))]
+    return [
+        side.get("placement", "-"),
+        _secs(load, f", /health {ready:.2f} s" if isinstance(ready, (int, float)) and load else ""),
+        _speed(side.get("prompt_per_second")),
+        _speed(side.get("predicted_per_second")),
+        _draft(side),
+        _wait(side.get("network_wait")),
+    ]
 
 
 LABELS = ["placement", "load time", "prompt tok/s", "generation tok/s", "draft accepted", "network wait"]
@@ -51,13 +55,20 @@ def render(r: dict) -> str:
     left = _rows(d)
     right = _rows(b) if b.get("ran") else ["not run (see below)"] + ["-"] * (len(LABELS) - 1)
     width = max(COL_W, max(len(x) for x in [left_title, *left]) + 2)
-    lines = [f"prompt {prompt!r}, {r['n_predict']} tokens per completion, median of {r['runs']} runs",
-             f"{'':<{LABEL_W}} {left_title:<{width}} {b['title']}"]
+    lines = [
+        f"prompt {prompt!r}, {r['n_predict']} tokens per completion, median of {r['runs']} runs",
+        f"{'':<{LABEL_W}} {left_title:<{width}} {b['title']}",
+    ]
     for label, lt, rt in zip(LABELS, left, right):
         lines.append(f"{label:<{LABEL_W}} {lt:<{width}} {rt}".rstrip())
-    for name, w in (("as deployed", d.get("network_wait")), ("baseline", b.get("network_wait") if b.get("ran") else None)):
+    for name, w in (
+        ("as deployed", d.get("network_wait")),
+        ("baseline", b.get("network_wait") if b.get("ran") else None),
+    ):
         if w and w.get("by_node") and len(w["by_node"]) > 1:
-            lines.append(f"network wait by node ({name}): " + ", ".join(f"{n} {s:.2f} s" for n, s in w["by_node"].items()))
+            lines.append(
+                f"network wait by node ({name}): " + ", ".join(f"{n} {s:.2f} s" for n, s in w["by_node"].items())
+            )
         if w and w.get("seconds") is None and w.get("why"):
             lines.append(f"network wait ({name}) unknown: {w['why']}")
     fit = b.get("fit")

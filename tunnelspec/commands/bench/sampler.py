@@ -36,10 +36,30 @@ import time
 FULL_EVERY = 50
 # Syscalls whose first argument is the file descriptor they block on, by machine (uname -m).
 IO_SYSCALLS = {
-    "x86_64": {0: "read", 1: "write", 19: "readv", 20: "writev", 44: "sendto", 45: "recvfrom",
-               46: "sendmsg", 47: "recvmsg", 299: "recvmmsg", 307: "sendmmsg"},
-    "aarch64": {63: "read", 64: "write", 65: "readv", 66: "writev", 206: "sendto", 207: "recvfrom",
-                211: "sendmsg", 212: "recvmsg", 243: "recvmmsg", 269: "sendmmsg"},
+    "x86_64": {
+        0: "read",
+        1: "write",
+        19: "readv",
+        20: "writev",
+        44: "sendto",
+        45: "recvfrom",
+        46: "sendmsg",
+        47: "recvmsg",
+        299: "recvmmsg",
+        307: "sendmmsg",
+    },
+    "aarch64": {
+        63: "read",
+        64: "write",
+        65: "readv",
+        66: "writev",
+        206: "sendto",
+        207: "recvfrom",
+        211: "sendmsg",
+        212: "recvmsg",
+        243: "recvmmsg",
+        269: "sendmmsg",
+    },
 }
 
 
@@ -166,11 +186,30 @@ def _wait_eof(stop: threading.Event) -> None:
         stop.set()
 
 
-def run(pid: int, ports, interval: float, max_seconds: float, max_samples: int, stop: threading.Event,
-        arch: str | None = None, proc: str = "/proc") -> dict:
+def run(
+    pid: int,
+    ports,
+    interval: float,
+    max_seconds: float,
+    max_samples: int,
+    stop: threading.Event,
+    arch: str | None = None,
+    proc: str = "/proc",
+) -> dict:
     arch = arch or os.uname().machine
-    out = {"pid": pid, "arch": arch, "ports": sorted(ports), "samples": 0, "waiting": 0, "waiting_s": 0.0,
-           "by_port": {}, "elapsed_s": 0.0, "io_threads": 0, "stopped": None, "error": None}
+    out = {
+        "pid": pid,
+        "arch": arch,
+        "ports": sorted(ports),
+        "samples": 0,
+        "waiting": 0,
+        "waiting_s": 0.0,
+        "by_port": {},
+        "elapsed_s": 0.0,
+        "io_threads": 0,
+        "stopped": None,
+        "error": None,
+    }
     if arch not in IO_SYSCALLS:
         out["error"] = f"cannot sample on {arch}: its system call numbers are not known to tunnelspec"
         return out
@@ -180,8 +219,10 @@ def run(pid: int, ports, interval: float, max_seconds: float, max_samples: int, 
         with open(f"{threads.base}/task/{tid}/syscall") as f:
             f.read()
     except (OSError, IndexError) as e:
-        out["error"] = (f"cannot read llama-server's threads (/proc/{pid}/task/*/syscall): {e}; "
-                        "the sampler needs root (CAP_SYS_PTRACE)")
+        out["error"] = (
+            f"cannot read llama-server's threads (/proc/{pid}/task/*/syscall): {e}; "
+            "the sampler needs root (CAP_SYS_PTRACE)"
+        )
         return out
     threads.refresh_sockets()
     print("ready", flush=True)
@@ -210,8 +251,13 @@ def run(pid: int, ports, interval: float, max_seconds: float, max_samples: int, 
             for p in waiting:
                 by_port[str(p)] = by_port.get(str(p), 0.0) + dt
         time.sleep(interval)
-    out.update(samples=n, elapsed_s=round(prev - t0, 6), waiting_s=round(out["waiting_s"], 6),
-               by_port={p: round(s, 6) for p, s in by_port.items()}, io_threads=len(threads.candidates))
+    out.update(
+        samples=n,
+        elapsed_s=round(prev - t0, 6),
+        waiting_s=round(out["waiting_s"], 6),
+        by_port={p: round(s, 6) for p, s in by_port.items()},
+        io_threads=len(threads.candidates),
+    )
     return out
 
 

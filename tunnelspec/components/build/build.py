@@ -42,7 +42,7 @@ from tunnelspec.facts.host import CUDA_BIN
 # Per build step: a cold llama-server build on 2 shared cores takes ≈ 8 min; leave headroom.
 BUILD_TIMEOUT = 4 * 3600
 LOCK_WAIT = str(BUILD_TIMEOUT)
-USED = ".tunnelspec-used"   # touched whenever the build becomes current: its mtime ranks builds for pruning
+USED = ".tunnelspec-used"  # touched whenever the build becomes current: its mtime ranks builds for pruning
 
 # After a switch: keep the `keep` most recently used build dirs (last made current; else stamp, else
 # the dir's own mtime — a failed build keeps its partial objects for the retry while it is recent),
@@ -76,24 +76,46 @@ class LlamaBuild(Task):
     module = "llama_build"
     reads_cluster = True
     args = {
-        "root": Arg(str, required=True,
-                    help="tunnelspec's directory on the host (`tunnelspec_root`): builds go to `<root>/build/<key>`."),
-        "role": Arg(str, required=True, choices=("main", "rpc"),
-                    help="`main` builds llama-server, `rpc` the RPC server: only what the role needs."),
-        "tree": Arg(str, default="",
-                    help="The source tree hash from the source play (`llama_src.tree`; empty when it did not run)."),
-        "commit": Arg(str, required=True,
-                      help="The pinned llama.cpp commit (passed to CMake as the build's commit)."),
+        "root": Arg(
+            str,
+            required=True,
+            help="tunnelspec's directory on the host (`tunnelspec_root`): builds go to `<root>/build/<key>`.",
+        ),
+        "role": Arg(
+            str,
+            required=True,
+            choices=("main", "rpc"),
+            help="`main` builds llama-server, `rpc` the RPC server: only what the role needs.",
+        ),
+        "tree": Arg(
+            str,
+            default="",
+            help="The source tree hash from the source play (`llama_src.tree`; empty when it did not run).",
+        ),
+        "commit": Arg(str, required=True, help="The pinned llama.cpp commit (passed to CMake as the build's commit)."),
         "build_number": Arg(int, help="The upstream build number (bNNNN) to stamp; default: from the source play."),
-        "backend": Arg(str, default="cpu", choices=tuple(bp.BACKEND_OPTIONS),
-                       help="GPU backend (`llama_backend`): cpu, cuda, hip, vulkan or metal."),
-        "cmake_args": Arg((list, str), default=[],
-                          help="Extra `-DNAME=VALUE` cache entries (a list, or a string split like a shell line)."),
-        "cuda_architectures": Arg(str, help="CMake CUDA architectures (`89`, `86;89`) for backend cuda; default: the "
-                                  "host's llama_cuda_architectures, else what its nvidia-smi reports."),
+        "backend": Arg(
+            str,
+            default="cpu",
+            choices=tuple(bp.BACKEND_OPTIONS),
+            help="GPU backend (`llama_backend`): cpu, cuda, hip, vulkan or metal.",
+        ),
+        "cmake_args": Arg(
+            (list, str),
+            default=[],
+            help="Extra `-DNAME=VALUE` cache entries (a list, or a string split like a shell line).",
+        ),
+        "cuda_architectures": Arg(
+            str,
+            help="CMake CUDA architectures (`89`, `86;89`) for backend cuda; default: the "
+            "host's llama_cuda_architectures, else what its nvidia-smi reports.",
+        ),
         "jobs": Arg(int, help="Parallel build jobs (default: the host's cores)."),
-        "keep_builds": Arg(int, default=3,
-                           help="Build directories kept per host (the current one included); least recently used go first."),
+        "keep_builds": Arg(
+            int,
+            default=3,
+            help="Build directories kept per host (the current one included); least recently used go first.",
+        ),
     }
 
     @property
@@ -128,8 +150,13 @@ class LlamaBuild(Task):
         res = await ctx.conn.probe(nvidia_smi.NVIDIA_SMI_PROBE)
         gpus = nvidia_smi.parse_nvidia_smi(res.stdout + res.stderr, res.rc, ctx.host)
         try:
-            options, note = bp.cuda_arch_plan("cuda", self._extra(), self._inventory_archs(ctx),
-                                              nvidia_smi.cuda_architectures(gpus), nvidia_smi.describe_gpus(gpus))
+            options, note = bp.cuda_arch_plan(
+                "cuda",
+                self._extra(),
+                self._inventory_archs(ctx),
+                nvidia_smi.cuda_architectures(gpus),
+                nvidia_smi.describe_gpus(gpus),
+            )
         except ValueError as e:
             raise TaskFailed(f"{ctx.host}: {e}") from None
         f = facts_of(ctx)
@@ -142,12 +169,16 @@ class LlamaBuild(Task):
         result = advisories.check(self.p["build_number"], rdma=False)
         if result.verdict in (advisories.AFFECTED, advisories.POSSIBLE):
             if advisories.ACCEPT_VULNERABLE not in ctx.options.accepted:
-                raise TaskFailed(f"refusing a known-vulnerable llama.cpp build: {result.message}; pin a fixed "
-                                 "commit (see `tunnelspec advisories`) or pass --allow-vulnerable-llama")
+                raise TaskFailed(
+                    f"refusing a known-vulnerable llama.cpp build: {result.message}; pin a fixed "
+                    "commit (see `tunnelspec advisories`) or pass --allow-vulnerable-llama"
+                )
             return f"; WARNING known-vulnerable build allowed by --allow-vulnerable-llama: {result.message}"
         if result.verdict == advisories.UNKNOWN:
-            return ("; WARNING build number unknown (set llama_build_number): known-vulnerable RPC builds "
-                    "cannot be ruled out")
+            return (
+                "; WARNING build number unknown (set llama_build_number): known-vulnerable RPC builds "
+                "cannot be ruled out"
+            )
         return f"; {result.message}" if result.verdict == advisories.MITIGATED else ""
 
     async def check(self, ctx):
@@ -159,8 +190,10 @@ class LlamaBuild(Task):
         if not self.p["tree"]:
             if ctx.check_mode:
                 return change(f"would build once the source play has applied{self._cuda_note}")
-            raise TaskFailed("no proven source tree for this host: the source play did not run in this "
-                             "invocation (e.g. --tags build alone); run with --tags source,build")
+            raise TaskFailed(
+                "no proven source tree for this host: the source play did not run in this "
+                "invocation (e.g. --tags build alone); run with --tags source,build"
+            )
         note = self._advisory_note(ctx) + self._cuda_note
         options = self._options()
         key = bp.build_key(self.p["tree"], options)
@@ -169,8 +202,10 @@ class LlamaBuild(Task):
         st = bp.parse_state(res.stdout)
         self._state = st
         if st.tree != self.p["tree"]:
-            raise TaskFailed(f"{self.src} is at tree {st.tree} but the source play proved {self.p['tree']}: "
-                             "the checkout changed since; run again with --tags source,build")
+            raise TaskFailed(
+                f"{self.src} is at tree {st.tree} but the source play proved {self.p['tree']}: "
+                "the checkout changed since; run again with --tags source,build"
+            )
         try:
             bp.check_tree(st.options, f"{self.src} (commit {self.p['commit'][:12]})")
         except ValueError as e:
@@ -178,14 +213,19 @@ class LlamaBuild(Task):
         try:
             targets = bp.targets_for(self.p["role"], st.rpc_target)
         except ValueError:
-            raise TaskFailed(f"{self.src}: no RPC server target (ggml-rpc-server or rpc-server) found in "
-                             "tools/rpc/CMakeLists.txt or examples/rpc/CMakeLists.txt") from None
+            raise TaskFailed(
+                f"{self.src}: no RPC server target (ggml-rpc-server or rpc-server) found in "
+                "tools/rpc/CMakeLists.txt or examples/rpc/CMakeLists.txt"
+            ) from None
         self._targets = targets
         names = ", ".join(targets)
         if bp.stamp_ok(st.stamp, key, targets, st.bins):
             if st.current != self._dir:
-                return change(f"switch current to the finished build {key} of {names} (no compile){note}",
-                              Diff(str(st.current), self._dir), switch=True)
+                return change(
+                    f"switch current to the finished build {key} of {names} (no compile){note}",
+                    Diff(str(st.current), self._dir),
+                    switch=True,
+                )
             self._register(ctx, st.stamp)
             return ok(f"{names} built for tree {self.p['tree'][:12]} in build/{key}{note}")
         if self.p["backend"] == "vulkan":
@@ -211,13 +251,16 @@ class LlamaBuild(Task):
         f = facts_of(ctx)
         nvcc, text = (f.nvcc, f.nvcc_text) if f is not None and f.nvcc else (None, "")
         if nvcc is None:  # no facts in this run's context (a task run on its own)
-            res = await ctx.conn.probe(["sh", "-c", f'PATH="$PATH:{CUDA_BIN}" nvcc --version 2>/dev/null | grep release'])
+            res = await ctx.conn.probe(
+                ["sh", "-c", f'PATH="$PATH:{CUDA_BIN}" nvcc --version 2>/dev/null | grep release']
+            )
             nvcc, text = cuda_toolkit.parse_nvcc(res.stdout), res.stdout.strip()
         res = await ctx.conn.probe(["cat", "--", posixpath.join(self.src, cuda_toolkit.CMAKELISTS)])
         if res.rc != 0:  # a tree without ggml-cuda: cmake says so itself
             return
-        why = cuda_toolkit.refusal(ctx.host, nvcc, text, archs, res.stdout,
-                                   f"{self.src} (commit {self.p['commit'][:12]})")
+        why = cuda_toolkit.refusal(
+            ctx.host, nvcc, text, archs, res.stdout, f"{self.src} (commit {self.p['commit'][:12]})"
+        )
         if why:
             raise TaskFailed(why)
 
@@ -226,12 +269,22 @@ class LlamaBuild(Task):
         bins = {t: posixpath.join(self._dir, "bin", t) for t in stamp.get("targets", [])}
         current = {t: posixpath.join(root, "current", "bin", t) for t in bins}
         rpc = next((t for t in bins if t != bp.LLAMA_SERVER), None)
-        ctx.register("llama_build", {
-            "dir": self._dir, "key": self._key, "tree": stamp.get("tree"), "commit": stamp.get("commit"),
-            "build_number": stamp.get("build_number"), "targets": sorted(bins), "bin": bins,
-            "current_bin": current, "rpc_server": bins.get(rpc) if rpc else None,
-            "llama_server": bins.get(bp.LLAMA_SERVER), "seconds": stamp.get("seconds"),
-        })
+        ctx.register(
+            "llama_build",
+            {
+                "dir": self._dir,
+                "key": self._key,
+                "tree": stamp.get("tree"),
+                "commit": stamp.get("commit"),
+                "build_number": stamp.get("build_number"),
+                "targets": sorted(bins),
+                "bin": bins,
+                "current_bin": current,
+                "rpc_server": bins.get(rpc) if rpc else None,
+                "llama_server": bins.get(bp.LLAMA_SERVER),
+                "seconds": stamp.get("seconds"),
+            },
+        )
 
     # ---- apply -------------------------------------------------------------------------------
     async def apply(self, ctx, ch):
@@ -240,10 +293,23 @@ class LlamaBuild(Task):
         await self._binaries_run(ctx, fresh=not ch.data.get("switch"))
         root = self.p["root"]
         # Atomic switch: a reader sees the old build or the new one, never a missing link.
-        await ctx.conn.run(["sh", "-c", 'touch -- "$1/$3" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
-                            "sh", self._dir, posixpath.join(root, "current"), USED], check=True)
-        res = await ctx.conn.run(["sh", "-c", _PRUNE, "sh", root, str(max(1, self.p["keep_builds"])), self._key,
-                                  USED, bp.STAMP], check=True, timeout=600)
+        await ctx.conn.run(
+            [
+                "sh",
+                "-c",
+                'touch -- "$1/$3" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
+                "sh",
+                self._dir,
+                posixpath.join(root, "current"),
+                USED,
+            ],
+            check=True,
+        )
+        res = await ctx.conn.run(
+            ["sh", "-c", _PRUNE, "sh", root, str(max(1, self.p["keep_builds"])), self._key, USED, bp.STAMP],
+            check=True,
+            timeout=600,
+        )
         if res.stdout.split():
             ctx.progress(f"removed old build(s) {', '.join(res.stdout.split())} (keep_builds={self.p['keep_builds']})")
 
@@ -256,8 +322,9 @@ class LlamaBuild(Task):
         lock = ["flock", "-w", LOCK_WAIT, d + ".lock"]
         prefix = [*lock, "nice", "-n", "10", "env", *bp.ccache_env(self.p["root"])]
         ctx.progress(f"configure build/{self._key}{self._cuda_note}")
-        await ctx.conn.run_stream([*prefix, "cmake", "-S", self.src, "-B", d, *options], lambda line: None,
-                                  timeout=BUILD_TIMEOUT, check=True)
+        await ctx.conn.run_stream(
+            [*prefix, "cmake", "-S", self.src, "-B", d, *options], lambda line: None, timeout=BUILD_TIMEOUT, check=True
+        )
         last = [-100]
 
         def on_line(line: str) -> None:
@@ -266,13 +333,24 @@ class LlamaBuild(Task):
                 last[0] = pct
                 ctx.progress(f"build {', '.join(self._targets)} {pct}%", percent=pct)
 
-        await ctx.conn.run_stream([*prefix, "cmake", "--build", d, "--target", *self._targets, "-j", str(jobs)],
-                                  on_line, timeout=BUILD_TIMEOUT, check=True)
+        await ctx.conn.run_stream(
+            [*prefix, "cmake", "--build", d, "--target", *self._targets, "-j", str(jobs)],
+            on_line,
+            timeout=BUILD_TIMEOUT,
+            check=True,
+        )
         if bp.LLAMA_SERVER in self._targets:
             await self._verify_version(ctx)
-        stamp = {"key": self._key, "tree": self.p["tree"], "commit": self.p["commit"],
-                 "build_number": self.p["build_number"], "targets": self._targets, "options": options,
-                 "seconds": round(time.monotonic() - started, 1), "recipe": bp.BUILD_RECIPE}
+        stamp = {
+            "key": self._key,
+            "tree": self.p["tree"],
+            "commit": self.p["commit"],
+            "build_number": self.p["build_number"],
+            "targets": self._targets,
+            "options": options,
+            "seconds": round(time.monotonic() - started, 1),
+            "recipe": bp.BUILD_RECIPE,
+        }
         await ctx.conn.put(json.dumps(stamp, indent=2, sort_keys=True) + "\n", posixpath.join(d, bp.STAMP))
 
     async def _binaries_run(self, ctx, fresh: bool) -> None:
@@ -289,8 +367,10 @@ class LlamaBuild(Task):
             if res.rc != 0:
                 said = (res.stderr + res.stdout).strip()[-600:] or "no output"
                 how = f"rc={res.rc}" if res.rc > 0 else "killed by a signal"
-                raise TaskFailed(f"{ctx.host}: the new {name} does not run ({exe} {flag}: {how}): {said}; "
-                                 f"nothing was switched ({self.p['root']}/current is unchanged)")
+                raise TaskFailed(
+                    f"{ctx.host}: the new {name} does not run ({exe} {flag}: {how}): {said}; "
+                    f"nothing was switched ({self.p['root']}/current is unchanged)"
+                )
 
     async def _verify_version(self, ctx) -> None:
         exe = posixpath.join(self._dir, "bin", bp.LLAMA_SERVER)
@@ -299,8 +379,12 @@ class LlamaBuild(Task):
         if res.rc != 0 and not version.commit:
             said = (res.stderr + res.stdout).strip()[-600:] or "no output"
             how = f"rc={res.rc}" if res.rc > 0 else "killed by a signal"
-            raise TaskFailed(f"{ctx.host}: the new llama-server does not run ({exe} --version: {how}): {said}; "
-                             f"nothing was switched ({self.p['root']}/current is unchanged)")
+            raise TaskFailed(
+                f"{ctx.host}: the new llama-server does not run ({exe} --version: {how}): {said}; "
+                f"nothing was switched ({self.p['root']}/current is unchanged)"
+            )
         if not version.commit or not self.p["commit"].startswith(version.commit):
-            raise TaskFailed(f"{exe} --version reports commit {version.commit} ({version.label}), not the pinned "
-                             f"{self.p['commit'][:12]}; the build did not take LLAMA_BUILD_COMMIT")
+            raise TaskFailed(
+                f"{exe} --version reports commit {version.commit} ({version.label}), not the pinned "
+                f"{self.p['commit'][:12]}; the build did not take LLAMA_BUILD_COMMIT"
+            )

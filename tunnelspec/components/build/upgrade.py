@@ -45,8 +45,10 @@ class LlamaServerQuiesce(Task):
     switched it): it must not be restarted against nodes moving to another build."""
 
     module = "llama_server_quiesce"
-    args = {"binary": Arg(str, required=True, help="main's llama-server under {root}/current (the build now current)."),
-            "unit": Arg(str, default=UNIT, help="llama-server's unit.")}
+    args = {
+        "binary": Arg(str, required=True, help="main's llama-server under {root}/current (the build now current)."),
+        "unit": Arg(str, default=UNIT, help="llama-server's unit."),
+    }
 
     async def check(self, ctx):
         res = await ctx.conn.probe(["sh", "-c", _STATE, "sh", self.p["unit"], self.p["binary"]])
@@ -55,8 +57,10 @@ class LlamaServerQuiesce(Task):
             return ok("llama-server not running")
         if current is None or running == current:
             return ok(f"llama-server runs the current build ({running})")
-        return change(f"stop llama-server for the build change: it runs {running}, the current build is "
-                      f"{current}; the server play starts it on the new build once every node serves it")
+        return change(
+            f"stop llama-server for the build change: it runs {running}, the current build is "
+            f"{current}; the server play starts it on the new build once every node serves it"
+        )
 
     async def apply(self, ctx, ch):
         await ctx.conn.run(["systemctl", "stop", self.p["unit"]], check=True, timeout=120)

@@ -24,12 +24,17 @@ class FrontHoldFree(Task):
         return [list(sockets.COMMAND)]
 
     async def check(self, ctx):
-        found = [s for s in await sockets.listening_sockets(ctx.conn)
-                 if s.port == HOLD_PORT and (s.loopback_only or s.wildcard)]
+        found = [
+            s
+            for s in await sockets.listening_sockets(ctx.conn)
+            if s.port == HOLD_PORT and (s.loopback_only or s.wildcard)
+        ]
         if found:
             who = ", ".join(f"{n} (pid {p})" for s in found for n, p in s.processes) or "a process"
-            raise TaskFailed(f"{ctx.host}: {who} listens on TCP port {HOLD_PORT}, which the front keeps free to "
-                             "hold requests while llama-server restarts (docs/degraded.md); stop it")
+            raise TaskFailed(
+                f"{ctx.host}: {who} listens on TCP port {HOLD_PORT}, which the front keeps free to "
+                "hold requests while llama-server restarts (docs/degraded.md); stop it"
+            )
         return ok(f"nothing listens on port {HOLD_PORT} (the front's hold)")
 
 
@@ -68,9 +73,14 @@ class MetricsTokenFile(Task):
     async def _stat(self, ctx) -> tuple[str, str, int]:
         path = self.p["path"]
         return await secret_file.plain_file(
-            ctx.conn, ctx.host, path, "metrics_token_file",
+            ctx.conn,
+            ctx.host,
+            path,
+            "metrics_token_file",
             f"{ctx.host}: metrics_token_file {path} does not exist; write the scrape token there (one line, e.g. "
-            "from `openssl rand -hex 32`) first", "/etc/tunnelspec/metrics-token")
+            "from `openssl rand -hex 32`) first",
+            "/etc/tunnelspec/metrics-token",
+        )
 
     async def check(self, ctx):
         path = self.p["path"]
@@ -80,11 +90,15 @@ class MetricsTokenFile(Task):
         if self.p["api_key_file"]:
             same = await ctx.conn.probe(same_secret_argv(path, self.p["api_key_file"]))
             if same.rc not in (0, 1):
-                raise TaskFailed(f"{ctx.host}: could not compare metrics_token_file {path} with the API key file "
-                                 f"{self.p['api_key_file']} (awk rc {same.rc}: {same.stderr.strip()[-300:]})")
+                raise TaskFailed(
+                    f"{ctx.host}: could not compare metrics_token_file {path} with the API key file "
+                    f"{self.p['api_key_file']} (awk rc {same.rc}: {same.stderr.strip()[-300:]})"
+                )
             if same.rc == 0:
-                raise TaskFailed(f"{ctx.host}: metrics_token_file {path} holds the API key: the scrape token is a "
-                                 "credential of its own; write another token there")
+                raise TaskFailed(
+                    f"{ctx.host}: metrics_token_file {path} holds the API key: the scrape token is a "
+                    "credential of its own; write another token there"
+                )
         if (mode, owner) != ("600", self.p["owner"]):
             return change(f"{path}: mode {mode} owner {owner} → 600 {self.p['owner']}")
         return ok(f"scrape token file 0600, owned by {owner}")

@@ -71,15 +71,27 @@ START_GRACE = 10
 def front_vars(main) -> dict:
     """The front's template variables (templates/tunnelspec-front.cfg.j2)."""
     f = main.front
-    return {"bind_host": main.server_host, "bind_port": main.server_port, "internal_port": f.internal_port,
-            "loopback": LOOPBACK, "hold_port": HOLD_PORT, "hold_retries": f.hold_timeout * HOLD_TRIES_PER_S,
-            "hold_seconds": f.hold_timeout,
-            "stats_socket": FRONT_STATS, "backend": FRONT_BACKEND, "front_user": f.user,
-            "public_bind": main.public_bind, "tls_pem": main.tls.cert_path if main.tls is not None else "",
-            "run_dir": FRONT_RUN_DIR, "config": FRONT_CONFIG, "haproxy": HAPROXY,
-            "metrics": f.metrics is not None, "metrics_socket": METRICS_SOCKET,
-            "metrics_port": f.metrics.port if f.metrics else 0,
-            "metrics_token_file": (f.metrics.token_file or "") if f.metrics else ""}
+    return {
+        "bind_host": main.server_host,
+        "bind_port": main.server_port,
+        "internal_port": f.internal_port,
+        "loopback": LOOPBACK,
+        "hold_port": HOLD_PORT,
+        "hold_retries": f.hold_timeout * HOLD_TRIES_PER_S,
+        "hold_seconds": f.hold_timeout,
+        "stats_socket": FRONT_STATS,
+        "backend": FRONT_BACKEND,
+        "front_user": f.user,
+        "public_bind": main.public_bind,
+        "tls_pem": main.tls.cert_path if main.tls is not None else "",
+        "run_dir": FRONT_RUN_DIR,
+        "config": FRONT_CONFIG,
+        "haproxy": HAPROXY,
+        "metrics": f.metrics is not None,
+        "metrics_socket": METRICS_SOCKET,
+        "metrics_port": f.metrics.port if f.metrics else 0,
+        "metrics_token_file": (f.metrics.token_file or "") if f.metrics else "",
+    }
 
 
 def metrics_document(cluster) -> dict:
@@ -107,11 +119,21 @@ def metrics_fact(cluster) -> dict | None:
     main = cluster.main
     if main.front.metrics is None:
         return None
-    return {"config_json": json.dumps(metrics_document(cluster), indent=1, sort_keys=True) + "\n",
-            "unit": {"front_user": main.front.user, "loopback": LOOPBACK, "exporter": METRICS_EXPORTER, "config": METRICS_CONFIG,
-                     "api_key_file": main.api_key_file or "", "port": main.front.metrics.port,
-                     "front_unit": FRONT_UNIT, "llama_unit": "tunnelspec-llama-server.service"},
-            "token_file": main.front.metrics.token_file or "", "api_key_file": main.api_key_file or ""}
+    return {
+        "config_json": json.dumps(metrics_document(cluster), indent=1, sort_keys=True) + "\n",
+        "unit": {
+            "front_user": main.front.user,
+            "loopback": LOOPBACK,
+            "exporter": METRICS_EXPORTER,
+            "config": METRICS_CONFIG,
+            "api_key_file": main.api_key_file or "",
+            "port": main.front.metrics.port,
+            "front_unit": FRONT_UNIT,
+            "llama_unit": "tunnelspec-llama-server.service",
+        },
+        "token_file": main.front.metrics.token_file or "",
+        "api_key_file": main.api_key_file or "",
+    }
 
 
 def skippable_draft(cluster):
@@ -119,8 +141,14 @@ def skippable_draft(cluster):
     return cluster.skippable_draft
 
 
-def modes_document(cluster, speculative: dict, degraded: dict | None, expect: str | None,
-                   wait_timeout: int, without: dict | None = None) -> dict:
+def modes_document(
+    cluster,
+    speculative: dict,
+    degraded: dict | None,
+    expect: str | None,
+    wait_timeout: int,
+    without: dict | None = None,
+) -> dict:
     """What the launcher and the watcher read (/etc/tunnelspec/llama-server.json). `speculative` and
     `degraded` are ServerPlan facts (degraded: the plan with the draft node left out); `without`:
     target node → the plan with that node left out, for the nodes whose loss the remaining devices
@@ -134,19 +162,45 @@ def modes_document(cluster, speculative: dict, degraded: dict | None, expect: st
         "state": STATE_PATH,
         "rejoin_flag": REJOIN_FLAG,
         "expect": expect,
-        "wait": {"nodes": [n.name for n in required], "endpoints": [n.endpoint for n in required],
-                 "timeout": wait_timeout},
-        "draft": None if d is None else {
-            "node": d.name, "endpoint": d.endpoint, "port": d.tunnel_port,
-            "tunnel_unit": f"tunnelspec-tunnel-{d.name}.service", "devices": speculative["draft_devices"]},
-        "modes": {SPECULATIVE: speculative["argv"], DEGRADED: degraded["argv"] if draft is not None and degraded is not None else None},
+        "wait": {
+            "nodes": [n.name for n in required],
+            "endpoints": [n.endpoint for n in required],
+            "timeout": wait_timeout,
+        },
+        "draft": None
+        if d is None
+        else {
+            "node": d.name,
+            "endpoint": d.endpoint,
+            "port": d.tunnel_port,
+            "tunnel_unit": f"tunnelspec-tunnel-{d.name}.service",
+            "devices": speculative["draft_devices"],
+        },
+        "modes": {
+            SPECULATIVE: speculative["argv"],
+            DEGRADED: degraded["argv"] if draft is not None and degraded is not None else None,
+        },
         "rejoin_after": cluster.main.front.rejoin_after,
         "grace": START_GRACE,
         "front": {"stats": FRONT_STATS, "backend": FRONT_BACKEND},
-        **({"without": {name: {"argv": plan["argv"], "endpoint": n.endpoint, "port": n.tunnel_port,
-                               "tunnel_unit": tunnel_unit(n.name)}
-                        for n in cluster.rpc for name, plan in sorted((without or {}).items()) if n.name == name},
-            "split_wait": SPLIT_WAIT} if without else {}),
+        **(
+            {
+                "without": {
+                    name: {
+                        "argv": plan["argv"],
+                        "endpoint": n.endpoint,
+                        "port": n.tunnel_port,
+                        "tunnel_unit": tunnel_unit(n.name),
+                    }
+                    for n in cluster.rpc
+                    for name, plan in sorted((without or {}).items())
+                    if n.name == name
+                },
+                "split_wait": SPLIT_WAIT,
+            }
+            if without
+            else {}
+        ),
     }
 
 
@@ -167,8 +221,11 @@ def split_candidates(cluster) -> list:
         return []
     nodes = cluster.target_nodes
     cpu = (p.weight_of("CPU") or 0) > 0
-    return [n for n in nodes if (p.weight_of(n.name) or 0) > 0
-            and (cpu or any((p.weight_of(m.name) or 0) > 0 for m in nodes if m is not n))]
+    return [
+        n
+        for n in nodes
+        if (p.weight_of(n.name) or 0) > 0 and (cpu or any((p.weight_of(m.name) or 0) > 0 for m in nodes if m is not n))
+    ]
 
 
 def split_fits(cluster, absent: str, size: int, shape, served: dict, main_mem: tuple | None) -> tuple[bool | None, str]:
@@ -199,16 +256,16 @@ def split_fits(cluster, absent: str, size: int, shape, served: dict, main_mem: t
         if not main_mem:
             return None, "main's free memory unknown"
         need = memory_fit.target_share_need(size, cpu, total, shape, None)
-        verdicts.append(memory_fit.check_fit("main", [("RAM", main_mem[0], main_mem[1])], need,
-                                          f"{cpu / total:.0%} of the target"))
+        verdicts.append(
+            memory_fit.check_fit("main", [("RAM", main_mem[0], main_mem[1])], need, f"{cpu / total:.0%} of the target")
+        )
     bad = [v for v in verdicts if v.level == "refuse"]
     if bad:
         return False, "; ".join(v.message for v in bad)
     return True, "; ".join(v.message for v in verdicts)
 
 
-def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_timeout: int,
-                fits=None) -> None:
+def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_timeout: int, fits=None) -> None:
     """Complete the `llama_server` fact (the speculative plan) with what the launcher, the watcher
     and the front need. `degraded_plan(absent)` builds the plan with those nodes left out;
     `fits(node)` → (fits, why) says whether the rest holds the model without that target node
@@ -229,16 +286,26 @@ def add_serving(fact: dict, cluster, degraded_plan, expect: str | None, wait_tim
     # The watcher also runs for a split it can serve without a node (it notices the loss, and the return).
     fact["draft_skippable"] = draft is not None or bool(without)
     fact["unit"].update(
-        exec_start=draftwatch_exec(), state_dir=STATE_DIR_NAME, grace=START_GRACE,
+        exec_start=draftwatch_exec(),
+        state_dir=STATE_DIR_NAME,
+        grace=START_GRACE,
         # A node the split can be served without is not PartOf= llama-server's unit (its tunnel
         # reconnecting while the node is away would restart llama-server each time): the watcher
         # restarts llama-server on its loss instead, as for a draft-only node.
-        required_tunnel_units=[tunnel_unit(n.name) for n in cluster.rpc
-                               if (draft is None or n.name != draft.name) and n.name not in without])
+        required_tunnel_units=[
+            tunnel_unit(n.name)
+            for n in cluster.rpc
+            if (draft is None or n.name != draft.name) and n.name not in without
+        ],
+    )
     fact["front"] = front_vars(cluster.main)
     fact["metrics"] = metrics_fact(cluster)
-    fact["watch"] = {"draft_node": draft.name if draft is not None else "", "llama_unit": fact["unit"].get(
-        "name", "tunnelspec-llama-server.service"), "draftwatch": DRAFTWATCH, "modes_path": MODES_PATH,
-        "watch_dir": WATCH_DIR_NAME}
+    fact["watch"] = {
+        "draft_node": draft.name if draft is not None else "",
+        "llama_unit": fact["unit"].get("name", "tunnelspec-llama-server.service"),
+        "draftwatch": DRAFTWATCH,
+        "modes_path": MODES_PATH,
+        "watch_dir": WATCH_DIR_NAME,
+    }
     if draft is None and without:
         fact["watch"]["draft_node"] = "/".join(sorted(without))  # the unit's description names them

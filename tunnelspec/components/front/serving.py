@@ -50,17 +50,28 @@ async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
         state = {}
     mode = state.get("mode") or "unknown"
     draft = cluster.draft_node
-    out = {"mode": mode, "since": iso(state.get("since")), "node": state.get("node"),
-           "reason": state.get("reason") or None,
-           "watch": (await unit_state(conn, front.WATCH_UNIT)
-                     if front.skippable_draft(cluster) or mode == front.SPLIT_DEGRADED else None),
-           "draft_node": draft.name if draft else None,
-           "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else []}
+    out = {
+        "mode": mode,
+        "since": iso(state.get("since")),
+        "node": state.get("node"),
+        "reason": state.get("reason") or None,
+        "watch": (
+            await unit_state(conn, front.WATCH_UNIT)
+            if front.skippable_draft(cluster) or mode == front.SPLIT_DEGRADED
+            else None
+        ),
+        "draft_node": draft.name if draft else None,
+        "draft_devices": (devices or {}).get(draft.tunnel_port, []) if draft else [],
+    }
     if mode in (front.DEGRADED, front.WAITING, front.SPLIT_DEGRADED) and state.get("node"):
         # Why the tunnel is down, in ssh's own words (e.g. "connect to host … Connection timed out").
-        j = await sh(conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u",
-                             tunnel_unit(state["node"])], timeout=20)
-        said = [l.strip() for l in j.splitlines() if l.strip().startswith("ssh:") or "Connection" in l
-                or "Permission denied" in l or "Host key" in l]
+        j = await sh(
+            conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u", tunnel_unit(state["node"])], timeout=20
+        )
+        said = [
+            l.strip()
+            for l in j.splitlines()
+            if l.strip().startswith("ssh:") or "Connection" in l or "Permission denied" in l or "Host key" in l
+        ]
         out["detail"] = said[-1] if said else None
     return out

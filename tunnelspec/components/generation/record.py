@@ -22,11 +22,11 @@ from tunnelspec.facts import nft
 
 GEN_DIR = f"{STATE_DIR}/generations"
 CURRENT = f"{GEN_DIR}/current"
-FILES_DIR = f"{GEN_DIR}/files"           # on every host: copies of its serving files, by sha256
+FILES_DIR = f"{GEN_DIR}/files"  # on every host: copies of its serving files, by sha256
 # The figures the metrics exporter shows (docs/metrics.md): the current generation, since when, and the
 # rollbacks so far. World-readable (the exporter runs as the front's user); no secret in it.
 STATUS = f"{STATE_DIR}/generation.json"
-PINS = ".tunnelspec-pinned"              # in <root>/build: build keys kept generations use (never pruned)
+PINS = ".tunnelspec-pinned"  # in <root>/build: build keys kept generations use (never pruned)
 DEFAULT_KEEP = 3
 SCHEMA = 1
 
@@ -54,12 +54,15 @@ MAIN_FILES = {
     f"{UNIT_DIR}/{WATCH_UNIT}": ("restart", WATCH_UNIT),
     "/usr/local/lib/tunnelspec/tunnelspec-draftwatch": ("restart", WATCH_UNIT),
 }
-RPC_FILES = {ISOLATION_RULES: ("nft", ""), f"{UNIT_DIR}/{ISOLATION_UNIT}": ("none", ""),
-             f"{UNIT_DIR}/{RPC_UNIT}": ("restart", RPC_UNIT)}
-STACK_FILE = "src/llama.cpp/.git/tunnelspec-stack"   # under the host's root: the source's stack record
+RPC_FILES = {
+    ISOLATION_RULES: ("nft", ""),
+    f"{UNIT_DIR}/{ISOLATION_UNIT}": ("none", ""),
+    f"{UNIT_DIR}/{RPC_UNIT}": ("restart", RPC_UNIT),
+}
+STACK_FILE = "src/llama.cpp/.git/tunnelspec-stack"  # under the host's root: the source's stack record
 
 
-TUNNEL_UNIT = "tunnelspec-tunnel-{}.service"   # on main, one per rpc node (components/tunnel/tunnels.py)
+TUNNEL_UNIT = "tunnelspec-tunnel-{}.service"  # on main, one per rpc node (components/tunnel/tunnels.py)
 
 
 def managed_files(role: str, root: str, nodes: tuple[str, ...] = ()) -> dict[str, tuple[str, str]]:
@@ -82,19 +85,29 @@ def serve_of(cluster) -> dict:
     the inventory may name another since, e.g. a public bind that failed to deploy)."""
     main = cluster.main
     tls = main.tls
-    return {"host": main.server_host, "port": main.server_port,
-            "tls_ca_file": str(tls.ca_file) if tls is not None else "",
-            "tls_name": tls.server_name if tls is not None else ""}
+    return {
+        "host": main.server_host,
+        "port": main.server_port,
+        "tls_ca_file": str(tls.ca_file) if tls is not None else "",
+        "tls_name": tls.server_name if tls is not None else "",
+    }
 
 
 def recorded_serve(record: dict, cluster) -> dict:
     """The record's `serve` held to its shape (an address, a port, TLS names), else the inventory's (a
     generation recorded before tunnelspec kept it)."""
     serve = record.get("serve")
-    ok = (isinstance(serve, dict) and isinstance(serve.get("host"), str) and _HOST.fullmatch(serve["host"])
-          and isinstance(serve.get("port"), int) and not isinstance(serve.get("port"), bool)
-          and 0 < serve["port"] < 65536 and isinstance(serve.get("tls_ca_file"), str)
-          and isinstance(serve.get("tls_name"), str) and (serve["tls_name"] == "" or _HOST.fullmatch(serve["tls_name"])))
+    ok = (
+        isinstance(serve, dict)
+        and isinstance(serve.get("host"), str)
+        and _HOST.fullmatch(serve["host"])
+        and isinstance(serve.get("port"), int)
+        and not isinstance(serve.get("port"), bool)
+        and 0 < serve["port"] < 65536
+        and isinstance(serve.get("tls_ca_file"), str)
+        and isinstance(serve.get("tls_name"), str)
+        and (serve["tls_name"] == "" or _HOST.fullmatch(serve["tls_name"]))
+    )
     return dict(serve) if ok else serve_of(cluster)
 
 
@@ -115,7 +128,7 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 # key, never one with a `/`, nor `.` or `..` (it starts with a letter or a digit).
 BUILD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MODE = re.compile(r"[0-7]{3,4}")
-COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")   # a git object name: sha1 or sha256
+COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git object name: sha1 or sha256
 # The draft watch's program is the one managed file the deploy writes executable (0755,
 # playbooks/server.yml); it writes every other one 0644: the units (modules/systemd.py),
 # llama-server.json and front.cfg (playbooks/server.yml), the device map (components/server/server.py),
@@ -159,7 +172,7 @@ def validate_host_record(want, role: str, root: str, host: str, n=None, nodes: t
     if want.get("root") != root:
         refuse("root", want.get("root"), f"is not the inventory's tunnelspec_root of {host} ({root})")
     build, prefix = want.get("build"), posixpath.join(root, "build") + "/"
-    key = build[len(prefix):] if isinstance(build, str) and build.startswith(prefix) else ""
+    key = build[len(prefix) :] if isinstance(build, str) and build.startswith(prefix) else ""
     if not BUILD_KEY.fullmatch(key):
         refuse("build", build, f"is not a build directory directly under {prefix}")
     files = want.get("files")
@@ -172,16 +185,19 @@ def validate_host_record(want, role: str, root: str, host: str, n=None, nodes: t
         if path not in managed:
             refuse("file path", path, f"is not a file tunnelspec manages on a {role} host")
         if f is None:
-            continue                       # absent in the generation: the restore removes it
+            continue  # absent in the generation: the restore removes it
         if not isinstance(f, dict):
             refuse(f"file {path}", f, "is not a {sha256, mode} mapping")
         if not isinstance(f.get("sha256"), str) or not SHA256.fullmatch(f["sha256"]):
             refuse(f"sha256 of {path}", f.get("sha256"), "is not a sha256 (64 lowercase hex digits)")
         mode = f.get("mode") or ""
-        if mode and (not isinstance(mode, str) or not MODE.fullmatch(mode)
-                     or int(mode, 8) & ~written_mode(path)):
-            refuse(f"mode of {path}", mode, f"is not within the mode tunnelspec writes it with "
-                   f"({written_mode(path):o}: no setuid, setgid or sticky bit, nothing writable by others)")
+        if mode and (not isinstance(mode, str) or not MODE.fullmatch(mode) or int(mode, 8) & ~written_mode(path)):
+            refuse(
+                f"mode of {path}",
+                mode,
+                f"is not within the mode tunnelspec writes it with "
+                f"({written_mode(path):o}: no setuid, setgid or sticky bit, nothing writable by others)",
+            )
 
 
 # One round trip: where `current` points, and each file's sha256 and mode ("-" when absent). A path
@@ -202,7 +218,7 @@ done
 
 @dataclass(frozen=True)
 class FileState:
-    sha: str | None      # None: absent
+    sha: str | None  # None: absent
     mode: str = ""
 
     def as_json(self):
@@ -260,8 +276,9 @@ def model_sums(record: dict) -> dict[str, str | None]:
 
 def models_diff(recorded: dict[str, str | None], live: dict[str, str | None]) -> list[str]:
     """The models whose content differs between a record and now, as short phrases."""
-    return [f"model {posixpath.basename(p)}" for p in sorted(set(recorded) | set(live))
-            if recorded.get(p) != live.get(p)]
+    return [
+        f"model {posixpath.basename(p)}" for p in sorted(set(recorded) | set(live)) if recorded.get(p) != live.get(p)
+    ]
 
 
 def model_drift(record: dict, live: dict[str, str | None]) -> list[str]:
@@ -290,7 +307,7 @@ def next_number(numbers: list[int]) -> int:
 
 def kept(numbers: list[int], keep: int, current: int | None) -> list[int]:
     """The generations kept: the newest `keep` (at least one), and always the current one."""
-    newest = sorted(set(numbers), reverse=True)[:max(1, keep)]
+    newest = sorted(set(numbers), reverse=True)[: max(1, keep)]
     if current is not None and current in numbers and current not in newest:
         newest.append(current)
     return sorted(newest)
@@ -298,8 +315,11 @@ def kept(numbers: list[int], keep: int, current: int | None) -> list[int]:
 
 def pinned_builds(records: list[dict], host: str) -> list[str]:
     """The build keys of `host` that kept generations use: its build pruning leaves them alone."""
-    keys = {build_key(r["hosts"][host]["build"]) for r in records
-            if host in r.get("hosts", {}) and r["hosts"][host].get("build")}
+    keys = {
+        build_key(r["hosts"][host]["build"])
+        for r in records
+        if host in r.get("hosts", {}) and r["hosts"][host].get("build")
+    }
     return sorted(keys)
 
 
@@ -328,8 +348,11 @@ def summary(record: dict) -> str:
     patches = len(record.get("patches") or [])
     digest = hashlib.sha256(json.dumps(state_of(record), sort_keys=True).encode()).hexdigest()[:8]
     models = ", ".join(f"{posixpath.basename(p)} {(sha or '?')[:12]}" for p, sha in sorted(model_sums(record).items()))
-    return (f"generation {record['n']}: tree {tree} + {patches} patch(es); {hosts}"
-            + (f"; models {models}" if models else "") + f"; state {digest}")
+    return (
+        f"generation {record['n']}: tree {tree} + {patches} patch(es); {hosts}"
+        + (f"; models {models}" if models else "")
+        + f"; state {digest}"
+    )
 
 
 def dumps(record: dict) -> str:
@@ -349,9 +372,12 @@ def next_status(prev: dict, n: int, now: float, rollback: bool = False, event: s
     """STATUS after generation `n` became current at `now` (`rollback`: by a return to it, `event`
     naming that return so that it is counted once). A generation that stays current keeps its `since`."""
     rollbacks = int(prev.get("rollbacks") or 0)
-    doc = {"schema": 1, "generation": n,
-           "since": prev.get("since", now) if prev.get("generation") == n and not rollback else now,
-           "rollbacks": rollbacks + (1 if rollback else 0)}
+    doc = {
+        "schema": 1,
+        "generation": n,
+        "since": prev.get("since", now) if prev.get("generation") == n and not rollback else now,
+        "rollbacks": rollbacks + (1 if rollback else 0),
+    }
     last = now if rollback else prev.get("last_rollback")
     if last is not None:
         doc["last_rollback"] = last

@@ -74,7 +74,7 @@ def parse_records(text: str) -> tuple[dict[int, dict], int | None]:
             try:
                 records[n] = json.loads("".join(buf))
             except ValueError:
-                pass            # a damaged record is no record
+                pass  # a damaged record is no record
 
     for line in text.splitlines(keepends=True):
         if line.startswith("--- current"):
@@ -131,8 +131,10 @@ def checked(record, cluster, host: str) -> dict:
     n = record.get("n") if isinstance(record, dict) else None
     where = {name: (role, root) for name, role, root in _hosts(cluster)}.get(host)
     if where is None:
-        raise TaskFailed(f"{host} is neither main nor an rpc node in the inventory: generation {n} has nothing "
-                         "to restore there (nothing was changed)")
+        raise TaskFailed(
+            f"{host} is neither main nor an rpc node in the inventory: generation {n} has nothing "
+            "to restore there (nothing was changed)"
+        )
     hosts = record.get("hosts") if isinstance(record, dict) else None
     want = hosts.get(host) if isinstance(hosts, dict) else None
     if not want:
@@ -150,14 +152,17 @@ def recordable(host: str, state: dict, nodes: tuple[str, ...] = ()) -> None:
     for path, f in state["files"].items():
         if f and "kind" in f:
             what = "a symbolic link" if f["kind"] == "link" else "not a regular file"
-            raise TaskFailed(f"{host}: {path} is {what}; a generation keeps the serving files themselves, never "
-                             "what a link points to: nothing was recorded (the deploy writes it as a file: "
-                             "remove what is there and deploy again)")
+            raise TaskFailed(
+                f"{host}: {path} is {what}; a generation keeps the serving files themselves, never "
+                "what a link points to: nothing was recorded (the deploy writes it as a file: "
+                "remove what is there and deploy again)"
+            )
     try:
         gen.validate_host_record(state, state["role"], state["root"], host, None, nodes)
     except gen.RecordRefused as e:
-        raise TaskFailed(f"{host}: its {e.field} {e.shown} {e.why}: a return could not put it back, so nothing "
-                         "was recorded") from None
+        raise TaskFailed(
+            f"{host}: its {e.field} {e.shown} {e.why}: a return could not put it back, so nothing was recorded"
+        ) from None
 
 
 async def stamped_build_number(conn, build: str) -> int | None:
@@ -218,12 +223,17 @@ class GenerationRecord(Task):
     module = "generation_record"
     reads_cluster = True
     args = {
-        "keep": Arg(int, default=gen.DEFAULT_KEEP,
-                    help="Generations kept (`tunnelspec_keep_generations`); their builds are never pruned."),
+        "keep": Arg(
+            int,
+            default=gen.DEFAULT_KEEP,
+            help="Generations kept (`tunnelspec_keep_generations`); their builds are never pruned.",
+        ),
         "tree": Arg(str, default="", help="The source tree hash (`llama_src.tree`)."),
         "commit": Arg(str, default="", help="The pinned llama.cpp commit."),
         "patches": Arg(list, default=[], help="The patch stack as applied (`llama_src.patches`)."),
-        "models": Arg(list, default=[], help="The model paths llama-server loads (their sha256 recorded as model_proof kept it)."),
+        "models": Arg(
+            list, default=[], help="The model paths llama-server loads (their sha256 recorded as model_proof kept it)."
+        ),
         "plan": Arg(dict, default={}, help="The `llama_server` fact: what a rollback verifies against."),
     }
 
@@ -243,19 +253,37 @@ class GenerationRecord(Task):
         if current is not None and gen.same_state(records[current], state):
             if await published(ctx.conn) != current:
                 # Recorded before the metrics' status file existed, or the file was lost.
-                return change(f"generation {current} published for the metrics ({gen.STATUS})",
-                              Diff("", str(current)), n=current, publish_only=True)
+                return change(
+                    f"generation {current} published for the metrics ({gen.STATUS})",
+                    Diff("", str(current)),
+                    n=current,
+                    publish_only=True,
+                )
             return ok(gen.summary(records[current]) + " (current)")
         same = gen.find_same(list(records.values()), state)
         if same is not None:
             return change(f"generation {same} current again (was {current})", Diff(str(current), str(same)), n=same)
         n = gen.next_number(list(records))
-        what = ("" if current is None else
-                "; ".join([*(f"{h}: {', '.join(d)}" for h, s in live.items()
-                             if (d := gen.host_diff(records[current]["hosts"].get(h, {}), s))),
-                           *gen.models_diff(gen.model_sums(records[current]), sums)]))
-        return change(f"record generation {n}" + (f" ({what})" if what else " (the first)"),
-                      Diff(str(current), str(n)), n=n, new=True)
+        what = (
+            ""
+            if current is None
+            else "; ".join(
+                [
+                    *(
+                        f"{h}: {', '.join(d)}"
+                        for h, s in live.items()
+                        if (d := gen.host_diff(records[current]["hosts"].get(h, {}), s))
+                    ),
+                    *gen.models_diff(gen.model_sums(records[current]), sums),
+                ]
+            )
+        )
+        return change(
+            f"record generation {n}" + (f" ({what})" if what else " (the first)"),
+            Diff(str(current), str(n)),
+            n=n,
+            new=True,
+        )
 
     async def apply(self, ctx, ch):
         n, records = ch.data["n"], dict(self._records)
@@ -267,10 +295,18 @@ class GenerationRecord(Task):
                 conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
                 pairs = [x for path, f in st["files"].items() if f for x in (f["sha256"], path)]
                 await conn.run(["sh", "-c", _STORE, "sh", gen.FILES_DIR, *pairs], check=True)
-            records[n] = {"schema": gen.SCHEMA, "n": n, "tree": self.p["tree"], "commit": self.p["commit"],
-                          "patches": self.p["patches"], "models": self.p["models"], "plan": self.p["plan"],
-                          "hosts": self._live, "model_sha256": self._sums,
-                          "serve": self._serve}
+            records[n] = {
+                "schema": gen.SCHEMA,
+                "n": n,
+                "tree": self.p["tree"],
+                "commit": self.p["commit"],
+                "patches": self.p["patches"],
+                "models": self.p["models"],
+                "plan": self.p["plan"],
+                "hosts": self._live,
+                "model_sha256": self._sums,
+                "serve": self._serve,
+            }
             await ctx.conn.run(["install", "-d", "-m", "700", "--", gen.GEN_DIR], check=True)
             await ctx.conn.put(gen.dumps(records[n]), f"{gen.GEN_DIR}/{n}.json", 0o600)
         await ctx.conn.put(f"{n}\n", gen.CURRENT, 0o600)
@@ -288,9 +324,13 @@ async def prune_hosts(ctx, kept_records: list[dict]) -> None:
     cluster = ctx.require_cluster()
     for name, _role, root in _hosts(cluster):
         conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
-        args = [*gen.pinned_builds(kept_records, name), *(f"sha:{s}" for s in sorted(gen.used_files(kept_records, name)))]
-        await conn.run(["sh", "-c", _PRUNE, "sh", posixpath.join(root, "build", gen.PINS), gen.FILES_DIR, *args],
-                       check=True)
+        args = [
+            *gen.pinned_builds(kept_records, name),
+            *(f"sha:{s}" for s in sorted(gen.used_files(kept_records, name))),
+        ]
+        await conn.run(
+            ["sh", "-c", _PRUNE, "sh", posixpath.join(root, "build", gen.PINS), gen.FILES_DIR, *args], check=True
+        )
 
 
 @register_task
@@ -300,17 +340,25 @@ class GenerationPick(Task):
     module = "generation_pick"
     read_only = True
     reads_cluster = True
-    args = {"to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one."),
-            "vulnerable": Arg(str, default="refuse", choices=("refuse", "warn"),
-                              help="A generation whose build is in a known-vulnerable range "
-                                   "(`tunnelspec advisories`): `refuse` it unless --allow-vulnerable-llama, or "
-                                   "`warn` (a failed deploy's return to what served before it).")}
+    args = {
+        "to": Arg(int, default=0, help="The generation's number; 0: the current (last verified) one."),
+        "vulnerable": Arg(
+            str,
+            default="refuse",
+            choices=("refuse", "warn"),
+            help="A generation whose build is in a known-vulnerable range "
+            "(`tunnelspec advisories`): `refuse` it unless --allow-vulnerable-llama, or "
+            "`warn` (a failed deploy's return to what served before it).",
+        ),
+    }
 
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)
         if not records:
-            raise TaskFailed(f"no generation recorded on {ctx.host} yet: a deploy records one when it passes "
-                             "verify; there is nothing to return to")
+            raise TaskFailed(
+                f"no generation recorded on {ctx.host} yet: a deploy records one when it passes "
+                "verify; there is nothing to return to"
+            )
         n = self.p["to"] or current or max(records)
         if n not in records:
             raise TaskFailed(f"generation {n} is not kept on {ctx.host}; kept: {', '.join(map(str, sorted(records)))}")
@@ -339,17 +387,22 @@ class GenerationPick(Task):
         if result.verdict in (advisories.AFFECTED, advisories.POSSIBLE):
             if self.p["vulnerable"] == "warn":
                 # Refusing would leave a failed deploy's hosts half switched; this build served until it started.
-                return ("; WARNING returning to the known-vulnerable build that served before the deploy: "
-                        + result.message)
+                return (
+                    "; WARNING returning to the known-vulnerable build that served before the deploy: " + result.message
+                )
             if advisories.ACCEPT_VULNERABLE not in ctx.options.accepted:
-                raise TaskFailed(f"refusing to return to generation {record.get('n')}: its build is a known-vulnerable "
-                                 f"llama.cpp build: {result.message} (nothing was changed); pick another generation "
-                                 "(`tunnelspec status` lists them), deploy a fixed commit, or pass "
-                                 "--allow-vulnerable-llama")
+                raise TaskFailed(
+                    f"refusing to return to generation {record.get('n')}: its build is a known-vulnerable "
+                    f"llama.cpp build: {result.message} (nothing was changed); pick another generation "
+                    "(`tunnelspec status` lists them), deploy a fixed commit, or pass "
+                    "--allow-vulnerable-llama"
+                )
             return f"; WARNING known-vulnerable build allowed by --allow-vulnerable-llama: {result.message}"
         if result.verdict == advisories.UNKNOWN:
-            return "; WARNING build number unknown (its build's stamp names none): known-vulnerable RPC builds " \
-                   "cannot be ruled out"
+            return (
+                "; WARNING build number unknown (its build's stamp names none): known-vulnerable RPC builds "
+                "cannot be ruled out"
+            )
         return f"; {result.message}" if result.verdict == advisories.MITIGATED else ""
 
 
@@ -373,13 +426,18 @@ class GenerationRestore(Task):
         live = await host_state(ctx.conn, want["role"], want["root"], nodes)
         if want["role"] == "rpc":
             # The tunnel key's line is restored by its own task for this port (playbooks/rollback.yml).
-            ctx.register("generation_rpc_port", gen.recorded_rpc_port(want) or ctx.require_cluster().node(ctx.host).rpc_port)
+            ctx.register(
+                "generation_rpc_port", gen.recorded_rpc_port(want) or ctx.require_cluster().node(ctx.host).rpc_port
+            )
         self._live = live
         diff = gen.host_diff(want, live)
         n = self.p["record"].get("n")
         recorded = gen.model_sums(self.p["record"])
-        drift = gen.model_drift(self.p["record"], await model_sums(ctx.conn, list(recorded))) \
-            if want["role"] == "main" and recorded else []
+        drift = (
+            gen.model_drift(self.p["record"], await model_sums(ctx.conn, list(recorded)))
+            if want["role"] == "main" and recorded
+            else []
+        )
         warn = f"; WARNING models are not kept with a generation: {'; '.join(drift)}" if drift else ""
         if not diff:
             return ok(f"at generation {n}{warn}")
@@ -391,15 +449,24 @@ class GenerationRestore(Task):
         restart, reload_, units_changed = set(), set(), False
         await self._preconditions(ctx, want, live, files)
         if want["build"] != live["build"]:
-            await run(["sh", "-c", 'touch -- "$1/.tunnelspec-used" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
-                       "sh", want["build"], posixpath.join(want["root"], "current")], check=True)
+            await run(
+                [
+                    "sh",
+                    "-c",
+                    'touch -- "$1/.tunnelspec-used" && ln -sfn -- "$1" "$2.tmp" && mv -Tf -- "$2.tmp" "$2"',
+                    "sh",
+                    want["build"],
+                    posixpath.join(want["root"], "current"),
+                ],
+                check=True,
+            )
             unit = gen.LLAMA_UNIT if want["role"] == "main" else gen.RPC_UNIT
             # A deploy that stopped before its switch (a node's build refused) moved only the link:
             # the process still runs the generation's build and serves on.
             if not gen.runs_build(await running_exe(ctx.conn, unit), want["build"]):
                 restart.add(unit)
         for path, (action, unit) in files.items():
-            if path not in want["files"]:   # a generation from before tunnelspec kept this file
+            if path not in want["files"]:  # a generation from before tunnelspec kept this file
                 continue
             w, have = want["files"].get(path), live["files"].get(path)
             if (w or None) == (have or None):
@@ -410,16 +477,28 @@ class GenerationRestore(Task):
                 await run(["rm", "-f", "--", path], check=True)
             else:
                 src = posixpath.join(gen.FILES_DIR, w["sha256"])
-                await run(["sh", "-c", 'install -D -m "$3" -- "$1" "$2.tunnelspec-tmp" && mv -f -- "$2.tunnelspec-tmp" "$2"',
-                           "sh", src, path, w["mode"] or "644"], check=True)
+                await run(
+                    [
+                        "sh",
+                        "-c",
+                        'install -D -m "$3" -- "$1" "$2.tunnelspec-tmp" && mv -f -- "$2.tunnelspec-tmp" "$2"',
+                        "sh",
+                        src,
+                        path,
+                        w["mode"] or "644",
+                    ],
+                    check=True,
+                )
             units_changed |= path.endswith(".service")
             if action == "nft" and w is not None:
                 # The generation's rules before any of its services (re)starts below: a port it
                 # serves on is guarded from its first connection.
                 res = await run([NFT, "-f", path], timeout=30)
                 if res.rc != 0:
-                    raise TaskFailed(f"{ctx.host}: the isolation rules of generation {self.p['record'].get('n')} "
-                                     f"did not load: {res.stderr.strip()}")
+                    raise TaskFailed(
+                        f"{ctx.host}: the isolation rules of generation {self.p['record'].get('n')} "
+                        f"did not load: {res.stderr.strip()}"
+                    )
             elif action == "source" and w is not None:
                 await self._source(ctx, path, want["root"])
             elif action == "restart":
@@ -437,8 +516,10 @@ class GenerationRestore(Task):
             res = await run(["systemctl", "restart", unit])
             if res.rc != 0:
                 raise TaskFailed(f"{ctx.host}: restart of {unit} failed: {res.stderr.strip()}")
-        ctx.progress(f"{ctx.host} back to generation {self.p['record'].get('n')}"
-                     + (f"; restarted {', '.join(sorted(restart))}" if restart else ""))
+        ctx.progress(
+            f"{ctx.host} back to generation {self.p['record'].get('n')}"
+            + (f"; restarted {', '.join(sorted(restart))}" if restart else "")
+        )
 
     async def _preconditions(self, ctx, want: dict, live: dict, files: dict) -> None:
         """Everything the switch needs, checked before anything changes: a rollback that cannot be
@@ -447,31 +528,41 @@ class GenerationRestore(Task):
         # A directory or a copy itself, never a link to one: `current` and the serving files point at
         # what the deploy made, nothing else.
         if want["build"] != live["build"]:
-            if (await run(["sh", "-c", '[ -d "$1" ] && [ ! -L "$1" ] && [ -f "$1/$2" ]', "sh", want["build"],
-                           bp.STAMP])).rc != 0:
-                raise TaskFailed(f"{ctx.host}: the build of generation {n} ({want['build']}) is gone; cannot return "
-                                 "to it without a build (nothing was changed)")
+            if (
+                await run(["sh", "-c", '[ -d "$1" ] && [ ! -L "$1" ] && [ -f "$1/$2" ]', "sh", want["build"], bp.STAMP])
+            ).rc != 0:
+                raise TaskFailed(
+                    f"{ctx.host}: the build of generation {n} ({want['build']}) is gone; cannot return "
+                    "to it without a build (nothing was changed)"
+                )
         for path, (action, _unit) in files.items():
             w = want["files"].get(path)
             if not w or w == live["files"].get(path):
                 continue
             src = posixpath.join(gen.FILES_DIR, w["sha256"])
             if (await run(["sh", "-c", '[ -f "$1" ] && [ ! -L "$1" ]', "sh", src])).rc != 0:
-                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing, or is "
-                                 "no file of its own (nothing was changed)")
+                raise TaskFailed(
+                    f"{ctx.host}: the copy of {path} for generation {n} ({src}) is missing, or is "
+                    "no file of its own (nothing was changed)"
+                )
             if action == "source" and not _stack_head(await ctx.conn.get(src)):
                 # Its HEAD is checked out afterwards: a commit's hash, never an option or a ref's name.
-                raise TaskFailed(f"{ctx.host}: the copy of {path} for generation {n} ({src}) names no commit "
-                                 "hash as its HEAD (nothing was changed)")
+                raise TaskFailed(
+                    f"{ctx.host}: the copy of {path} for generation {n} ({src}) names no commit "
+                    "hash as its HEAD (nothing was changed)"
+                )
             if action == "nft" and (await run([NFT, "--check", "-f", src], timeout=30)).rc != 0:
-                raise TaskFailed(f"{ctx.host}: the isolation rules of generation {n} do not load here any more "
-                                 "(nothing was changed)")
+                raise TaskFailed(
+                    f"{ctx.host}: the isolation rules of generation {n} do not load here any more (nothing was changed)"
+                )
             if path == gen.FRONT_CONFIG:
                 # It may name files that are no longer there (a TLS certificate, a metrics token).
                 res = await run(["/usr/sbin/haproxy", "-c", "-q", "-f", src])
                 if res.rc != 0:
-                    raise TaskFailed(f"{ctx.host}: the front configuration of generation {n} does not validate here "
-                                     f"any more (nothing was changed): {(res.stderr or res.stdout).strip()[-600:]}")
+                    raise TaskFailed(
+                        f"{ctx.host}: the front configuration of generation {n} does not validate here "
+                        f"any more (nothing was changed): {(res.stderr or res.stdout).strip()[-600:]}"
+                    )
 
     async def _source(self, ctx, stack_path: str, root: str) -> None:
         """The checkout back at the generation's HEAD (its commits are still in the repository: the
@@ -480,8 +571,9 @@ class GenerationRestore(Task):
         if not head:
             return
         src = posixpath.join(root, "src", "llama.cpp")
-        res = await ctx.conn.run(["git", *ss.GIT_CONFIG_ARGS, "-C", src, "checkout", "--quiet", "--detach", "--force",
-                                  head])
+        res = await ctx.conn.run(
+            ["git", *ss.GIT_CONFIG_ARGS, "-C", src, "checkout", "--quiet", "--detach", "--force", head]
+        )
         if res.rc != 0:
             raise TaskFailed(f"{ctx.host}: cannot check out {head[:12]} in {src} again: {res.stderr.strip()}")
         await ctx.conn.run(["git", *ss.GIT_CONFIG_ARGS, "-C", src, "update-ref", "refs/tunnelspec/stack", head])
@@ -523,8 +615,10 @@ class GenerationRollbackCounted(Task):
     generation changes)."""
 
     module = "generation_rollback_counted"
-    args = {"n": Arg(int, required=True, help="The generation returned to."),
-            "event": Arg(str, required=True, help="This return's name (`rollback_event`): counted once.")}
+    args = {
+        "n": Arg(int, required=True, help="The generation returned to."),
+        "event": Arg(str, required=True, help="This return's name (`rollback_event`): counted once."),
+    }
 
     def probes(self) -> list[list[str]]:
         return [STATUS_ARGV]

@@ -34,7 +34,7 @@ MIN_GCC = (9, 0)
 MIN_CMAKE = (3, 14)
 # ggml-vulkan's own CMakeLists.txt asks for more (b9093 to b11434: cmake_minimum_required 3.19).
 MIN_CMAKE_BACKEND = {"vulkan": (3, 19)}
-MIN_DISK_KB = 3 * 1024 * 1024       # a CPU build of llama-server with its source: about 1.5 GiB
+MIN_DISK_KB = 3 * 1024 * 1024  # a CPU build of llama-server with its source: about 1.5 GiB
 DEFAULT_ROOT = "/opt/tunnelspec"
 APT_ENV = ["env", "DEBIAN_FRONTEND=noninteractive", "NEEDRESTART_MODE=a"]
 
@@ -58,33 +58,42 @@ def facts_of(ctx) -> HostFacts | None:
 def refusals(f: HostFacts, *, become: bool, has_password: bool, build: bool) -> list[str]:
     """Why tunnelspec cannot serve this host (empty: it can)."""
     if f.system == "Darwin":
-        return [f"this is {f.describe_os()}, not Linux: tunnelspec runs its services under systemd on Linux hosts. "
-                "On a Mac, run llama.cpp's ggml-rpc-server or llama-server by hand (Metal build) bound to 127.0.0.1 and "
-                "reach it through your own `ssh -L` tunnel; a Linux host can be the main host or an rpc node"]
+        return [
+            f"this is {f.describe_os()}, not Linux: tunnelspec runs its services under systemd on Linux hosts. "
+            "On a Mac, run llama.cpp's ggml-rpc-server or llama-server by hand (Metal build) bound to 127.0.0.1 and "
+            "reach it through your own `ssh -L` tunnel; a Linux host can be the main host or an rpc node"
+        ]
     if not f.is_linux:
-        return [f"this is {f.system or 'an unknown system'} ({f.kernel}), not Linux: tunnelspec needs Linux with systemd"]
+        return [
+            f"this is {f.system or 'an unknown system'} ({f.kernel}), not Linux: tunnelspec needs Linux with systemd"
+        ]
     out = []
     if not f.has_systemd:
-        out.append(f"PID 1 is {f.init or 'unknown'!r}, not systemd"
-                   + ("" if f.init != "systemd" else " (systemd is not the running service manager)")
-                   + ": tunnelspec runs the RPC server, tunnels and llama-server as systemd units")
+        out.append(
+            f"PID 1 is {f.init or 'unknown'!r}, not systemd"
+            + ("" if f.init != "systemd" else " (systemd is not the running service manager)")
+            + ": tunnelspec runs the RPC server, tunnels and llama-server as systemd units"
+        )
     if not f.is_root:
         if not become:
-            out.append(f"the login {f.user!r} is not root and ansible_become is not set: "
-                       "set ansible_become=true (sudo) or log in as root")
+            out.append(
+                f"the login {f.user!r} is not root and ansible_become is not set: "
+                "set ansible_become=true (sudo) or log in as root"
+            )
         elif "sudo" not in f.tools:
             out.append(f"the login {f.user!r} is not root and sudo is not installed (ansible_become=true needs it)")
         elif f.sudo_nopasswd is False and not has_password:
             msg = f.sudo_msg.strip() or "sudo -n refused"
-            out.append(f"sudo refuses {f.user!r} without a password ({msg}): set ansible_become_password "
-                       "(e.g. -e @secrets.yml), or allow NOPASSWD for this user")
+            out.append(
+                f"sudo refuses {f.user!r} without a password ({msg}): set ansible_become_password "
+                "(e.g. -e @secrets.yml), or allow NOPASSWD for this user"
+            )
     if "flock" not in f.tools:
         out.append("flock not found (package util-linux): tunnelspec holds its run lock with it")
     if build:
         out += toolchain_refusals(f)
         if f.disk_free_kb is not None and f.disk_free_kb < MIN_DISK_KB:
-            out.append(f"{f.disk_free_kb // 1024} MiB free in {f.disk_dir}, a build needs "
-                       f"{MIN_DISK_KB // 1024} MiB")
+            out.append(f"{f.disk_free_kb // 1024} MiB free in {f.disk_dir}, a build needs {MIN_DISK_KB // 1024} MiB")
     return out
 
 
@@ -97,8 +106,10 @@ def toolchain_refusals(f: HostFacts, backend: str = "cpu") -> list[str]:
     if f.cmake is not None and f.cmake < MIN_CMAKE:
         out.append(f"cmake {_v(f.cmake)} is too old for llama.cpp (cmake >= {_v(MIN_CMAKE)})")
     elif f.cmake is not None and backend in MIN_CMAKE_BACKEND and f.cmake < MIN_CMAKE_BACKEND[backend]:
-        out.append(f"cmake {_v(f.cmake)} is too old for ggml's {backend} backend (its CMakeLists.txt needs cmake >= "
-                   f"{_v(MIN_CMAKE_BACKEND[backend])}; on Debian 11 take cmake from bullseye-backports)")
+        out.append(
+            f"cmake {_v(f.cmake)} is too old for ggml's {backend} backend (its CMakeLists.txt needs cmake >= "
+            f"{_v(MIN_CMAKE_BACKEND[backend])}; on Debian 11 take cmake from bullseye-backports)"
+        )
     return out
 
 
@@ -120,17 +131,22 @@ class HostFactsTask(Task):
         f = await gather(ctx.conn, self.p["root"])
         ctx.register(FACTS_KEY, f.to_dict())
         if self.p["require"]:
-            why = refusals(f, become=truthy(self.p["become"]), has_password=truthy(self.p["has_password"]),
-                           build=self.p["build"])
+            why = refusals(
+                f, become=truthy(self.p["become"]), has_password=truthy(self.p["has_password"]), build=self.p["build"]
+            )
             if why:
-                raise TaskFailed(f"{ctx.host}: tunnelspec cannot serve this host ({f.describe_os()}): "
-                                 + "; ".join(why) + ". No host was changed")
+                raise TaskFailed(
+                    f"{ctx.host}: tunnelspec cannot serve this host ({f.describe_os()}): "
+                    + "; ".join(why)
+                    + ". No host was changed"
+                )
         return ok(f.summary())
 
 
 def _need(ctx, p) -> prereqs.Need:
-    return prereqs.Need(role=p["role"], backend=p["backend"], isolation=p["isolation"],
-                        https_repo=str(p["repo"]).startswith("https://"))
+    return prereqs.Need(
+        role=p["role"], backend=p["backend"], isolation=p["isolation"], https_repo=str(p["repo"]).startswith("https://")
+    )
 
 
 @register_task
@@ -143,10 +159,14 @@ class Prerequisites(Task):
         "backend": Arg(str, default="cpu", help="The host's llama_backend."),
         "isolation": Arg(bool, default=True, help="rpc_local_isolation: nftables is needed."),
         "repo": Arg(str, default="", help="llama_repo (an https URL needs CA certificates)."),
-        "install": Arg(bool, default=True,
-                       help="tunnelspec_install_packages: false never installs, and stops naming what is missing."),
-        "plan_only": Arg(bool, default=False,
-                         help="Read-only: stop when something missing cannot be installed; install nothing."),
+        "install": Arg(
+            bool,
+            default=True,
+            help="tunnelspec_install_packages: false never installs, and stops naming what is missing.",
+        ),
+        "plan_only": Arg(
+            bool, default=False, help="Read-only: stop when something missing cannot be installed; install nothing."
+        ),
         "root": Arg(str, default=DEFAULT_ROOT, help="Where builds go (for the facts gathered again)."),
     }
 
@@ -164,8 +184,13 @@ class Prerequisites(Task):
         missing = prereqs.missing(_need(ctx, self.p), f)
         unpackaged = [p for p in missing if not p.apt]
         if refused or unpackaged:
-            why = [*(f"missing {p.what} ({p.why}): not installable by tunnelspec, install it yourself"
-                     for p in unpackaged), *refused]
+            why = [
+                *(
+                    f"missing {p.what} ({p.why}): not installable by tunnelspec, install it yourself"
+                    for p in unpackaged
+                ),
+                *refused,
+            ]
             raise TaskFailed(f"{ctx.host}: {'; '.join(why)}. Then run again. No host was changed")
         if not missing:
             elsewhere = prereqs.misplaced(_need(ctx, self.p), f)
@@ -175,12 +200,16 @@ class Prerequisites(Task):
         names = ", ".join(p.what for p in missing)
         pkgs = prereqs.packages(missing)
         if not self.p["install"]:
-            raise TaskFailed(f"{ctx.host}: missing {names} (packages: {' '.join(pkgs)}), and "
-                             "tunnelspec_install_packages=false: install them and run again. No host was changed")
+            raise TaskFailed(
+                f"{ctx.host}: missing {names} (packages: {' '.join(pkgs)}), and "
+                "tunnelspec_install_packages=false: install them and run again. No host was changed"
+            )
         if f.package_manager not in prereqs.INSTALLERS:
-            raise TaskFailed(f"{ctx.host}: missing {names}; tunnelspec installs packages with apt-get only and this "
-                             f"host has {f.package_manager or 'no known package manager'}: install them "
-                             f"(Debian names: {' '.join(pkgs)}) and run again. No host was changed")
+            raise TaskFailed(
+                f"{ctx.host}: missing {names}; tunnelspec installs packages with apt-get only and this "
+                f"host has {f.package_manager or 'no known package manager'}: install them "
+                f"(Debian names: {' '.join(pkgs)}) and run again. No host was changed"
+            )
         if self.p["plan_only"]:
             return ok(f"will install {' '.join(pkgs)} (missing {names}){note}")
         return change(f"install {' '.join(pkgs)} (missing {names})", packages=pkgs)

@@ -63,8 +63,11 @@ class ModelFile(Task):
 
     module = "model_file"
     args = {
-        "src": Arg(str, required=True,
-                   help="A path on the host, a file on the controller (relative: from the inventory's directory), or `hf://owner/repo/file.gguf@<commit>`."),
+        "src": Arg(
+            str,
+            required=True,
+            help="A path on the host, a file on the controller (relative: from the inventory's directory), or `hf://owner/repo/file.gguf@<commit>`.",
+        ),
         "dest_dir": Arg(str, default=MODELS_DIR, help="Where uploads and downloads go on the host."),
         "fact": Arg(str, required=True, help="The fact to register with the model's path on the host."),
     }
@@ -95,8 +98,10 @@ class ModelFile(Task):
         if claimed != str(local):
             # Two controller files with one name (target and draft from different directories) would
             # overwrite each other on every deploy, and both would load the last one uploaded.
-            raise TaskFailed(f"{local} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
-                             "give the models different file names")
+            raise TaskFailed(
+                f"{local} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
+                "give the models different file names"
+            )
         ctx.register(self.p["fact"], dest)
         want = _local_sha256(local)
         got = await _remote_sha256(ctx.conn, dest)
@@ -123,17 +128,23 @@ class ModelFile(Task):
             dest = f"{dir_}/{f.name}"
             claimed = claims.setdefault((ctx.host, dest), f"{ref.repo_id}/{f.path}@{ref.revision}")
             if claimed != f"{ref.repo_id}/{f.path}@{ref.revision}":
-                raise TaskFailed(f"{var}: {ref} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
-                                 "give the models different file names")
+                raise TaskFailed(
+                    f"{var}: {ref} and {claimed} would both be uploaded to {dest} on {ctx.host}: "
+                    "give the models different file names"
+                )
             if await _remote_sha256(ctx.conn, dest) != f.sha256:
                 todo.append((f, dest))
         ctx.register(self.p["fact"], f"{dir_}/{files[0].name}")
         if not todo:
-            return ok(f"{dir_}/{files[0].name} up to date ({len(files)} file(s), sha256 as the Hub reports "
-                      f"at {ref.revision[:12]})")
+            return ok(
+                f"{dir_}/{files[0].name} up to date ({len(files)} file(s), sha256 as the Hub reports "
+                f"at {ref.revision[:12]})"
+            )
         size = sum(f.size for f, _ in todo) / 2**20
-        return change(f"download {ref} ({len(todo)} file(s), {size:.1f} MiB), verify, upload → {dir_}",
-                      hub=[(f.path, f.size, f.sha256, dest) for f, dest in todo])
+        return change(
+            f"download {ref} ({len(todo)} file(s), {size:.1f} MiB), verify, upload → {dir_}",
+            hub=[(f.path, f.size, f.sha256, dest) for f, dest in todo],
+        )
 
     async def apply(self, ctx, ch):
         if "hub" in ch.data:
@@ -144,8 +155,9 @@ class ModelFile(Task):
             locals_ = await hub.download(ref, files, var, lambda msg, pct: ctx.progress(msg, percent=pct))
             await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
             for local, f, (_, _, _, dest) in zip(locals_, files, ch.data["hub"]):
-                await upload_file(ctx.conn, local, dest, f.sha256,
-                                  progress=lambda msg, pct: ctx.progress(msg, percent=pct))
+                await upload_file(
+                    ctx.conn, local, dest, f.sha256, progress=lambda msg, pct: ctx.progress(msg, percent=pct)
+                )
             return
         local, want, dest = Path(ch.data["local"]), ch.data["sha256"], self._dest()
         await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
@@ -166,8 +178,13 @@ class ModelsPrune(Task):
     }
 
     def _list_argv(self) -> list[str]:
-        return ["sh", "-c", '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"', "sh",
-                self.p["dir"].rstrip("/")]
+        return [
+            "sh",
+            "-c",
+            '[ -d "$1" ] || exit 0; find "$1" -maxdepth 1 -type f -printf "%s %f\\0"',
+            "sh",
+            self.p["dir"].rstrip("/"),
+        ]
 
     def probes(self) -> list[list[str]]:
         return [self._list_argv()]
@@ -194,8 +211,11 @@ class ModelsPrune(Task):
         if not stale:
             return ok("no uploaded model left over")
         total = sum(s for _, s in stale)
-        return change(f"remove {len(stale)} uploaded model(s) no longer in the inventory "
-                      f"({', '.join(p for p, _ in stale)}; {total / 2**20:.1f} MiB)", paths=[p for p, _ in stale])
+        return change(
+            f"remove {len(stale)} uploaded model(s) no longer in the inventory "
+            f"({', '.join(p for p, _ in stale)}; {total / 2**20:.1f} MiB)",
+            paths=[p for p, _ in stale],
+        )
 
     async def apply(self, ctx, ch):
         await ctx.conn.run(["rm", "-f", "--", *ch.data["paths"]], check=True)
@@ -205,7 +225,7 @@ class ModelsPrune(Task):
 # What each model file was proven to be (size, mtime, inode → the bytes its tensors need, its sha256):
 # a file unchanged since is not read again. Not in MODELS_DIR, which models_prune empties of strangers.
 PROOFS = f"{STATE_DIR}/model-proofs.json"
-_READER = Path(gguf_header.__file__).read_text()     # the one GGUF reader, run where the file lies
+_READER = Path(gguf_header.__file__).read_text()  # the one GGUF reader, run where the file lies
 
 
 def proof_argv(mode: str, paths: list[str], cache: str = PROOFS) -> list[str]:
@@ -231,8 +251,10 @@ async def read_proofs(conn, host: str, paths: list[str], cache: str = PROOFS) ->
     res = await conn.probe(proof_argv("check", paths, cache), timeout=600)
     got = parse_proofs(res.stdout)
     if res.rc != 0 or set(got) != set(paths):
-        raise TaskFailed(f"cannot read {', '.join(paths)} with python3 on {host} (rc={res.rc}): "
-                         f"{(res.stderr or res.stdout).strip()[-400:]}")
+        raise TaskFailed(
+            f"cannot read {', '.join(paths)} with python3 on {host} (rc={res.rc}): "
+            f"{(res.stderr or res.stdout).strip()[-400:]}"
+        )
     return got
 
 
@@ -262,7 +284,11 @@ class ModelProof(Task):
 
     module = "model_proof"
     args = {
-        "src": Arg(str, default="", help="The model as the inventory names it (model_file's `src`), or its path on the host; empty: none."),
+        "src": Arg(
+            str,
+            default="",
+            help="The model as the inventory names it (model_file's `src`), or its path on the host; empty: none.",
+        ),
         "cache": Arg(str, default=PROOFS, help="Where each file's proof is kept on the host."),
     }
 
@@ -290,17 +316,21 @@ class ModelProof(Task):
             raise TaskFailed(_refusal(ctx.host, bad[0]))
         if all(p.get("cached") for p in proofs.values()):
             return ok(f"{self.p['src']} whole ({_sizes(proofs.values())}), unchanged since proven")
-        return change(f"{self.p['src']} whole ({_sizes(proofs.values())}): its sha256 to record ({self.p['cache']})",
-                      paths=paths)
+        return change(
+            f"{self.p['src']} whole ({_sizes(proofs.values())}): its sha256 to record ({self.p['cache']})", paths=paths
+        )
 
     async def apply(self, ctx, ch):
         res = await ctx.conn.run(proof_argv("record", ch.data["paths"], self.p["cache"]), timeout=4 * 3600)
         got = parse_proofs(res.stdout)
         bad = [p for p in got.values() if "error" in p]
         if res.rc != 0 or bad or set(got) != set(ch.data["paths"]):
-            raise TaskFailed(_refusal(ctx.host, bad[0]) if bad else
-                             f"cannot record the proof of {', '.join(ch.data['paths'])} (rc={res.rc}): "
-                             f"{(res.stderr or res.stdout).strip()[-400:]}")
+            raise TaskFailed(
+                _refusal(ctx.host, bad[0])
+                if bad
+                else f"cannot record the proof of {', '.join(ch.data['paths'])} (rc={res.rc}): "
+                f"{(res.stderr or res.stdout).strip()[-400:]}"
+            )
         ctx.progress("; ".join(f"{p['path']} sha256 {p['sha256']}" for p in got.values()))
 
 

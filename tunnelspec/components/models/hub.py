@@ -23,12 +23,19 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core.booleans import truthy
-from tunnelspec.cluster.hub_ref import (FORM, SCHEME, HubRef, HubRefError, is_hub_ref,  # noqa: F401  (this module's API)
-                                        parse_ref, split_parts)
+from tunnelspec.cluster.hub_ref import (  # noqa: F401  (this module's API)
+    FORM,
+    SCHEME,
+    HubRef,
+    HubRefError,
+    is_hub_ref,
+    parse_ref,
+    split_parts,
+)
 
 
 class HubError(TaskFailed):
@@ -95,29 +102,39 @@ def resolve(ref: HubRef, var: str) -> list[HubFile]:
     from huggingface_hub import errors as hub_errors  # lazy: slow import, hf:// models only
 
     try:
-        infos = hub.HfApi(endpoint=_endpoint()).get_paths_info(ref.repo_id, ref.parts, revision=ref.revision,
-                                                                 repo_type="model")
+        infos = hub.HfApi(endpoint=_endpoint()).get_paths_info(
+            ref.repo_id, ref.parts, revision=ref.revision, repo_type="model"
+        )
     except hub_errors.RevisionNotFoundError:
-        raise HubError(f"{var}: revision {ref.revision} is not in {ref.repo_id} on HF_ENDPOINT={_endpoint()}; "
-                       "check the commit SHA") from None
+        raise HubError(
+            f"{var}: revision {ref.revision} is not in {ref.repo_id} on HF_ENDPOINT={_endpoint()}; check the commit SHA"
+        ) from None
     except hub_errors.RepositoryNotFoundError:
-        raise HubError(f"{var}: repository {ref.repo_id} not found on HF_ENDPOINT={_endpoint()} (or it is "
-                       "private/gated: set HF_TOKEN)") from None
+        raise HubError(
+            f"{var}: repository {ref.repo_id} not found on HF_ENDPOINT={_endpoint()} (or it is "
+            "private/gated: set HF_TOKEN)"
+        ) from None
     except Exception as err:  # noqa: BLE001 - network errors come from several libraries
-        raise HubError(f"{var}: cannot reach the Hub at HF_ENDPOINT={_endpoint()} for {ref}: {_describe(err)}; "
-                       "check the network or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use the cache") from None
+        raise HubError(
+            f"{var}: cannot reach the Hub at HF_ENDPOINT={_endpoint()} for {ref}: {_describe(err)}; "
+            "check the network or HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to use the cache"
+        ) from None
     by_path = {getattr(i, "path", None): i for i in infos}
     out = []
     for part in ref.parts:
         info = by_path.get(part)
         if info is None or not hasattr(info, "size"):
-            raise HubError(f"{var}: {part} is not a file in {ref.repo_id} at {ref.revision[:12]}"
-                           + (" (a split GGUF needs every part)" if len(ref.parts) > 1 else ""))
+            raise HubError(
+                f"{var}: {part} is not a file in {ref.repo_id} at {ref.revision[:12]}"
+                + (" (a split GGUF needs every part)" if len(ref.parts) > 1 else "")
+            )
         lfs = getattr(info, "lfs", None)
         if not lfs or not re.fullmatch(r"[0-9a-f]{64}", str(lfs.sha256)):
             # Only LFS files carry a sha256; a GGUF model always is one on the Hub.
-            raise HubError(f"{var}: the Hub reports no sha256 for {part} in {ref.repo_id} (not an LFS file); "
-                           "tunnelspec only deploys files it can verify")
+            raise HubError(
+                f"{var}: the Hub reports no sha256 for {part} in {ref.repo_id} (not an LFS file); "
+                "tunnelspec only deploys files it can verify"
+            )
         out.append(HubFile(path=part, size=int(lfs.size), sha256=str(lfs.sha256)))
     return out
 
@@ -126,8 +143,10 @@ def _cached_file(ref: HubRef, part: str, var: str) -> HubFile:
     pointer = _repo_dir(ref) / "snapshots" / ref.revision / part
     blob = Path(os.path.realpath(pointer))
     if not pointer.is_file() or not re.fullmatch(r"[0-9a-f]{64}", blob.name):
-        raise HubError(f"{var}: HF_HUB_OFFLINE is set and {part} of {ref} is not in the cache {_cache_dir()}; "
-                       "download it once with network (a deploy, or `hf download`), or unset HF_HUB_OFFLINE")
+        raise HubError(
+            f"{var}: HF_HUB_OFFLINE is set and {part} of {ref} is not in the cache {_cache_dir()}; "
+            "download it once with network (a deploy, or `hf download`), or unset HF_HUB_OFFLINE"
+        )
     return HubFile(path=part, size=blob.stat().st_size, sha256=blob.name)
 
 
@@ -155,24 +174,36 @@ def _download_one(ref: HubRef, f: HubFile, var: str) -> Path:
     from huggingface_hub import errors as hub_errors  # lazy: slow import, hf:// models only
 
     try:
-        local = Path(hub.hf_hub_download(ref.repo_id, f.path, revision=ref.revision, repo_type="model",
-                                         cache_dir=str(_cache_dir()), endpoint=_endpoint(),
-                                         local_files_only=_offline()))
+        local = Path(
+            hub.hf_hub_download(
+                ref.repo_id,
+                f.path,
+                revision=ref.revision,
+                repo_type="model",
+                cache_dir=str(_cache_dir()),
+                endpoint=_endpoint(),
+                local_files_only=_offline(),
+            )
+        )
     except (hub_errors.EntryNotFoundError, hub_errors.RevisionNotFoundError, hub_errors.RepositoryNotFoundError):
-        raise HubError(f"{var}: {f.path} is not in {ref.repo_id} at {ref.revision[:12]} "
-                       f"(HF_ENDPOINT={_endpoint()})") from None
+        raise HubError(
+            f"{var}: {f.path} is not in {ref.repo_id} at {ref.revision[:12]} (HF_ENDPOINT={_endpoint()})"
+        ) from None
     except Exception as err:  # noqa: BLE001
         raise HubError(f"{var}: download of {f.path} from HF_ENDPOINT={_endpoint()} failed: {_describe(err)}") from None
     got = _sha256(local)
     if got != f.sha256:
         _forget(local)
-        raise HubError(f"{var}: {f.path} from {ref.repo_id}@{ref.revision[:12]} has sha256 {got}, but the Hub "
-                       f"reports {f.sha256}: refusing it (the cached copy was removed; nothing was uploaded)")
+        raise HubError(
+            f"{var}: {f.path} from {ref.repo_id}@{ref.revision[:12]} has sha256 {got}, but the Hub "
+            f"reports {f.sha256}: refusing it (the cached copy was removed; nothing was uploaded)"
+        )
     return local
 
 
-async def download(ref: HubRef, files: list[HubFile], var: str,
-                   progress: Callable[[str, int], None] | None = None) -> list[Path]:
+async def download(
+    ref: HubRef, files: list[HubFile], var: str, progress: Callable[[str, int], None] | None = None
+) -> list[Path]:
     """Every file of `files` in the controller's cache, verified; a progress line every second
     while bytes arrive (the download runs in a thread: other hosts' tasks go on)."""
     out = []

@@ -47,27 +47,37 @@ class ServerPlan:
 
     @property
     def kind(self) -> str:
-        """"speculative" (a draft), "split" (no draft, target layers on RPC devices) or "local"."""
+        """ "speculative" (a draft), "split" (no draft, target layers on RPC devices) or "local"."""
         if self.draft_node is not None:
             return "speculative"
         return "split" if self.endpoints else "local"
 
     def as_fact(self) -> dict:
-        return {"argv": self.argv, "exec_start": systemd_exec(self.argv), "kind": self.kind,
-                "draft_node": self.draft_node, "draft_devices": self.draft_devices, "draft_port": self.draft_port,
-                "target_devices": self.target_devices, "endpoints": self.endpoints,
-                "spec_type": self.spec_type,
-                "tensor_split": [list(p) for p in self.tensor_split] if self.tensor_split else None,
-                "gpu_layers": self.gpu_layers, "cpu_weight": self.cpu_weight,
-                "layers": [list(p) for p in self.layers] if self.layers else None,
-                "nodes": dict(self.nodes), "absent": list(self.absent)}
+        return {
+            "argv": self.argv,
+            "exec_start": systemd_exec(self.argv),
+            "kind": self.kind,
+            "draft_node": self.draft_node,
+            "draft_devices": self.draft_devices,
+            "draft_port": self.draft_port,
+            "target_devices": self.target_devices,
+            "endpoints": self.endpoints,
+            "spec_type": self.spec_type,
+            "tensor_split": [list(p) for p in self.tensor_split] if self.tensor_split else None,
+            "gpu_layers": self.gpu_layers,
+            "cpu_weight": self.cpu_weight,
+            "layers": [list(p) for p in self.layers] if self.layers else None,
+            "nodes": dict(self.nodes),
+            "absent": list(self.absent),
+        }
 
 
 _MODERN_RPC = re.compile(r"^RPC\d+$")
 
 
-def devices_by_node(cluster, by_port: dict[int, list[str]], absent: frozenset[str] = frozenset()
-                    ) -> dict[str, list[str]]:
+def devices_by_node(
+    cluster, by_port: dict[int, list[str]], absent: frozenset[str] = frozenset()
+) -> dict[str, list[str]]:
     """Node name → its RPC device names as llama-server will call them, for the nodes not in
     `absent`, in --rpc order. `by_port` is the `--list-devices` map (keyed by tunnel port) of every
     node: with some left out of --rpc, the modern names (RPC0, RPC1, … numbered globally in --rpc
@@ -81,7 +91,8 @@ def devices_by_node(cluster, by_port: dict[int, list[str]], absent: frozenset[st
         if not names:
             raise TaskFailed(
                 f"llama-server --list-devices shows no RPC device on {LOOPBACK}:{node.tunnel_port} "
-                f"(the tunnel to {node.name}); is its tunnel up and its rpc-server serving?")
+                f"(the tunnel to {node.name}); is its tunnel up and its rpc-server serving?"
+            )
         out[node.name] = list(names)
     if absent and all(_MODERN_RPC.match(d) for names in out.values() for d in names):
         i = 0
@@ -145,9 +156,18 @@ def _weight(w: float) -> str:
     return f"{w:g}"
 
 
-def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]], binary: str,
-                      model: str, draft_model: str | None, *, absent: frozenset[str] = frozenset(),
-                      n_layer: int | None = None, unknown_layers: str | None = None) -> ServerPlan:
+def build_server_argv(
+    cluster,
+    help_: ServerHelp,
+    by_port: dict[int, list[str]],
+    binary: str,
+    model: str,
+    draft_model: str | None,
+    *,
+    absent: frozenset[str] = frozenset(),
+    n_layer: int | None = None,
+    unknown_layers: str | None = None,
+) -> ServerPlan:
     """The command line. `absent`: node names left out as if they were not in the inventory (their
     endpoints dropped, the remaining RPC devices renumbered; the draft node absent means no draft
     arguments at all). `n_layer`: the target GGUF's block count, needed when main's CPU keeps a
@@ -160,14 +180,18 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
         raise TaskFailed(f"absent node(s) {', '.join(unknown)} are not rpc nodes of the inventory")
     draft = cluster.draft_node
     if draft is None and draft_model:
-        raise TaskFailed("a draft model was given but no rpc node has rpc_role=draft: the draft runs on a remote "
-                         "device; set rpc_role=draft on one rpc node, or remove llama_draft_model for a split "
-                         "with no draft")
+        raise TaskFailed(
+            "a draft model was given but no rpc node has rpc_role=draft: the draft runs on a remote "
+            "device; set rpc_role=draft on one rpc node, or remove llama_draft_model for a split "
+            "with no draft"
+        )
     if draft is not None and draft.name in absent:
         draft = None
     if draft is not None and not draft_model:
-        raise TaskFailed(f"{draft.name} is the draft node (rpc_role=draft) but no draft model was given; set "
-                         "llama_draft_model, or rpc_role=target on every node for a split with no draft")
+        raise TaskFailed(
+            f"{draft.name} is the draft node (rpc_role=draft) but no draft model was given; set "
+            "llama_draft_model, or rpc_role=target on every node for a split with no draft"
+        )
     nodes = devices_by_node(cluster, by_port, absent)
     present = [n for n in cluster.rpc if n.name not in absent]
     endpoints = [n.endpoint for n in present]
@@ -196,8 +220,10 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
         cpu_w = placement.weight_of("CPU") or 0.0
         total = sum(w for _, w in split) + cpu_w
         if total <= 0:
-            raise TaskFailed(f"{placement.source}: every device left has a proportion of 0 (nodes left out: "
-                             f"{', '.join(sorted(absent)) or 'none'}); give one a positive share")
+            raise TaskFailed(
+                f"{placement.source}: every device left has a proportion of 0 (nodes left out: "
+                f"{', '.join(sorted(absent)) or 'none'}); give one a positive share"
+            )
         if n_layer is not None:
             slots = n_layer + 1  # the blocks and the output layer (the input layer stays on the CPU)
             keep = cpu_layers(cpu_w, total, slots)
@@ -206,15 +232,20 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
             if cpu_w > 0:
                 ngl = slots - keep
         elif cpu_w > 0 and unknown_layers is None:
-            raise TaskFailed(f"{placement.source} gives main's CPU a share, which becomes -ngl (the layers that "
-                             f"leave the CPU), and the target's block count is unknown: the header of {model} on "
-                             "main could not be read; check the file is a GGUF")
+            raise TaskFailed(
+                f"{placement.source} gives main's CPU a share, which becomes -ngl (the layers that "
+                f"leave the CPU), and the target's block count is unknown: the header of {model} on "
+                "main could not be read; check the file is a GGUF"
+            )
         if dev == "none" and cpu_w <= 0:
             raise TaskFailed(f"{placement.source} gives proportions but the target has no offload device")
         if dev != "none" and any(w > 0 for _, w in split):
             argv += [help_.require("-ts", "--tensor-split"), ",".join(_weight(w) for _, w in split)]
         if ngl is not None or (cpu_w > 0 and unknown_layers is not None):
-            argv += [help_.require("-ngl", "--gpu-layers", "--n-gpu-layers"), str(ngl if ngl is not None else unknown_layers)]
+            argv += [
+                help_.require("-ngl", "--gpu-layers", "--n-gpu-layers"),
+                str(ngl if ngl is not None else unknown_layers),
+            ]
     argv += spec
     if draft is not None:
         assert draft_model  # refused above: a draft node needs llama_draft_model
@@ -222,14 +253,21 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
         ngl_opt = help_.option(ngl_flag)
         ngl_all = "all" if ngl_opt and "'all'" in ngl_opt.help else "999"
         ngld = ngl_all if main.spec_draft_ngl == "all" else main.spec_draft_ngl
-        argv += [help_.require("--spec-draft-model", "-md", "--model-draft"), draft_model,
-                 help_.require("--spec-draft-device", "-devd", "--device-draft"), ",".join(nodes[draft.name]),
-                 ngl_flag, ngld]
+        argv += [
+            help_.require("--spec-draft-model", "-md", "--model-draft"),
+            draft_model,
+            help_.require("--spec-draft-device", "-devd", "--device-draft"),
+            ",".join(nodes[draft.name]),
+            ngl_flag,
+            ngld,
+        ]
         if main.spec_draft_n_max is not None:
             # Unset: the build's own default (16 on b9093, 3 later), which some builds need to stay
             # within the draft context's outputs (llama.cpp issue 25719).
-            argv += [help_.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"),
-                     str(main.spec_draft_n_max)]
+            argv += [
+                help_.require("--spec-draft-n-max", "--draft-max", "--draft-n", "--draft"),
+                str(main.spec_draft_n_max),
+            ]
         if main.spec_draft_p_min is not None:
             argv += [help_.require("--spec-draft-p-min", "--draft-p-min"), f"{main.spec_draft_p_min:g}"]
     # Behind the front (tunnelspec/components/front/model.py): loopback only, on its own port. The front listens where
@@ -243,10 +281,21 @@ def build_server_argv(cluster, help_: ServerHelp, by_port: dict[int, list[str]],
     extra = list(main.extra_args)
     argv += _log_level(help_, extra)
     argv += extra
-    return ServerPlan(argv, draft.name if draft else None, list(nodes[draft.name]) if draft else [],
-                      draft.tunnel_port if draft else None, dev, endpoints,
-                      spec_type=(main.spec_type or DRAFT_SIMPLE) if draft else None, tensor_split=split,
-                      gpu_layers=ngl, cpu_weight=cpu_w, layers=layers, nodes=nodes, absent=tuple(sorted(absent)))
+    return ServerPlan(
+        argv,
+        draft.name if draft else None,
+        list(nodes[draft.name]) if draft else [],
+        draft.tunnel_port if draft else None,
+        dev,
+        endpoints,
+        spec_type=(main.spec_type or DRAFT_SIMPLE) if draft else None,
+        tensor_split=split,
+        gpu_layers=ngl,
+        cpu_weight=cpu_w,
+        layers=layers,
+        nodes=nodes,
+        absent=tuple(sorted(absent)),
+    )
 
 
 # Recent builds print the `load_tensors: RPC0[…] model buffer size` lines (the proof of where the
@@ -289,7 +338,9 @@ def systemd_exec(argv: list[str]) -> str:
 # `load_tensors: RPC0[127.0.0.1:15052] model buffer size = 0.38 MiB` (proto >= 3), or the older
 # `RPC[127.0.0.1:15052] model buffer size`.
 _MODEL_BUFFER = re.compile(r"\b(RPC\d*)\[([0-9.]+):(\d+)\]\s+model buffer size\s*=\s*([0-9.]+\s*\w+)")
-_ACCEPTANCE = re.compile(r"draft acceptance(?: rate)?\s*=\s*([0-9.]+)\s*\(\s*(\d+)\s+accepted\s*/\s*(\d+)\s+generated\)")
+_ACCEPTANCE = re.compile(
+    r"draft acceptance(?: rate)?\s*=\s*([0-9.]+)\s*\(\s*(\d+)\s+accepted\s*/\s*(\d+)\s+generated\)"
+)
 
 
 @dataclass(frozen=True)
@@ -322,7 +373,8 @@ def draft_placement(journal: str, plan: ServedPlan) -> BufferLine:
     raise TaskFailed(
         f"the draft model is not on the remote device {','.join(sorted(want))} "
         f"({LOOPBACK}:{plan.draft_port}, node {plan.draft_node}): the llama-server journal shows {seen}. "
-        f"Without --spec-type {DRAFT_SIMPLE} the draft is loaded and freed; check the unit's ExecStart")
+        f"Without --spec-type {DRAFT_SIMPLE} the draft is loaded and freed; check the unit's ExecStart"
+    )
 
 
 def last_acceptance(journal: str) -> dict | None:

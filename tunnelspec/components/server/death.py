@@ -68,8 +68,10 @@ def exit_line(journal: str) -> str | None:
 def unit_state_text(props: dict[str, str], unit: str = UNIT) -> str:
     state = f"{props.get('ActiveState', '?')}/{props.get('SubState', '?')}"
     code = _CODES.get(props.get("ExecMainCode", ""), props.get("ExecMainCode", "?"))
-    out = f"unit {unit} {state}, result {props.get('Result', '?')}, last main process {code} " \
-          f"(status {props.get('ExecMainStatus', '?')})"
+    out = (
+        f"unit {unit} {state}, result {props.get('Result', '?')}, last main process {code} "
+        f"(status {props.get('ExecMainStatus', '?')})"
+    )
     restarts = props.get("NRestarts")
     if restarts and restarts != "0":
         out += f", restarted {restarts} time(s)"
@@ -116,6 +118,7 @@ async def unit_props(conn, unit: str = UNIT) -> dict[str, str]:
 async def describe(conn, what: str, unit: str = UNIT, lines: int = 300) -> str:
     props = parse_props((await conn.probe(["systemctl", "show", "-p", ",".join(PROPS), unit])).stdout)
     # Every invocation, not only the current one: the one that died may already have been replaced.
-    journal = (await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit],
-                              timeout=60)).stdout
+    journal = (
+        await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit], timeout=60)
+    ).stdout
     return describe_from(what, props, journal, unit)

@@ -37,6 +37,7 @@ async def gguf_header(conn, path: str, enough) -> tuple[int, bytes, str]:
 
 async def gguf_facts(conn, path: str) -> tuple[int, memory_fit.ModelShape | None, str]:
     """(size in bytes, shape or None, a note) of a GGUF on the host, reading only its header."""
+
     def complete(header, _size):
         shape = memory_fit.gguf_shape(header)
         return bool(shape.n_layer and shape.n_vocab)
@@ -51,8 +52,9 @@ async def gguf_facts(conn, path: str) -> tuple[int, memory_fit.ModelShape | None
     return size, shape, ""
 
 
-def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple | None, target: tuple | None,
-                 draft_devices: int = 1) -> list[memory_fit.Fit]:
+def fit_verdicts(
+    cluster, served: dict[str, list[dict]], draft: tuple | None, target: tuple | None, draft_devices: int = 1
+) -> list[memory_fit.Fit]:
     """One verdict per node that holds something: the draft node (the draft, plus its target share if
     it has one) and each node with a target share. `served`: node → its served devices (as
     registered by the rpc play); `draft`/`target`: (size, shape, note) of each GGUF (draft None: a
@@ -74,8 +76,11 @@ def fit_verdicts(cluster, served: dict[str, list[dict]], draft: tuple | None, ta
             need = memory_fit.target_share_need(size, share, total, shape, None)
             if n.name in needs:
                 first = needs[n.name]
-                needs[n.name] = [memory_fit.combine(first[0], need), "; ".join(x for x in (first[1], note) if x),
-                                 f"the draft and {share / total:.0%} of the target"]
+                needs[n.name] = [
+                    memory_fit.combine(first[0], need),
+                    "; ".join(x for x in (first[1], note) if x),
+                    f"the draft and {share / total:.0%} of the target",
+                ]
             else:
                 needs[n.name] = [need, note, f"{share / total:.0%} of the target"]
     out = []
@@ -115,8 +120,13 @@ class ModelFit(Task):
         target = None
         if self.p["target_model"] and cluster.placement.weights is not None:
             target = await gguf_facts(ctx.conn, self.p["target_model"])
-        verdicts = fit_verdicts(cluster, {k: v for k, v in served.items() if v}, draft,
-                                target if target and target[0] else None, self.p["draft_devices"])
+        verdicts = fit_verdicts(
+            cluster,
+            {k: v for k, v in served.items() if v},
+            draft,
+            target if target and target[0] else None,
+            self.p["draft_devices"],
+        )
         if not verdicts:
             return ok("not checked: " + ((draft or ("", "", ""))[2] or "no node holds a model part"))
         for v in verdicts:

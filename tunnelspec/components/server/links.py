@@ -19,11 +19,10 @@ from tunnelspec.modules.systemd import STARTED_FACT
 def dead_links(closed: list[sockets.PeerClosed], pid: int, ports: list[int]) -> list[int]:
     """The tunnel ports whose connection from llama-server (`pid`) the other end has closed."""
     wanted = set(ports)
-    return sorted({c.peer_port for c in closed
-                   if pid in c.pids and c.peer == LOOPBACK and c.peer_port in wanted})
+    return sorted({c.peer_port for c in closed if pid in c.pids and c.peer == LOOPBACK and c.peer_port in wanted})
 
 
-_PROPS = ["ActiveState", "MainPID"]      # what the check reads of llama-server's unit
+_PROPS = ["ActiveState", "MainPID"]  # what the check reads of llama-server's unit
 
 
 @register_task
@@ -50,8 +49,10 @@ class LlamaServerLinks(Task):
         if not dead:
             return ok("llama-server's RPC connections are open")
         where = ", ".join(f"{LOOPBACK}:{p}" for p in dead)
-        return change(f"restart llama-server: the other end closed its RPC connection to {where} "
-                      "(an rpc-server or tunnel restarted); it would abort at its next request")
+        return change(
+            f"restart llama-server: the other end closed its RPC connection to {where} "
+            "(an rpc-server or tunnel restarted); it would abort at its next request"
+        )
 
     async def apply(self, ctx, ch):
         await ctx.conn.run(["systemctl", "restart", self.p["unit"]], check=True, timeout=300)

@@ -45,8 +45,10 @@ def _cache_dir() -> Path:
 def source_key(cluster) -> str:
     s, b = cluster.source, cluster.main.build
     # A whole-PR entry adds its head (only then: the keys of every other stack stay as they were).
-    patches = [[p.kind, p.commit, p.pr, p.remote, p.ref, str(p.file) if p.file else None,
-                *([p.head] if p.head else [])] for p in s.patches]
+    patches = [
+        [p.kind, p.commit, p.pr, p.remote, p.ref, str(p.file) if p.file else None, *([p.head] if p.head else [])]
+        for p in s.patches
+    ]
     doc = [RECORD_VERSION, s.repo, s.commit, patches, b.backend, list(b.cmake_args)]
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:24]
 
@@ -86,8 +88,10 @@ def check_settings(cluster, h: flags.ServerHelp) -> None:
     spec_type_argv(h, main.spec_type)
     mode = cluster.placement.split_mode
     if mode is not None and mode not in split_modes(h):
-        raise SpecError(f"llama_split_mode {mode} is not offered by this llama-server build ({h.build}); "
-                        f"it has: {', '.join(split_modes(h)) or 'no --split-mode'}")
+        raise SpecError(
+            f"llama_split_mode {mode} is not offered by this llama-server build ({h.build}); "
+            f"it has: {', '.join(split_modes(h)) or 'no --split-mode'}"
+        )
     if cluster.placement.weights is not None and not h.pick("-ts", "--tensor-split"):
         raise SpecError(f"{cluster.placement.source}: this llama-server build ({h.build}) has no --tensor-split")
     if main.spec_draft_p_min is not None and not h.pick("--spec-draft-p-min", "--draft-p-min"):
@@ -106,17 +110,28 @@ class PreflightResult:
 
     def line(self) -> str:
         if self.build is None:
-            return ("llama-server settings: this source was never built here; spec_type, split mode and extra "
-                    "args are checked against the new build's --help before its unit is written")
+            return (
+                "llama-server settings: this source was never built here; spec_type, split mode and extra "
+                "args are checked against the new build's --help before its unit is written"
+            )
         return f"llama-server settings checked against {self.build} (from the {self.source}): types {self.types}"
 
 
 def _fail(cluster, e: SpecError) -> ClusterError:
     text = str(e)
-    var = next((v for v in ("llama_server_extra_args", "llama_split_mode", "spec_draft_p_min", "spec_type")
-                if text.startswith(v)), None)
-    var = var or (cluster.placement.source if cluster.placement.source and text.startswith(cluster.placement.source)
-                  else "spec_type")
+    var = next(
+        (
+            v
+            for v in ("llama_server_extra_args", "llama_split_mode", "spec_draft_p_min", "spec_type")
+            if text.startswith(v)
+        ),
+        None,
+    )
+    var = var or (
+        cluster.placement.source
+        if cluster.placement.source and text.startswith(cluster.placement.source)
+        else "spec_type"
+    )
     return cluster_error(cluster.inventory, cluster.main.name, var, text + " (no host was changed)")
 
 
@@ -180,8 +195,7 @@ async def _read_main_build(cluster, conn) -> flags.ServerHelp | None:
     current = posixpath.join(cluster.main.root, "current")
     binary = posixpath.join(current, "bin", "llama-server")
     boundary = "tunnelspec-preflight-" + secrets.token_hex(8)
-    res = await conn.probe(["sh", "-c", _READ_BUILD, "sh", current, boundary, cluster.source.commit],
-                           timeout=120)
+    res = await conn.probe(["sh", "-c", _READ_BUILD, "sh", current, boundary, cluster.source.commit], timeout=120)
     if res.rc != 0:
         return None
     stamp, _, rest = res.stdout.partition(f"\n{boundary}\n")

@@ -54,9 +54,13 @@ class ApiKeyFile(Task):
     async def _stat(self, ctx) -> tuple[str, str, int]:
         # Never through a symlink or onto a file with other names (components/secret_file.py).
         return await secret_file.plain_file(
-            ctx.conn, ctx.host, self.p["path"], "API key file",
+            ctx.conn,
+            ctx.host,
+            self.p["path"],
+            "API key file",
             f"llama_server_api_key_file {self.p['path']} does not exist on {ctx.host}; write the key there (one line) first",
-            "/etc/tunnelspec/llama-api-key")
+            "/etc/tunnelspec/llama-api-key",
+        )
 
     async def check(self, ctx):
         mode, owner, size = await self._stat(ctx)
@@ -68,9 +72,11 @@ class ApiKeyFile(Task):
         # llama-server cannot start and the deploy only sees "not healthy" minutes later.
         res = await ctx.conn.probe(["runuser", "-u", owner, "--", "test", "-r", self.p["path"]])
         if res.rc != 0:
-            raise TaskFailed(f"{owner} cannot read {self.p['path']} on {ctx.host}: a parent directory is not "
-                             "searchable for it (needs o+x or its group); move the key, e.g. to "
-                             "/etc/tunnelspec/llama-api-key")
+            raise TaskFailed(
+                f"{owner} cannot read {self.p['path']} on {ctx.host}: a parent directory is not "
+                "searchable for it (needs o+x or its group); move the key, e.g. to "
+                "/etc/tunnelspec/llama-api-key"
+            )
         return ok("API key file 0600, owned by " + owner)
 
     async def apply(self, ctx, ch):
@@ -111,10 +117,14 @@ class RpcDevices(Task):
         "cache": Arg(str, default=DEVICES_CACHE, help="The device map cached on main."),
         "timeout": Arg(int, default=60, help="Seconds `--list-devices` may take."),
         "service": Arg(str, default=UNIT, help="The llama-server unit stopped before discovery."),
-        "discover": Arg(bool, default=True,
-                        help="Allowed to (re)discover; false: fail when the cached map is not current."),
-        "user": Arg(str, default="",
-                    help="Runs the listing as this user (llama-server's), never as root: it speaks RPC to the nodes."),
+        "discover": Arg(
+            bool, default=True, help="Allowed to (re)discover; false: fail when the cached map is not current."
+        ),
+        "user": Arg(
+            str,
+            default="",
+            help="Runs the listing as this user (llama-server's), never as root: it speaks RPC to the nodes.",
+        ),
     }
 
     def probes(self) -> list[list[str]]:
@@ -133,8 +143,10 @@ class RpcDevices(Task):
             ctx.register("rpc_devices", by_port)
             return ok("devices " + ", ".join(f"{LOOPBACK}:{p}→{','.join(n)}" for p, n in sorted(by_port.items())))
         if not self.p["discover"]:
-            raise TaskFailed(f"no current RPC device map in {self.p['cache']} (build or nodes changed since "
-                             "the last deploy): run `tunnelspec deploy` first")
+            raise TaskFailed(
+                f"no current RPC device map in {self.p['cache']} (build or nodes changed since "
+                "the last deploy): run `tunnelspec deploy` first"
+            )
         if ctx.check_mode:
             # Not discovered yet: predict the modern naming (RPC<i> in --rpc order, one device each)
             # so --check can still render the unit.
@@ -144,8 +156,12 @@ class RpcDevices(Task):
     async def apply(self, ctx, ch):
         cluster = ctx.require_cluster()
         await ctx.conn.run(["systemctl", "stop", self.p["service"]])
-        argv = ["timeout", "--kill-after=5", str(self.p["timeout"]),
-                *list_devices_argv(self.p["binary"], cluster.rpc_endpoints)]
+        argv = [
+            "timeout",
+            "--kill-after=5",
+            str(self.p["timeout"]),
+            *list_devices_argv(self.p["binary"], cluster.rpc_endpoints),
+        ]
         if self.p["user"]:
             # A node's rpc-server could attack its client: the client is llama-server's user, as when serving.
             u = self.p["user"]
@@ -153,8 +169,10 @@ class RpcDevices(Task):
         res = await ctx.conn.run(argv, timeout=self.p["timeout"] + 15)
         out = res.stdout + res.stderr
         if res.rc == 124:
-            raise TaskFailed(f"llama-server --list-devices timed out after {self.p['timeout']}s: an rpc-server "
-                             "serves one client at a time; is another client connected to it?")
+            raise TaskFailed(
+                f"llama-server --list-devices timed out after {self.p['timeout']}s: an rpc-server "
+                "serves one client at a time; is another client connected to it?"
+            )
         by_port = flags.rpc_devices_by_port(flags.parse_list_devices(out))
         missing = [n for n in cluster.rpc if n.tunnel_port not in by_port]
         if res.rc != 0 or missing:
@@ -178,18 +196,21 @@ class LlamaServerPlan(Task):
     args = {
         "binary": Arg(str, required=True, help="The built llama-server on main."),
         "model": Arg(str, required=True, help="The target model's path on main."),
-        "draft_model": Arg(str, default="",
-                           help="The draft model's path on main; empty: no draft (a target split with no draft)."),
-        "rpc_wait_timeout": Arg(int, default=90,
-                                help="Seconds llama-server's launcher waits for the nodes with target layers."),
+        "draft_model": Arg(
+            str, default="", help="The draft model's path on main; empty: no draft (a target split with no draft)."
+        ),
+        "rpc_wait_timeout": Arg(
+            int, default=90, help="Seconds llama-server's launcher waits for the nodes with target layers."
+        ),
     }
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()
         conn, binary = ctx.conn, self.p["binary"]
         # Both are read-only and each loads the whole binary: run them side by side.
-        ver, helped = await asyncio.gather(conn.probe([binary, "--version"], timeout=60),
-                                           conn.probe([binary, "--help"], timeout=60))
+        ver, helped = await asyncio.gather(
+            conn.probe([binary, "--version"], timeout=60), conn.probe([binary, "--help"], timeout=60)
+        )
         try:
             label = flags.parse_version(ver.stdout + ver.stderr).label
         except TaskFailed:
@@ -207,12 +228,22 @@ class LlamaServerPlan(Task):
         # hold (verify compares them with the load lines); read only when proportions are given.
         target = await target_header(conn, self.p["model"]) if cluster.placement.weights is not None else None
         n_layer, slots = layout_of(target)
-        plan = build_server_argv(cluster, help_, {int(k): v for k, v in by_port.items()}, binary,
-                                 self.p["model"], self.p["draft_model"] or None, n_layer=n_layer)
+        plan = build_server_argv(
+            cluster,
+            help_,
+            {int(k): v for k, v in by_port.items()},
+            binary,
+            self.p["model"],
+            self.p["draft_model"] or None,
+            n_layer=n_layer,
+        )
         # draft-mtp: a draft file that is no MTP head of this target makes llama-server exit or abort at
         # every start: refused here, before the unit (components/server/mtp_draft.py).
-        mtp_notes = (await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
-                     if plan.spec_type == "draft-mtp" and self.p["draft_model"] else [])
+        mtp_notes = (
+            await check_mtp_draft(conn, self.p["model"], self.p["draft_model"], label)
+            if plan.spec_type == "draft-mtp" and self.p["draft_model"]
+            else []
+        )
         # Exact major.minor.patch of main's own tree: llama-server aborts on another major or a newer
         # minor and silently computes wrong results on another patch (ops renumbered), so its launcher
         # never starts it against a node of another build (e.g. mid-upgrade; the modes file's `expect`).
@@ -222,29 +253,48 @@ class LlamaServerPlan(Task):
         fact["build"] = label
         fact["rpc_proto"] = proto
         fact["unit"] = {
-            "exec_start": fact["exec_start"], "rpc_wait_timeout": self.p["rpc_wait_timeout"],
+            "exec_start": fact["exec_start"],
+            "rpc_wait_timeout": self.p["rpc_wait_timeout"],
             "llama_user": cluster.main.users.llama,
-            "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc], "draft_node": plan.draft_node,
-            "draft_devices": plan.draft_devices, "target_devices": plan.target_devices,
+            "tunnel_units": [tunnel_unit(n.name) for n in cluster.rpc],
+            "draft_node": plan.draft_node,
+            "draft_devices": plan.draft_devices,
+            "target_devices": plan.target_devices,
             "backend": cluster.main.build.backend,
-            "public_bind": cluster.main.public_bind, "tls": cluster.main.tls is not None,
+            "public_bind": cluster.main.public_bind,
+            "tls": cluster.main.tls is not None,
         }
         # GPU device nodes are group-owned (hip, vulkan: video, render); groups the host lacks are
         # left out, as in the RPC unit (a missing group stops a unit from starting).
         groups, missing = await existing_groups(conn, BACKEND_GROUPS[cluster.main.build.backend])
         fact["unit"].update(supplementary_groups=groups, missing_groups=missing)
 
-        add_serving(fact, cluster, lambda absent: build_server_argv(
-            cluster, help_, {int(k): v for k, v in by_port.items()}, binary, self.p["model"], None,
-            absent=absent, n_layer=n_layer), proto, self.p["rpc_wait_timeout"],
-            fits=await _split_fits(ctx, cluster, target))
+        add_serving(
+            fact,
+            cluster,
+            lambda absent: build_server_argv(
+                cluster,
+                help_,
+                {int(k): v for k, v in by_port.items()},
+                binary,
+                self.p["model"],
+                None,
+                absent=absent,
+                n_layer=n_layer,
+            ),
+            proto,
+            self.p["rpc_wait_timeout"],
+            fits=await _split_fits(ctx, cluster, target),
+        )
         ctx.register("llama_server", fact)
 
         if plan.draft_node is None:
             return ok(f"{label}: {describe_split(plan)}{_split_note(fact)}{_known_bug_note(cluster, help_, label)}")
-        return ok(f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
-                  f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
-                  f"{_known_bug_note(cluster, help_, label)}{''.join(f'; WARNING {w}' for w in mtp_notes)}")
+        return ok(
+            f"{label} (draft types: {spec_support(help_).describe()}): {plan.spec_type} draft on "
+            f"{plan.draft_node} ({','.join(plan.draft_devices)}), -dev {plan.target_devices}"
+            f"{_known_bug_note(cluster, help_, label)}{''.join(f'; WARNING {w}' for w in mtp_notes)}"
+        )
 
 
 def _split_note(fact: dict) -> str:
@@ -278,8 +328,7 @@ async def _split_fits(ctx, cluster, target: tuple[int, bytes] | None):
         main_mem = ram_available(((await ctx.conn.get("/proc/meminfo")) or b"").decode())
     except (OSError, ValueError, TaskFailed):
         main_mem = None
-    return lambda node: front.split_fits(cluster, node, size, shape,
-                                         {k: v for k, v in served.items() if v}, main_mem)
+    return lambda node: front.split_fits(cluster, node, size, shape, {k: v for k, v in served.items() if v}, main_mem)
 
 
 def describe_split(plan) -> str:
@@ -317,7 +366,6 @@ def layout_of(target: tuple[int, bytes] | None) -> tuple[int | None, list[int] |
         return None, None
 
 
-
 async def _main_proto(ctx, cluster) -> str | None:
     try:
         return format_version(await main_rpc_version(ctx.conn, f"{cluster.main.root}/src/llama.cpp"))
@@ -334,7 +382,8 @@ def _known_bug_note(cluster, help_, label: str) -> str:
     if np_opt and (m := re.search(r"\(default:\s*(-?\d+)", help_.option(np_opt).help)):
         np_default = float(m.group(1))
     warnings = known_bugs.draft_n_max_warnings(
-        cluster.main.spec_draft_n_max, known_bugs.n_parallel(list(cluster.main.extra_args), np_default), label)
+        cluster.main.spec_draft_n_max, known_bugs.n_parallel(list(cluster.main.extra_args), np_default), label
+    )
     return "".join(f"; WARNING {w}" for w in warnings)
 
 
@@ -391,24 +440,36 @@ class LlamaVerify(Task):
     # host: llama_server_host — 127.0.0.1 by default; main's own address with the public-bind opt-out,
     # where nothing listens on loopback.
     args = {
-        "host": Arg(str, default=LOOPBACK,
-                    help="Address llama-server listens on, seen from main (127.0.0.1 unless the public-bind opt-out)."),
+        "host": Arg(
+            str,
+            default=LOOPBACK,
+            help="Address llama-server listens on, seen from main (127.0.0.1 unless the public-bind opt-out).",
+        ),
         "port": Arg(int, required=True, help="llama-server's port."),
-        "plan": Arg(dict, required=True,
-                    help="The `llama_server` fact (its devices and argv) to check the journal against."),
+        "plan": Arg(
+            dict, required=True, help="The `llama_server` fact (its devices and argv) to check the journal against."
+        ),
         "api_key_file": Arg(str, help="The API key file on main, when one is configured."),
-        "health_timeout": Arg(int, default=0,
-                              help="Seconds to wait for /health (llama_server_start_timeout); 0: from the models' sizes."),
+        "health_timeout": Arg(
+            int, default=0, help="Seconds to wait for /health (llama_server_start_timeout); 0: from the models' sizes."
+        ),
         "n_predict": Arg(int, default=32, help="Tokens the test completion generates."),
-        "prompt": Arg(str, default="The quick brown fox jumps over the lazy dog. Once upon a time",
-                      help="The test completion's prompt."),
+        "prompt": Arg(
+            str,
+            default="The quick brown fox jumps over the lazy dog. Once upon a time",
+            help="The test completion's prompt.",
+        ),
         "journal_timeout": Arg(int, default=30, help="Seconds to wait for the placement line in the journal."),
-        "tls_ca_file": Arg(str, default="",
-                           help="Public bind: the CA certificate (controller path) to pin; empty: plain HTTP."),
+        "tls_ca_file": Arg(
+            str, default="", help="Public bind: the CA certificate (controller path) to pin; empty: plain HTTP."
+        ),
         "tls_name": Arg(str, default="", help="Public bind: the name the server's certificate must be valid for."),
-        "rejoin_wait": Arg(int, default=0,
-                           help="Degraded while the draft node is reachable: seconds to wait for the draft to come "
-                                "back (deploy: the watcher's steady time and a restart); 0: fail at once (verify)."),
+        "rejoin_wait": Arg(
+            int,
+            default=0,
+            help="Degraded while the draft node is reachable: seconds to wait for the draft to come "
+            "back (deploy: the watcher's steady time and a restart); 0: fail at once (verify).",
+        ),
     }
 
     def _tls(self):
@@ -435,8 +496,10 @@ class LlamaVerify(Task):
             result = await self._verify(ctx, plan, wait)
         ctx.register("llama_verify", result)
         text = " ".join(result["content"].split())[:120]
-        ctx.progress(f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
-                     **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")})
+        ctx.progress(
+            f"completion {text!r}: draft_n={result['draft_n']} draft_n_accepted={result['draft_n_accepted']}",
+            **{k: result[k] for k in ("draft_n", "draft_n_accepted", "predicted_per_second")},
+        )
         served = _served_devices(ctx, plan)
         if served:
             result["summary"] += f"; devices {served}"
@@ -446,11 +509,20 @@ class LlamaVerify(Task):
         return ok(result["summary"])
 
     async def _verify(self, ctx, plan: ServedPlan, wait: int) -> dict:
-        return await verify_server(ctx.conn, self.p["port"], plan, host=self.p["host"],
-                                   api_key_file=self.p["api_key_file"],
-                                   health_timeout=wait, n_predict=self.p["n_predict"],
-                                   prompt=self.p["prompt"], journal_timeout=self.p["journal_timeout"],
-                                   add_secret=ctx.add_secret, tls=self._tls(), progress=ctx.progress)
+        return await verify_server(
+            ctx.conn,
+            self.p["port"],
+            plan,
+            host=self.p["host"],
+            api_key_file=self.p["api_key_file"],
+            health_timeout=wait,
+            n_predict=self.p["n_predict"],
+            prompt=self.p["prompt"],
+            journal_timeout=self.p["journal_timeout"],
+            add_secret=ctx.add_secret,
+            tls=self._tls(),
+            progress=ctx.progress,
+        )
 
     async def _went_degraded(self, ctx, plan: ServedPlan, settle: float = 20.0) -> bool:
         """After a failed proof: has llama-server left speculation because the draft node went away?
@@ -490,19 +562,27 @@ class LlamaVerify(Task):
                 label, what = "SPLIT-DEGRADED", f"the split without {node}"
                 back, whole = "the full split comes back", node
             if node in (ctx.vars.get("unreachable_hosts") or []) and alt is not None:
-                return alt, (f"{label} since {sv['since']}: serving {what} ({sv['reason']}); {back} by itself "
-                             "when the node answers again")
+                return alt, (
+                    f"{label} since {sv['since']}: serving {what} ({sv['reason']}); {back} by itself "
+                    "when the node answers again"
+                )
             if loop.time() >= end:
                 detail = f" [{sv['detail']}]" if sv.get("detail") else ""
-                raise TaskFailed(f"{label} since {sv['since']}: llama-server serves {what}: {sv['reason']}{detail}. "
-                                 f"Serving continues; {back} by itself once {node} answers steadily "
-                                 f"({cluster.main.front.rejoin_after} s) and llama-server is idle")
+                raise TaskFailed(
+                    f"{label} since {sv['since']}: llama-server serves {what}: {sv['reason']}{detail}. "
+                    f"Serving continues; {back} by itself once {node} answers steadily "
+                    f"({cluster.main.front.rejoin_after} s) and llama-server is idle"
+                )
             waited = loop.time() - start
             if waited >= next_report:  # now, then every 10 s: the wait may take a minute or more
                 next_report = (int(waited / 10) + 1) * 10.0
-                ctx.progress(f"{sv['mode']}: waiting for {whole} on {node} to come back: {waited:.0f} s of "
-                             f"{end - start:.0f} s ({sv['reason']})", waiting_for="draft" if sv["mode"] == front.DEGRADED else "node",
-                             elapsed_s=round(waited, 1), budget_s=round(end - start))
+                ctx.progress(
+                    f"{sv['mode']}: waiting for {whole} on {node} to come back: {waited:.0f} s of "
+                    f"{end - start:.0f} s ({sv['reason']})",
+                    waiting_for="draft" if sv["mode"] == front.DEGRADED else "node",
+                    elapsed_s=round(waited, 1),
+                    budget_s=round(end - start),
+                )
             await asyncio.sleep(1.0)
         return plan, ""
 

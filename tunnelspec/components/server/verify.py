@@ -39,13 +39,15 @@ async def invocation_journal(conn, unit: str = UNIT) -> str:
 def output_parser_failure(plan: ServedPlan, e) -> str:
     """One clear message for a build that generated text and refused it (core/http.py)."""
     build = plan.build or "this llama-server build"
-    return (f"llama-server ({build}) generated the test completion and then refused its own output "
-            f"(HTTP 500 from its output parser: {e.server_message!r}). This build checks generated text "
-            "and fails on text that is not valid UTF-8 or not in the form it expects — a model whose "
-            "tokens are single bytes (random or tiny test models), or a real one cut mid-character by "
-            "n_predict. Serving and the remote draft are not at fault. What to do: use a model whose "
-            "vocabulary decodes to whole UTF-8 characters (the lab's tiny model is printable ASCII), or "
-            "a build without this check (b11434 has none); clients asking for more tokens may not meet it.")
+    return (
+        f"llama-server ({build}) generated the test completion and then refused its own output "
+        f"(HTTP 500 from its output parser: {e.server_message!r}). This build checks generated text "
+        "and fails on text that is not valid UTF-8 or not in the form it expects — a model whose "
+        "tokens are single bytes (random or tiny test models), or a real one cut mid-character by "
+        "n_predict. Serving and the remote draft are not at fault. What to do: use a model whose "
+        "vocabulary decodes to whole UTF-8 characters (the lab's tiny model is printable ASCII), or "
+        "a build without this check (b11434 has none); clients asking for more tokens may not meet it."
+    )
 
 
 # verify's wait for /health when the inventory gives no llama_server_start_timeout: the old fixed
@@ -97,8 +99,13 @@ def health_reporter(conn, progress, budget: float):
 
     async def report(elapsed: float, last: str) -> None:
         journal = await journal_last_line(conn)
-        progress(health_progress_line(elapsed, budget, last, journal), waiting_for="/health",
-                 elapsed_s=round(elapsed, 1), budget_s=budget, journal=journal)
+        progress(
+            health_progress_line(elapsed, budget, last, journal),
+            waiting_for="/health",
+            elapsed_s=round(elapsed, 1),
+            budget_s=budget,
+            journal=journal,
+        )
 
     return report
 
@@ -118,9 +125,13 @@ def crash_watch(conn, report, host: str, port: int):
             now = await server_death.unit_props(conn)
             if server_death.crash_loop(baseline, now):
                 n = int(now.get("NRestarts") or 0) - int(baseline.get("NRestarts") or 0)
-                raise TaskFailed(await server_death.describe(
-                    conn, f"llama-server on {host}:{port} restarts in a loop ({n} restarts in {elapsed:.0f} s, "
-                    "never healthy)"))
+                raise TaskFailed(
+                    await server_death.describe(
+                        conn,
+                        f"llama-server on {host}:{port} restarts in a loop ({n} restarts in {elapsed:.0f} s, "
+                        "never healthy)",
+                    )
+                )
 
         return watched
 
@@ -144,9 +155,21 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
     return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
 
 
-async def verify_server(conn, port: int, plan: ServedPlan, *, host: str = LOOPBACK, api_key_file=None,
-                        health_timeout=180, n_predict=32, prompt="Once upon a time", journal_timeout=30,
-                        add_secret=None, tls: ApiTls | None = None, progress=None) -> dict:
+async def verify_server(
+    conn,
+    port: int,
+    plan: ServedPlan,
+    *,
+    host: str = LOOPBACK,
+    api_key_file=None,
+    health_timeout=180,
+    n_predict=32,
+    prompt="Once upon a time",
+    journal_timeout=30,
+    add_secret=None,
+    tls: ApiTls | None = None,
+    progress=None,
+) -> dict:
     """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
     `host` is the address llama-server listens on, as seen from the main host; `tls` (public bind):
     TLS with the CA pinned, the certificate checked for the name clients use. `progress(msg, **data)`
@@ -157,7 +180,9 @@ async def verify_server(conn, port: int, plan: ServedPlan, *, host: str = LOOPBA
     try:
         await http.wait_health(opener, health_timeout, report=await report())
     except http.HttpError as e:
-        raise TaskFailed(await server_death.describe(conn, f"llama-server on {host}:{port} not healthy ({e})")) from None
+        raise TaskFailed(
+            await server_death.describe(conn, f"llama-server on {host}:{port} not healthy ({e})")
+        ) from None
     key = await read_api_key(conn, api_key_file)
     if key and add_secret:
         add_secret(key.reveal())
@@ -177,19 +202,22 @@ async def verify_server(conn, port: int, plan: ServedPlan, *, host: str = LOOPBA
             raise TaskFailed(output_parser_failure(plan, e2)) from None
         except http.HttpError as e2:
             # Dying again is more than a lost connection: say why from its journal and unit state.
-            raise TaskFailed(await server_death.describe(
-                conn, f"completion failed: {e}; again after /health: {e2}")) from None
+            raise TaskFailed(
+                await server_death.describe(conn, f"completion failed: {e}; again after /health: {e2}")
+            ) from None
         restarted = f" (first completion failed: {e}; llama-server restarted, ok after)"
     timings = body.get("timings") or {}
     draft_n, accepted = timings.get("draft_n"), timings.get("draft_n_accepted")
     if plan.draft_node is None:
         return await _verify_split(conn, opener, plan, body, key, journal_timeout, tls, seen, restarted)
     if not draft_n:
-        raise TaskFailed(f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
-                         "decoding is off or the draft proposed nothing. Was --spec-type given, and did the "
-                         "draft load? A build drafts only tokens the draft model is at least "
-                         "--spec-draft-p-min sure of (b9093's default is 0.75): a draft never that sure "
-                         "proposes nothing — set spec_draft_p_min lower to see it draft.")
+        raise TaskFailed(
+            f"the completion used no draft tokens (timings: draft_n={draft_n}): speculative "
+            "decoding is off or the draft proposed nothing. Was --spec-type given, and did the "
+            "draft load? A build drafts only tokens the draft model is at least "
+            "--spec-draft-p-min sure of (b9093's default is 0.75): a draft never that sure "
+            "proposes nothing — set spec_draft_p_min lower to see it draft."
+        )
     # The load lines reach the journal shortly after they are printed: poll with a deadline.
     loop = asyncio.get_running_loop()
     end = loop.time() + journal_timeout
@@ -210,20 +238,32 @@ async def verify_server(conn, port: int, plan: ServedPlan, *, host: str = LOOPBA
     # Only a slot's value is evidence (/props' is the sampling defaults'); builds where the draft
     # model alone speculates report "none" there although they draft.
     if want and running and not plan.implicit_spec_type and want not in running.split(","):
-        raise TaskFailed(f"llama-server runs speculative type {running!r} (from /slots), "
-                         f"not the {want} the inventory asks for")
-    summary = (f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
-               f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
-               f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
-               f"draft_n={draft_n} draft_n_accepted={accepted}; {tls_summary(tls, seen)}{restarted}")
-    return {"draft_n": draft_n, "draft_n_accepted": accepted, "predicted_n": timings.get("predicted_n"),
-            "predicted_per_second": tps, "placement": placed.line, "content": body.get("content", ""),
-            "spec_type": types["active"], "spec_type_props": types["props"], "summary": summary,
-            "tls": seen.describe() if tls is not None else None}
+        raise TaskFailed(
+            f"llama-server runs speculative type {running!r} (from /slots), not the {want} the inventory asks for"
+        )
+    summary = (
+        f"health ok; speculative type {types['active'] or '?'}; draft model buffer on "
+        f"{placed.device}[{placed.host}:{placed.port}] ({placed.size}); "
+        f"completion {timings.get('predicted_n')} tokens at {tps or 0:.1f} tok/s, "
+        f"draft_n={draft_n} draft_n_accepted={accepted}; {tls_summary(tls, seen)}{restarted}"
+    )
+    return {
+        "draft_n": draft_n,
+        "draft_n_accepted": accepted,
+        "predicted_n": timings.get("predicted_n"),
+        "predicted_per_second": tps,
+        "placement": placed.line,
+        "content": body.get("content", ""),
+        "spec_type": types["active"],
+        "spec_type_props": types["props"],
+        "summary": summary,
+        "tls": seen.describe() if tls is not None else None,
+    }
 
 
-async def _verify_split(conn, opener, plan: ServedPlan, body: dict, key, journal_timeout: int, tls, seen,
-                        restarted: str) -> dict:
+async def _verify_split(
+    conn, opener, plan: ServedPlan, body: dict, key, journal_timeout: int, tls, seen, restarted: str
+) -> dict:
     """No draft (a target split, or the draft node left out): the completion answered (no draft
     tokens expected), and the target's load lines put its layers where the proportions say."""
     timings = body.get("timings") or {}
@@ -236,18 +276,30 @@ async def _verify_split(conn, opener, plan: ServedPlan, body: dict, key, journal
             break
         await asyncio.sleep(0.5)
     if check is None:
-        raise TaskFailed("llama-server's journal (this run) has no 'load_tensors: offloaded N/M layers' line: "
-                         "the target's placement cannot be proven; is its log verbosity lowered in "
-                         "llama_server_extra_args?")
+        raise TaskFailed(
+            "llama-server's journal (this run) has no 'load_tensors: offloaded N/M layers' line: "
+            "the target's placement cannot be proven; is its log verbosity lowered in "
+            "llama_server_extra_args?"
+        )
     if not check.ok:
         raise TaskFailed(check.message)
     types = await props.read_spec_types(opener, key.reveal() if key else None)
     tps = timings.get("predicted_per_second")
-    summary = (f"health ok; split, no draft; {check.message}; completion {timings.get('predicted_n')} tokens at "
-               f"{tps or 0:.1f} tok/s; {tls_summary(tls, seen)}{restarted}")
-    return {"kind": plan.kind, "draft_n": timings.get("draft_n") or 0,
-            "draft_n_accepted": timings.get("draft_n_accepted") or 0, "predicted_n": timings.get("predicted_n"),
-            "predicted_per_second": tps, "placement": "; ".join(f"{d} {n}" for d, n in check.seen),
-            "layers": {"asked": [[d, round(x, 2)] for d, x in check.asked], "seen": [list(p) for p in check.seen]},
-            "content": body.get("content", ""), "spec_type": types["active"], "spec_type_props": types["props"],
-            "summary": summary, "tls": seen.describe() if tls is not None else None}
+    summary = (
+        f"health ok; split, no draft; {check.message}; completion {timings.get('predicted_n')} tokens at "
+        f"{tps or 0:.1f} tok/s; {tls_summary(tls, seen)}{restarted}"
+    )
+    return {
+        "kind": plan.kind,
+        "draft_n": timings.get("draft_n") or 0,
+        "draft_n_accepted": timings.get("draft_n_accepted") or 0,
+        "predicted_n": timings.get("predicted_n"),
+        "predicted_per_second": tps,
+        "placement": "; ".join(f"{d} {n}" for d, n in check.seen),
+        "layers": {"asked": [[d, round(x, 2)] for d, x in check.asked], "seen": [list(p) for p in check.seen]},
+        "content": body.get("content", ""),
+        "spec_type": types["active"],
+        "spec_type_props": types["props"],
+        "summary": summary,
+        "tls": seen.describe() if tls is not None else None,
+    }

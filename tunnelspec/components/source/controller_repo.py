@@ -36,7 +36,7 @@ def is_controller_repo(repo: str | None) -> bool:
 
 def path_of(repo: str, base_dir: Path) -> Path:
     """`controller:PATH` → absolute path (relative paths are relative to the inventory's directory)."""
-    raw = Path(repo[len(PREFIX):]).expanduser()
+    raw = Path(repo[len(PREFIX) :]).expanduser()
     return (raw if raw.is_absolute() else base_dir / raw).resolve()
 
 
@@ -48,8 +48,9 @@ def canonical(repo: str, base_dir: Path) -> str:
 def _git(path: Path, *args: str, check: bool = True, **kw) -> subprocess.CompletedProcess:
     # Not the repository a hook of the user's runs in (core/gitenv.py): `path`'s.
     env = git_env(GIT_TERMINAL_PROMPT="0", LC_ALL="C")
-    return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, env=env,
-                          timeout=_TIMEOUT, check=check, **kw)
+    return subprocess.run(
+        ["git", "-C", str(path), *args], capture_output=True, text=True, env=env, timeout=_TIMEOUT, check=check, **kw
+    )
 
 
 def resolve(path: Path, rev: str) -> str | None:
@@ -60,25 +61,34 @@ def resolve(path: Path, rev: str) -> str | None:
 def check(path: Path, commit: str, patch_commits: list[str | None] = ()) -> None:
     """The repository exists and holds the pinned commit and every patch commit."""
     if not path.exists():
-        raise ControllerRepoError(f"controller path {path} does not exist (relative paths are relative to "
-                                  "the inventory's directory)")
+        raise ControllerRepoError(
+            f"controller path {path} does not exist (relative paths are relative to the inventory's directory)"
+        )
     res = _git(path, "rev-parse", "--is-bare-repository", "--absolute-git-dir", check=False)
     if res.returncode != 0:
-        raise ControllerRepoError(f"controller path {path} is not a git repository; point llama_repo at a "
-                                  "clone of llama.cpp (bare or not): llama_repo=controller:/path/to/llama.cpp")
+        raise ControllerRepoError(
+            f"controller path {path} is not a git repository; point llama_repo at a "
+            "clone of llama.cpp (bare or not): llama_repo=controller:/path/to/llama.cpp"
+        )
     bare, git_dir = res.stdout.split()[:2]
     top = _git(path, "rev-parse", "--show-toplevel", check=False).stdout.strip()
     if Path(git_dir).resolve() != path and (bare == "true" or Path(top).resolve() != path):
         # A directory inside some other repository (the inventory's own, say) is not the source.
-        raise ControllerRepoError(f"controller path {path} is not a git repository itself (it lies inside "
-                                  f"{top or git_dir}); point llama_repo at the llama.cpp clone")
+        raise ControllerRepoError(
+            f"controller path {path} is not a git repository itself (it lies inside "
+            f"{top or git_dir}); point llama_repo at the llama.cpp clone"
+        )
     if resolve(path, commit) is None:
-        raise ControllerRepoError(f"the repository {path} on the controller does not contain commit {commit}; "
-                                  f"fetch it there first (git -C {path} fetch origin {commit})")
+        raise ControllerRepoError(
+            f"the repository {path} on the controller does not contain commit {commit}; "
+            f"fetch it there first (git -C {path} fetch origin {commit})"
+        )
     for sha in patch_commits:
         if sha and resolve(path, sha) is None:
-            raise ControllerRepoError(f"patch commit {sha} is not in the controller repository {path}; the hosts "
-                                      "get every commit from it, so fetch the PR or branch there first")
+            raise ControllerRepoError(
+                f"patch commit {sha} is not in the controller repository {path}; the hosts "
+                "get every commit from it, so fetch the PR or branch there first"
+            )
 
 
 def nearest_tag(path: Path, commit: str) -> str | None:
@@ -86,8 +96,7 @@ def nearest_tag(path: Path, commit: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 and res.stdout.strip() else None
 
 
-def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path,
-                basis: list[str] = ()) -> list[str]:
+def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path, basis: list[str] = ()) -> list[str]:
     """Write the bundle to `dest`; returns the refs it carries. `basis`: commits the host already
     has (and the controller too): left out with their history, so a bump of the pinned commit
     sends only the new commits (the bundle names them as prerequisites, which git checks)."""
@@ -122,15 +131,18 @@ async def missing_on_host(conn, d: str, shas: list[str]) -> list[str]:
 async def host_basis(conn, d: str, path: Path) -> list[str]:
     """Commits the host's checkout holds that the controller repository has too: HEAD and what
     earlier bundles brought (a host that was never given anything has none)."""
-    script = ('cd -- "$1" 2>/dev/null || exit 0; git rev-parse -q --verify HEAD 2>/dev/null; '
-              'git for-each-ref --format="%(objectname)" refs/tunnelspec/bundle/ 2>/dev/null; exit 0')
+    script = (
+        'cd -- "$1" 2>/dev/null || exit 0; git rev-parse -q --verify HEAD 2>/dev/null; '
+        'git for-each-ref --format="%(objectname)" refs/tunnelspec/bundle/ 2>/dev/null; exit 0'
+    )
     res = await conn.run(["sh", "-c", script, "sh", d], check=True)
     shas = sorted({s for s in res.stdout.split() if len(s) == 40})
     return [s for s in shas if resolve(path, s) == s]
 
 
-async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list[str],
-                      progress=None) -> tuple[int, int]:
+async def send_bundle(
+    conn, d: str, path: Path, commit: str, patch_commits: list[str], progress=None
+) -> tuple[int, int]:
     """Build the bundle on the controller, upload it into the host's .git (atomic, sha256 checked),
     fetch its refs there and remove it. Returns (bundle size in bytes, prerequisites used)."""
     basis = await host_basis(conn, d, path)
@@ -145,9 +157,21 @@ async def send_bundle(conn, d: str, path: Path, commit: str, patch_commits: list
         await upload_file(conn, local, dest, h.hexdigest(), progress=progress)
         size = local.stat().st_size
     try:
-        res = await conn.run(["git", "-C", d, "fetch", "--quiet", "--no-tags", "--", dest,
-                              "+refs/tunnelspec/*:refs/tunnelspec/bundle/*", "+refs/tags/*:refs/tags/*"],
-                             timeout=3600)
+        res = await conn.run(
+            [
+                "git",
+                "-C",
+                d,
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--",
+                dest,
+                "+refs/tunnelspec/*:refs/tunnelspec/bundle/*",
+                "+refs/tags/*:refs/tags/*",
+            ],
+            timeout=3600,
+        )
         if res.rc != 0:
             raise RuntimeError(f"git fetch from the bundle failed: {res.stderr.strip()[-600:]}")
     finally:
@@ -162,7 +186,8 @@ def check_controller_source(inv, main_name: str, source) -> None:
     if not is_controller_repo(source.repo):
         return
     try:
-        check(path_of(source.repo, inv.path.parent), source.commit,
-              [p.pinned for p in source.patches if p.kind != "file"])
+        check(
+            path_of(source.repo, inv.path.parent), source.commit, [p.pinned for p in source.patches if p.kind != "file"]
+        )
     except ControllerRepoError as err:
         raise cluster_error(inv, main_name, "llama_repo", str(err)) from None

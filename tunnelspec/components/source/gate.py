@@ -45,8 +45,9 @@ def compare_trees(sources: dict[str, dict | None], reference_host: str | None = 
     if not missing and len(trees) == 1:
         tree = next(iter(trees))
         return f"tree {tree} equal on {len(present)} host(s)"
-    ref_host = reference_host if reference_host in present else \
-        min(present, key=lambda h: (-trees[present[h].get("tree")], h))
+    ref_host = (
+        reference_host if reference_host in present else min(present, key=lambda h: (-trees[present[h].get("tree")], h))
+    )
     ref = present[ref_host]
     rows = [("HOST", "COMMIT", "TREE", "FIRST DIFFERENCE")]
     for host in sorted(sources):
@@ -61,8 +62,11 @@ def compare_trees(sources: dict[str, dict | None], reference_host: str | None = 
             rows.append((host, _short(s.get("commit")), _short(s.get("tree")), first_difference(s, ref)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     table = "\n".join("  " + "  ".join(r[i].ljust(widths[i]) for i in range(3)) + "  " + r[3] for r in rows)
-    raise TaskFailed("llama.cpp source trees differ between hosts; stopping before any build:\n" + table +
-                     "\nevery host must build the same source: pin one llama_commit and llama_patches for all hosts")
+    raise TaskFailed(
+        "llama.cpp source trees differ between hosts; stopping before any build:\n"
+        + table
+        + "\nevery host must build the same source: pin one llama_commit and llama_patches for all hosts"
+    )
 
 
 @register_gate("tree_hash")

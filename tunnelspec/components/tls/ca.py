@@ -128,8 +128,11 @@ def check_private_file(path: Path) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise CertError("not a regular file (a link or something else): refused for a private key", path)
     if st.st_mode & 0o077:
-        raise CertError(f"permissions {stat.S_IMODE(st.st_mode):04o} are too open for a private key: "
-                        f"others may read it; chmod 600 it (and consider it leaked if others did)", path)
+        raise CertError(
+            f"permissions {stat.S_IMODE(st.st_mode):04o} are too open for a private key: "
+            f"others may read it; chmod 600 it (and consider it leaked if others did)",
+            path,
+        )
     if st.st_uid != os.getuid():
         raise CertError("owned by another user: refused for a private key", path)
 
@@ -159,28 +162,47 @@ def _prepare_dir(d: Path) -> None:
 # ---- the CA ---------------------------------------------------------------------------------------
 def _new_ca(label: str, now: dt.datetime, days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tunnelspec"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, f"tunnelspec CA {label} {now:%Y-%m-%d %H:%M:%S}")])
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "tunnelspec"),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"tunnelspec CA {label} {now:%Y-%m-%d %H:%M:%S}"),
+        ]
+    )
     ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (x509.CertificateBuilder()
-            .subject_name(name).issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - CLOCK_SKEW)
-            .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(ski, critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ski, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
 def _key_pem(key) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _load_pair(key_path: Path, cert_path: Path) -> CA:
@@ -205,11 +227,11 @@ def _recover(d: Path) -> None:
     `.new` files; copy the old certificate to ca.previous.crt; rename the key; rename the cert)."""
     key_new, cert_new = d / (CA_KEY + NEW), d / (CA_CERT + NEW)
     if key_new.exists() and not cert_new.exists():
-        key_new.unlink()                      # died while writing the new pair: no rotation happened
+        key_new.unlink()  # died while writing the new pair: no rotation happened
     elif cert_new.exists():
         if key_new.exists():
-            os.replace(key_new, d / CA_KEY)   # both written: roll forward
-        os.replace(cert_new, d / CA_CERT)     # key already renamed: finish
+            os.replace(key_new, d / CA_KEY)  # both written: roll forward
+        os.replace(cert_new, d / CA_CERT)  # key already renamed: finish
         _fsync_dir(d)
 
 
@@ -220,13 +242,14 @@ def load_ca(d: str | os.PathLike) -> CA:
         return _load_pair(d / CA_KEY, d / CA_CERT)
 
 
-def ensure_ca(d: str | os.PathLike, *, label: str | None = None, now: dt.datetime | None = None,
-              days: int = CA_DAYS) -> tuple[CA, bool]:
+def ensure_ca(
+    d: str | os.PathLike, *, label: str | None = None, now: dt.datetime | None = None, days: int = CA_DAYS
+) -> tuple[CA, bool]:
     """The CA in `d`, created when there is none. Returns (ca, created). Idempotent: an existing CA is
     loaded and checked (key 0600 and matching the certificate), never replaced — clients pinned it.
     Half a CA (a key without its certificate or the reverse) is an error, not a reason to make a new one."""
     d = Path(d)
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     _prepare_dir(d)
     with _locked(d):
         _recover(d)
@@ -234,8 +257,11 @@ def ensure_ca(d: str | os.PathLike, *, label: str | None = None, now: dt.datetim
         if key_path.exists() or cert_path.exists():
             if not (key_path.exists() and cert_path.exists()):
                 have, lacks = (key_path, cert_path) if key_path.exists() else (cert_path, key_path)
-                raise CertError(f"{have.name} is there but {lacks.name} is missing: restore it, or "
-                                "remove the directory for a new CA (clients must then pin the new ca.crt)", d)
+                raise CertError(
+                    f"{have.name} is there but {lacks.name} is missing: restore it, or "
+                    "remove the directory for a new CA (clients must then pin the new ca.crt)",
+                    d,
+                )
             return _load_pair(key_path, cert_path), False
         key, cert = _new_ca(label or d.name.removesuffix(".tls"), now, days)
         _write_private(key_path, _key_pem(key))
@@ -249,7 +275,7 @@ def rotate_ca(d: str | os.PathLike, *, now: dt.datetime | None = None, days: int
     it again; the server is re-issued under the new CA and clients switch to the new ca.crt: a hard
     cut, no overlap); the old certificate is kept as ca.previous.crt for display only."""
     d = Path(d)
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     _prepare_dir(d)
     with _locked(d):
         _recover(d)
@@ -274,28 +300,44 @@ def issue_server_cert(ca: CA, names, days: int = SERVER_DAYS, *, now: dt.datetim
     """A new key (P-256, in memory) and a certificate for `names` (DNS names and addresses, the first
     one also the subject's CN), signed by `ca`, valid `days` from now (never past the CA's own end)."""
     sans = parse_names(names)
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     not_after = min(now + dt.timedelta(days=days), ca.cert.not_valid_after_utc)
     key = ec.generate_private_key(ec.SECP256R1())
     ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _name_text(sans[0])[:64])]))
-            .issuer_name(ca.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - CLOCK_SKEW)
-            .not_valid_after(not_after)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=False,
-                                         crl_sign=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-            .sign(ca.key, hashes.SHA256()))
-    return ServerCert(cert.public_bytes(serialization.Encoding.PEM).decode(), Secret(_key_pem(key).decode()),
-                      tuple(_name_text(s) for s in sans))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, _name_text(sans[0])[:64])]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - CLOCK_SKEW)
+        .not_valid_after(not_after)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    return ServerCert(
+        cert.public_bytes(serialization.Encoding.PEM).decode(),
+        Secret(_key_pem(key).decode()),
+        tuple(_name_text(s) for s in sans),
+    )
 
 
 # ---- reading and judging certificates ---------------------------------------------------------------
@@ -329,7 +371,7 @@ def fingerprint(cert) -> str:
 def needs_renewal(cert_pem, now: dt.datetime | None = None, margin_days: int = RENEW_MARGIN_DAYS) -> bool:
     """True when the certificate ends within `margin_days` of `now` (or has ended, or is not yet valid)."""
     cert = _as_cert(cert_pem)
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     return cert.not_valid_after_utc - now <= dt.timedelta(days=margin_days) or cert.not_valid_before_utc > now
 
 
@@ -357,8 +399,9 @@ def covers(cert_pem, names) -> bool:
     return set(cert_names(cert_pem)) == {_name_text(s) for s in parse_names(names)}
 
 
-def needs_issue(cert_pem: str | None, ca: CA, names, now: dt.datetime | None = None,
-                margin_days: int = RENEW_MARGIN_DAYS) -> str | None:
+def needs_issue(
+    cert_pem: str | None, ca: CA, names, now: dt.datetime | None = None, margin_days: int = RENEW_MARGIN_DAYS
+) -> str | None:
     """Why main's certificate must be (re-)issued, or None when it may stay: the deploy's decision."""
     if not cert_pem:
         return "no certificate on main"
@@ -378,10 +421,15 @@ def needs_issue(cert_pem: str | None, ca: CA, names, now: dt.datetime | None = N
 def describe(cert) -> dict:
     """What may be shown about a certificate (never a key)."""
     c = _as_cert(cert)
-    return {"subject": c.subject.rfc4514_string(), "issuer": c.issuer.rfc4514_string(),
-            "names": list(cert_names(c)), "not_before": c.not_valid_before_utc.isoformat(),
-            "not_after": c.not_valid_after_utc.isoformat(), "sha256": fingerprint(c),
-            "serial": f"{c.serial_number:x}"}
+    return {
+        "subject": c.subject.rfc4514_string(),
+        "issuer": c.issuer.rfc4514_string(),
+        "names": list(cert_names(c)),
+        "not_before": c.not_valid_before_utc.isoformat(),
+        "not_after": c.not_valid_after_utc.isoformat(),
+        "sha256": fingerprint(c),
+        "serial": f"{c.serial_number:x}",
+    }
 
 
 def sha256_file(path: str | os.PathLike) -> str:

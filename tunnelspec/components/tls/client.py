@@ -157,8 +157,14 @@ async def _handshake(obj: ssl.SSLObject, incoming: ssl.MemoryBIO, outgoing: ssl.
         await writer.drain()
 
 
-async def _pump(obj: ssl.SSLObject, incoming: ssl.MemoryBIO, raw_reader, out: asyncio.StreamReader,
-                raw_writer, outgoing: ssl.MemoryBIO) -> None:
+async def _pump(
+    obj: ssl.SSLObject,
+    incoming: ssl.MemoryBIO,
+    raw_reader,
+    out: asyncio.StreamReader,
+    raw_writer,
+    outgoing: ssl.MemoryBIO,
+) -> None:
     """Raw TLS records → plaintext into `out` until the peer's close_notify or EOF."""
     try:
         while True:
@@ -196,18 +202,21 @@ async def _pump(obj: ssl.SSLObject, incoming: ssl.MemoryBIO, raw_reader, out: as
         out.set_exception(e if isinstance(e, ConnectionError) else ConnectionError(f"TLS: {e}"))
 
 
-async def wrap_stream(reader, writer, ctx: ssl.SSLContext, server_name: str,
-                      timeout: float = HANDSHAKE_TIMEOUT) -> tuple[asyncio.StreamReader, _TlsWriter]:
+async def wrap_stream(
+    reader, writer, ctx: ssl.SSLContext, server_name: str, timeout: float = HANDSHAKE_TIMEOUT
+) -> tuple[asyncio.StreamReader, _TlsWriter]:
     """TLS over an established (reader, writer) pair; the handshake checks certificate and name.
     Raises TlsError (the raw stream is then closed)."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     obj = ctx.wrap_bio(incoming, outgoing, server_side=False, server_hostname=_sni(server_name))
     try:
         await asyncio.wait_for(_handshake(obj, incoming, outgoing, reader, writer), timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         writer.close()
-        raise TlsError(f"TLS: no handshake with {server_name!r} within {timeout:g}s "
-                       "(a plain-HTTP server waits silently; or the server is overloaded)") from None
+        raise TlsError(
+            f"TLS: no handshake with {server_name!r} within {timeout:g}s "
+            "(a plain-HTTP server waits silently; or the server is overloaded)"
+        ) from None
     except (ssl.SSLError, EOFError, ConnectionError, OSError) as e:
         writer.close()
         raise _explain(e, server_name) from e
@@ -224,8 +233,7 @@ def _sni(server_name: str) -> str:
         return name
 
 
-def tls_opener(opener: Opener, ctx: ssl.SSLContext, server_name: str,
-               timeout: float = HANDSHAKE_TIMEOUT) -> Opener:
+def tls_opener(opener: Opener, ctx: ssl.SSLContext, server_name: str, timeout: float = HANDSHAKE_TIMEOUT) -> Opener:
     """An Opener speaking TLS over the streams `opener` gives (e.g. http.ssh_opener(conn, port))."""
 
     async def open_():
@@ -235,20 +243,24 @@ def tls_opener(opener: Opener, ctx: ssl.SSLContext, server_name: str,
     return open_
 
 
-def tcp_tls_opener(host: str, port: int, ctx: ssl.SSLContext, server_name: str | None = None,
-                   timeout: float = HANDSHAKE_TIMEOUT) -> Opener:
+def tcp_tls_opener(
+    host: str, port: int, ctx: ssl.SSLContext, server_name: str | None = None, timeout: float = HANDSHAKE_TIMEOUT
+) -> Opener:
     """An Opener for a direct TCP connection with asyncio's own TLS; `server_name` defaults to `host`."""
     name = server_name or host
 
     async def open_():
         try:
-            return await asyncio.open_connection(host, port, ssl=ctx, server_hostname=_sni(name),
-                                                 ssl_handshake_timeout=timeout)
+            return await asyncio.open_connection(
+                host, port, ssl=ctx, server_hostname=_sni(name), ssl_handshake_timeout=timeout
+            )
         except (ssl.SSLError, EOFError) as e:
             raise _explain(e, name) from e
-        except (asyncio.TimeoutError, ConnectionAbortedError):  # asyncio: "SSL handshake is taking longer…"
-            raise TlsError(f"TLS: no handshake with {name!r} within {timeout:g}s "
-                           "(a plain-HTTP server waits silently; or the server is overloaded)") from None
+        except (TimeoutError, ConnectionAbortedError):  # asyncio: "SSL handshake is taking longer…"
+            raise TlsError(
+                f"TLS: no handshake with {name!r} within {timeout:g}s "
+                "(a plain-HTTP server waits silently; or the server is overloaded)"
+            ) from None
         except ConnectionResetError as e:  # a plain server that drops the ClientHello
             raise TlsError(f"TLS: {host}:{port} reset the connection during the handshake (plain HTTP?)") from e
 

@@ -20,9 +20,9 @@ from tunnelspec.components.tls.ca import CertError, _same_public, cert_names, ch
 
 @dataclass(frozen=True)
 class OwnCert:
-    cert_pem: str    # the server certificate followed by any intermediates (what the front serves)
+    cert_pem: str  # the server certificate followed by any intermediates (what the front serves)
     key_pem: Secret  # unencrypted PEM, as the front (HAProxy) reads it
-    ca_pem: str      # what clients pin
+    ca_pem: str  # what clients pin
     ca_file: Path
     names: tuple[str, ...]
 
@@ -48,7 +48,7 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
     any following ones to a certificate of `ca_file`, is valid now, and covers every name in `names`
     (the names clients use; empty: the certificate's own)."""
     cert_file, key_file, ca_file = (Path(os.path.expanduser(str(p))) for p in (cert_file, key_file, ca_file))
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     chain = _certs(cert_file, "certificate")
     roots = _certs(ca_file, "CA certificate")
     check_private_file(key_file)
@@ -56,28 +56,38 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
     try:
         key = serialization.load_pem_private_key(key_data, password=None)
     except TypeError:
-        raise CertError("the private key is encrypted: the front (HAProxy) cannot ask for a passphrase; "
-                        "give an unencrypted key (mode 0600)", key_file) from None
+        raise CertError(
+            "the private key is encrypted: the front (HAProxy) cannot ask for a passphrase; "
+            "give an unencrypted key (mode 0600)",
+            key_file,
+        ) from None
     except ValueError as e:
         raise CertError(f"not a PEM private key ({e})", key_file) from None
     if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
         raise CertError(f"{type(key).__name__}: use an EC (P-256), RSA or Ed25519 key", key_file)
     leaf, intermediates = chain[0], chain[1:]
     if not _same_public(key, leaf):
-        raise CertError(f"this key does not belong to the certificate in {cert_file} "
-                        "(the first certificate of that file must be the server's)", key_file)
+        raise CertError(
+            f"this key does not belong to the certificate in {cert_file} "
+            "(the first certificate of that file must be the server's)",
+            key_file,
+        )
     if leaf.not_valid_after_utc <= now:
         raise CertError(f"the certificate ended on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC", cert_file)
     if leaf.not_valid_before_utc > now:
-        raise CertError(f"the certificate is not valid before {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC",
-                        cert_file)
+        raise CertError(
+            f"the certificate is not valid before {leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC", cert_file
+        )
     own = cert_names(leaf)
     if not own:
         raise CertError("the certificate has no subjectAltName: clients check names only there", cert_file)
     wanted = [str(s.value) for s in parse_names(names)] if names else [own[0]]
-    builder = (v.PolicyBuilder().store(v.Store(roots)).time(now)
-               .extension_policies(ca_policy=v.ExtensionPolicy.webpki_defaults_ca(),
-                                   ee_policy=_EE_POLICY))
+    builder = (
+        v.PolicyBuilder()
+        .store(v.Store(roots))
+        .time(now)
+        .extension_policies(ca_policy=v.ExtensionPolicy.webpki_defaults_ca(), ee_policy=_EE_POLICY)
+    )
     for i, name in enumerate(wanted):
         subject = _subject(name)
         try:
@@ -88,8 +98,13 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
             if name not in own:
                 raise CertError(f"does not cover the name {name!r} (it has: {', '.join(own)})", cert_file) from None
             raise CertError(f"does not chain to a CA certificate of {ca_file} for {name!r}: {e}", cert_file) from None
-    return OwnCert(b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain).decode(),
-                   Secret(key_data.decode()), _read(ca_file).decode(), ca_file, tuple(own))
+    return OwnCert(
+        b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chain).decode(),
+        Secret(key_data.decode()),
+        _read(ca_file).decode(),
+        ca_file,
+        tuple(own),
+    )
 
 
 # The issuing CAs must be real CAs (web PKI rules for them: basicConstraints, keyCertSign); the server

@@ -19,11 +19,11 @@ from tunnelspec.components.tls.client import pinned_context, tls_opener
 
 @dataclass(frozen=True)
 class ApiTls:
-    ca_file: str       # controller path of the pinned CA certificate
-    server_name: str   # the name (or address) the certificate must be valid for
+    ca_file: str  # controller path of the pinned CA certificate
+    server_name: str  # the name (or address) the certificate must be valid for
 
     @classmethod
-    def of(cls, main) -> "ApiTls | None":
+    def of(cls, main) -> ApiTls | None:
         """From cluster.main (None: the API on loopback, plain HTTP)."""
         tls = getattr(main, "tls", None)
         return cls(tls.ca_file, tls.server_name) if tls is not None else None
@@ -42,17 +42,21 @@ class Seen:
 
         cert = x509.load_der_x509_certificate(self.der)
         out = describe(cert)
-        now = now or dt.datetime.now(dt.timezone.utc)
+        now = now or dt.datetime.now(dt.UTC)
         days = (cert.not_valid_after_utc - now).total_seconds() / 86400
         out["days_left"] = int(days)
-        out["warning"] = (f"certificate ends {cert.not_valid_after_utc:%Y-%m-%d}, within {RENEW_MARGIN_DAYS} days: "
-                          "deploy renews one tunnelspec issued; renew your own in your PKI"
-                          if days <= RENEW_MARGIN_DAYS else None)
+        out["warning"] = (
+            f"certificate ends {cert.not_valid_after_utc:%Y-%m-%d}, within {RENEW_MARGIN_DAYS} days: "
+            "deploy renews one tunnelspec issued; renew your own in your PKI"
+            if days <= RENEW_MARGIN_DAYS
+            else None
+        )
         return out
 
 
-def api_opener(conn, port: int, host: str = LOOPBACK, tls: ApiTls | None = None,
-               seen: Seen | None = None) -> http.Opener:
+def api_opener(
+    conn, port: int, host: str = LOOPBACK, tls: ApiTls | None = None, seen: Seen | None = None
+) -> http.Opener:
     """Streams to host:port as seen from main (the front, or llama-server's own loopback port); with
     `tls`, TLS over them."""
     base = http.ssh_opener(conn, port, host)
@@ -65,8 +69,9 @@ def api_opener(conn, port: int, host: str = LOOPBACK, tls: ApiTls | None = None,
             try:
                 box._ctx = pinned_context(ca_file=tls.ca_file)
             except OSError as e:
-                raise http.HttpError(f"the CA to pin, {tls.ca_file}, cannot be read ({e.strerror}): "
-                                     "deploy creates it") from None
+                raise http.HttpError(
+                    f"the CA to pin, {tls.ca_file}, cannot be read ({e.strerror}): deploy creates it"
+                ) from None
         reader, writer = await tls_opener(base, box._ctx, tls.server_name)()
         obj = writer.get_extra_info("ssl_object")
         if obj is not None:
@@ -83,5 +88,7 @@ def summary(tls: ApiTls | None, seen: Seen) -> str:
     d = seen.describe()
     if d is None:
         return f"TLS (CA {tls.ca_file} pinned, name {tls.server_name})"
-    return (f"TLS (CA pinned, name {tls.server_name}; certificate ends {d['not_after'][:10]}, "
-            f"{d['days_left']} days{'; WARNING ' + d['warning'] if d['warning'] else ''})")
+    return (
+        f"TLS (CA pinned, name {tls.server_name}; certificate ends {d['not_after'][:10]}, "
+        f"{d['days_left']} days{'; WARNING ' + d['warning'] if d['warning'] else ''})"
+    )

@@ -65,8 +65,9 @@ def _lines(cert_pem: str | None) -> str:
         d = C.describe(cert_pem)
     except ValueError:
         return "(not a PEM certificate)\n"
-    return (f"names: {', '.join(d['names'])}\nnot_after: {d['not_after']}\nissuer: {d['issuer']}\n"
-            f"sha256: {d['sha256']}\n")
+    return (
+        f"names: {', '.join(d['names'])}\nnot_after: {d['not_after']}\nissuer: {d['issuer']}\nsha256: {d['sha256']}\n"
+    )
 
 
 def _ca_or_none(d) -> C.CA | None:
@@ -83,15 +84,24 @@ class ServerTls(Task):
     module = "server_tls"
     reads_cluster = True
     args = {
-        "owner": Arg(str, required=True,
-                     help="The front's user (HAProxy runs as it): owns the key (0600) and is the directory's group."),
+        "owner": Arg(
+            str,
+            required=True,
+            help="The front's user (HAProxy runs as it): owns the key (0600) and is the directory's group.",
+        ),
         "dir": Arg(str, default=TLS_DIR, help="The directory on main (0750 root:owner)."),
-        "cert": Arg(str, default=TLS_CERT,
-                    help="The certificate on main: what the front's `bind ... ssl crt` names; the key goes to "
-                         "`<cert>.key` beside it (0600), where HAProxy loads it from."),
+        "cert": Arg(
+            str,
+            default=TLS_CERT,
+            help="The certificate on main: what the front's `bind ... ssl crt` names; the key goes to "
+            "`<cert>.key` beside it (0600), where HAProxy loads it from.",
+        ),
         "days": Arg(int, default=C.SERVER_DAYS, help="Validity of a certificate tunnelspec issues, in days."),
-        "renew_days": Arg(int, default=C.RENEW_MARGIN_DAYS,
-                          help="A certificate ending within this many days is renewed (own files: a warning)."),
+        "renew_days": Arg(
+            int,
+            default=C.RENEW_MARGIN_DAYS,
+            help="A certificate ending within this many days is renewed (own files: a warning).",
+        ),
     }
 
     @property
@@ -107,8 +117,10 @@ class ServerTls(Task):
         st = _parse((await ctx.conn.probe(self.probes()[0])).stdout)
         if tls is None:
             if st["dir"] is not None:
-                return change(f"remove {self.p['dir']}: the API stays on 127.0.0.1 (no public bind), "
-                              "nothing uses a TLS key", remove=True)
+                return change(
+                    f"remove {self.p['dir']}: the API stays on 127.0.0.1 (no public bind), nothing uses a TLS key",
+                    remove=True,
+                )
             return ok("API on 127.0.0.1: no TLS")
         try:
             reason, want, note = self._decide(tls, st)
@@ -116,8 +128,12 @@ class ServerTls(Task):
             raise TaskFailed(str(e)) from None
         earlier = [posixpath.join(self.p["dir"], f) for f in st["earlier"]]
         if reason is not None:
-            return change(f"{'install your' if tls.own else 'issue the'} server certificate ({reason})",
-                          Diff(_lines(st["cert"]), want, self.p["cert"]), issue=True, earlier=earlier)
+            return change(
+                f"{'install your' if tls.own else 'issue the'} server certificate ({reason})",
+                Diff(_lines(st["cert"]), want, self.p["cert"]),
+                issue=True,
+                earlier=earlier,
+            )
         owner = self.p["owner"]
         fixes = []
         if earlier:
@@ -129,10 +145,14 @@ class ServerTls(Task):
         if fixes:
             return change("; ".join(fixes), meta=True, earlier=earlier)
         d = C.describe(st["cert"])
-        ctx.register("llama_server_tls", {"names": list(tls.names), "ca_file": tls.ca_file,
-                                          "not_after": d["not_after"], "sha256": d["sha256"]})
-        return ok(f"certificate for {', '.join(d['names'])}, ends {d['not_after'][:10]} "
-                  f"({'your own, ' if tls.own else ''}CA {tls.ca_file}){note}")
+        ctx.register(
+            "llama_server_tls",
+            {"names": list(tls.names), "ca_file": tls.ca_file, "not_after": d["not_after"], "sha256": d["sha256"]},
+        )
+        return ok(
+            f"certificate for {', '.join(d['names'])}, ends {d['not_after'][:10]} "
+            f"({'your own, ' if tls.own else ''}CA {tls.ca_file}){note}"
+        )
 
     def _decide(self, tls, st) -> tuple[str | None, str, str]:
         """(why the pair must be (re)installed or None, what --diff shows as the new state, a warning)."""
@@ -142,15 +162,24 @@ class ServerTls(Task):
             own = load_own(tls.own_cert, tls.own_key, tls.own_ca, tls.names)
             want = _lines(own.cert_pem) + "key: *** (your key file, 0600 on main)\n"
             if C.needs_renewal(own.cert_pem, margin_days=self.p["renew_days"]):
-                note = (f"; WARNING your certificate {tls.own_cert} ends within {self.p['renew_days']} days: "
-                        "renew it in your PKI")
-            reason = (None if cert == own.cert_pem.strip() else
-                      "none on main" if not cert else "your certificate file changed")
+                note = (
+                    f"; WARNING your certificate {tls.own_cert} ends within {self.p['renew_days']} days: "
+                    "renew it in your PKI"
+                )
+            reason = (
+                None
+                if cert == own.cert_pem.strip()
+                else "none on main"
+                if not cert
+                else "your certificate file changed"
+            )
         else:
             ca = _ca_or_none(tls.ca_dir)
-            want = (f"names: {', '.join(tls.names)}\nvalid: {self.p['days']} days\n"
-                    f"issuer: {ca.cert.subject.rfc4514_string() if ca else 'the new CA'}\n"
-                    "key: *** (a new P-256 key, 0600 on main)\n")
+            want = (
+                f"names: {', '.join(tls.names)}\nvalid: {self.p['days']} days\n"
+                f"issuer: {ca.cert.subject.rfc4514_string() if ca else 'the new CA'}\n"
+                "key: *** (a new P-256 key, 0600 on main)\n"
+            )
             if ca is None:
                 reason = f"the inventory's CA is created first, in {tls.ca_dir}"
             else:
@@ -234,12 +263,16 @@ class ServerTlsServed(Task):
             if seen.der is not None:
                 got = seen.describe()["sha256"]
                 if got == want:
-                    return ok(f"the front on {main.server_host}:{main.server_port} serves {want} "
-                              f"(CA {tls.ca_file} pinned, name {tls.server_name})")
+                    return ok(
+                        f"the front on {main.server_host}:{main.server_port} serves {want} "
+                        f"(CA {tls.ca_file} pinned, name {tls.server_name})"
+                    )
                 last = f"it serves {got}"
             if loop.time() >= end:
                 break
             await asyncio.sleep(0.2)  # poll interval of the deadline loop
-        raise TaskFailed(f"the front on {main.server_host}:{main.server_port} does not serve the certificate "
-                         f"installed on main ({self.p['cert']}, {want}) after {self.p['timeout']} s: {last}; "
-                         "see `journalctl -u tunnelspec-front.service`")
+        raise TaskFailed(
+            f"the front on {main.server_host}:{main.server_port} does not serve the certificate "
+            f"installed on main ({self.p['cert']}, {want}) after {self.p['timeout']} s: {last}; "
+            "see `journalctl -u tunnelspec-front.service`"
+        )

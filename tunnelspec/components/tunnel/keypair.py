@@ -33,19 +33,19 @@ _ADDRESS = re.compile(r"^[0-9A-Fa-f:.]+$")
 @dataclass(frozen=True)
 class KeyPair:
     private_openssh: Secret  # "-----BEGIN OPENSSH PRIVATE KEY-----..." (never logged)
-    public_line: str         # "ssh-ed25519 AAAA... comment"
+    public_line: str  # "ssh-ed25519 AAAA... comment"
 
 
 def generate_ed25519(comment: str) -> KeyPair:
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                                serialization.NoEncryption()).decode()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    ).decode()
     return KeyPair(Secret(private), public_line_of(key, comment))
 
 
 def public_line_of(key, comment: str = "") -> str:
-    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                        serialization.PublicFormat.OpenSSH).decode()
+    pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH).decode()
     return f"{pub} {comment}".strip()
 
 
@@ -73,8 +73,9 @@ def fingerprint(public_line: str) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
 
 
-def tunnel_key_options(rpc_port: int, from_address: str | None = None,
-                       command: str | None = TUNNEL_FORCED_COMMAND) -> str:
+def tunnel_key_options(
+    rpc_port: int, from_address: str | None = None, command: str | None = TUNNEL_FORCED_COMMAND
+) -> str:
     """The options of the tunnel key's authorized_keys line.
 
     `restrict` turns off every capability (pty, agent/X11/port forwarding, user rc); only what is
@@ -87,8 +88,7 @@ def tunnel_key_options(rpc_port: int, from_address: str | None = None,
     # `port-forwarding` re-enables -R too, and authorized_keys has no "permitlisten none": allow
     # listening only on port 1, which sshd refuses to non-root users (IPPORT_RESERVED), so no
     # remote forward can ever be opened (tests: test_tunnel_key_cannot_remote_forward).
-    opts = ["restrict", "port-forwarding", f'permitopen="{LOOPBACK}:{int(rpc_port)}"',
-            f'permitlisten="{LOOPBACK}:1"']
+    opts = ["restrict", "port-forwarding", f'permitopen="{LOOPBACK}:{int(rpc_port)}"', f'permitlisten="{LOOPBACK}:1"']
     if from_address:
         if not _ADDRESS.match(from_address):
             raise ValueError(f"from address must be an IP literal, got {from_address!r}")

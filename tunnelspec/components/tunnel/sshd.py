@@ -25,10 +25,16 @@ SSHD_DROPIN_TEMPLATE = "tunnelspec-tunnel-sshd.conf.j2"
 SSHD_TUNNEL_POLICY = (
     # sshd probes a silent client every 5 s and drops it after 3 misses: a session orphaned by a cut
     # link would otherwise hold the one-client RPC server until TCP keepalive (hours).
-    ("ClientAliveInterval", "5"), ("ClientAliveCountMax", "3"),
-    ("AllowTcpForwarding", "local"), ("PermitListen", "none"), ("GatewayPorts", "no"),
-    ("X11Forwarding", "no"), ("AllowAgentForwarding", "no"), ("PermitTTY", "no"),
-    ("AllowStreamLocalForwarding", "no"), ("PermitTunnel", "no"),
+    ("ClientAliveInterval", "5"),
+    ("ClientAliveCountMax", "3"),
+    ("AllowTcpForwarding", "local"),
+    ("PermitListen", "none"),
+    ("GatewayPorts", "no"),
+    ("X11Forwarding", "no"),
+    ("AllowAgentForwarding", "no"),
+    ("PermitTTY", "no"),
+    ("AllowStreamLocalForwarding", "no"),
+    ("PermitTunnel", "no"),
 )
 
 
@@ -63,8 +69,11 @@ async def effective_policy_gaps(conn, user: str, address: str, sshd: str, config
         got = await effective_settings(conn, sshd, user, address, config)
     except RuntimeError as e:
         return [str(e)]
-    return [f"{k} {got.get(k.lower(), '?')} (want {v})" for k, v in SSHD_TUNNEL_POLICY
-            if got.get(k.lower(), "").lower() != v.lower()]
+    return [
+        f"{k} {got.get(k.lower(), '?')} (want {v})"
+        for k, v in SSHD_TUNNEL_POLICY
+        if got.get(k.lower(), "").lower() != v.lower()
+    ]
 
 
 @register_task
@@ -112,11 +121,16 @@ class TunnelSshdPolicy(Task):
         if raw is not None and not any(fnmatch.fnmatchcase(path, g) for g in sshd_includes(config)):
             new = with_block(config, self._render(ctx).decode())
             if new == config:
-                return ok(f"sshd limits for {self.p['user']} in place (in {self.p['config']}: it includes no "
-                          f"{path.rsplit('/', 1)[0]})")
-            return change(f"add the tunnel user's Match block to {self.p['config']} (it has no `Include "
-                          f"{path.rsplit('/', 1)[0]}/*.conf` line)", Diff(config, new, self.p["config"]),
-                          main_config=new)
+                return ok(
+                    f"sshd limits for {self.p['user']} in place (in {self.p['config']}: it includes no "
+                    f"{path.rsplit('/', 1)[0]})"
+                )
+            return change(
+                f"add the tunnel user's Match block to {self.p['config']} (it has no `Include "
+                f"{path.rsplit('/', 1)[0]}/*.conf` line)",
+                Diff(config, new, self.p["config"]),
+                main_config=new,
+            )
         want = self._render(ctx)
         if st.exists and st.type != "file":
             raise TaskFailed(f"{path} exists and is a {st.type}, not a file")
@@ -146,8 +160,9 @@ class TunnelSshdPolicy(Task):
             problem = f"sshd -t rejects it: {(res.stderr or res.stdout).strip()}"
         else:
             addr, _ = node_ssh_target(ctx.require_cluster().inventory, ctx.host)
-            gaps = await effective_policy_gaps(ctx.conn, self.p["user"], await source_address(ctx, addr) or LOOPBACK,
-                                               self.p["sshd"])
+            gaps = await effective_policy_gaps(
+                ctx.conn, self.p["user"], await source_address(ctx, addr) or LOOPBACK, self.p["sshd"]
+            )
             if gaps:
                 problem = "an earlier sshd config overrides: " + ", ".join(gaps)
         if problem:
@@ -172,8 +187,9 @@ async def _main_config_problem(ctx, task, config: str) -> str | None:
     if res.rc != 0:
         return f"sshd -t rejects it: {(res.stderr or res.stdout).strip()}"
     addr, _ = node_ssh_target(ctx.require_cluster().inventory, ctx.host)
-    gaps = await effective_policy_gaps(ctx.conn, task.p["user"], await source_address(ctx, addr) or LOOPBACK,
-                                       task.p["sshd"], config)
+    gaps = await effective_policy_gaps(
+        ctx.conn, task.p["user"], await source_address(ctx, addr) or LOOPBACK, task.p["sshd"], config
+    )
     return "an earlier setting in the config overrides: " + ", ".join(gaps) if gaps else None
 
 
@@ -233,5 +249,3 @@ class TunnelSessionsRenew(Task):
         pids = [p for p in res.stdout.split() if p.isdigit()]
         if pids:
             await ctx.conn.run(["kill", "-TERM", "--", *pids])
-
-

@@ -9,7 +9,14 @@ import struct
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.core.errors import ArgumentError, TaskFailed
-from tunnelspec.components.tunnel.keypair import TUNNEL_FORCED_COMMAND, authorized_keys_line, fingerprint, generate_ed25519, known_hosts_line, tunnel_key_options
+from tunnelspec.components.tunnel.keypair import (
+    TUNNEL_FORCED_COMMAND,
+    authorized_keys_line,
+    fingerprint,
+    generate_ed25519,
+    known_hosts_line,
+    tunnel_key_options,
+)
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 from tunnelspec.components.tunnel.units import KEY_PATH, KNOWN_HOSTS, NODE_HOME, node_ssh_target, selected_nodes
 
@@ -111,8 +118,10 @@ def verified_host_key(conn) -> str:
     """The host key the controller's own SSH connection verified (strict known_hosts)."""
     key = conn.server_host_key()
     if key is None:
-        raise TaskFailed(f"{conn.name}: no verified SSH host key (not an SSH connection?); "
-                         "its host key cannot be pinned from the controller")
+        raise TaskFailed(
+            f"{conn.name}: no verified SSH host key (not an SSH connection?); "
+            "its host key cannot be pinned from the controller"
+        )
     return key
 
 
@@ -124,8 +133,11 @@ class KnownHostsPin(Task):
     reads_cluster = True
     args = {
         "path": Arg(str, default=KNOWN_HOSTS, help="The known_hosts file on main the tunnels trust."),
-        "nodes": Arg((list, str), default="all",
-                     help="Kept for compatibility: every rpc node's key is always pinned (one file for all tunnels)."),
+        "nodes": Arg(
+            (list, str),
+            default="all",
+            help="Kept for compatibility: every rpc node's key is always pinned (one file for all tunnels).",
+        ),
     }
 
     async def _content(self, ctx) -> str:
@@ -205,14 +217,19 @@ class TunnelAuthorizedKey(Task):
             frm = await source_address(ctx, addr)
             if not frm:
                 # Never a line without from=: the stolen key would then work from anywhere.
-                why = (f"it is addressed by name ({addr})" if not _is_ip(addr)
-                       else f"`ip route get {addr}` on main names no source address")
-                raise TaskFailed(f"{ctx.host}: the tunnel key's from= (main's address as {ctx.host} sees it) cannot "
-                                 f"be computed: {why}. Set tunnel_from=<that IP address> for {ctx.host} in the inventory")
+                why = (
+                    f"it is addressed by name ({addr})"
+                    if not _is_ip(addr)
+                    else f"`ip route get {addr}` on main names no source address"
+                )
+                raise TaskFailed(
+                    f"{ctx.host}: the tunnel key's from= (main's address as {ctx.host} sees it) cannot "
+                    f"be computed: {why}. Set tunnel_from=<that IP address> for {ctx.host} in the inventory"
+                )
         try:
             opts = tunnel_key_options(self.p["rpc_port"], frm, TUNNEL_FORCED_COMMAND)
             return authorized_keys_line(self.p["pubkey"], opts, "tunnelspec-tunnel") + "\n"
-        except ValueError as e:     # a port, address or key the line cannot carry: the arguments' fault
+        except ValueError as e:  # a port, address or key the line cannot carry: the arguments' fault
             raise ArgumentError(str(e)) from None
 
     async def check(self, ctx):
@@ -226,8 +243,7 @@ class TunnelAuthorizedKey(Task):
 
     async def apply(self, ctx, ch):
         home = self.p["home"]
-        await ctx.conn.run(["install", "-d", "-m", "755", "-o", "root", "-g", "root", "--", home, f"{home}/.ssh"],
-                           check=True)
+        await ctx.conn.run(
+            ["install", "-d", "-m", "755", "-o", "root", "-g", "root", "--", home, f"{home}/.ssh"], check=True
+        )
         await ctx.conn.put(ch.data["content"], f"{home}/.ssh/authorized_keys", 0o644, "root")
-
-

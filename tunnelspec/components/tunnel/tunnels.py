@@ -16,7 +16,17 @@ from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task, wait_budget
 from tunnelspec.modules.systemd import UNIT_DIR, Service, SystemdUnit, daemon_reload
-from tunnelspec.components.tunnel.units import AES_NI_PROBE, KEY_PATH, KNOWN_HOSTS, UNIT_TEMPLATE, node_ssh_target, probe_tunnel, selected_nodes, ssh_argv, unit_name
+from tunnelspec.components.tunnel.units import (
+    AES_NI_PROBE,
+    KEY_PATH,
+    KNOWN_HOSTS,
+    UNIT_TEMPLATE,
+    node_ssh_target,
+    probe_tunnel,
+    selected_nodes,
+    ssh_argv,
+    unit_name,
+)
 from tunnelspec.components.front.model import skippable_draft
 
 
@@ -33,14 +43,22 @@ class TunnelUnits(Task):
     module = "tunnel_units"
     reads_cluster = True
     args = {
-        "nodes": Arg((list, str), default="all",
-                     help="Nodes (a list or comma string; empty or `all`: every rpc node)."),
+        "nodes": Arg(
+            (list, str), default="all", help="Nodes (a list or comma string; empty or `all`: every rpc node)."
+        ),
         "key": Arg(str, default=KEY_PATH, help="The tunnel key on main."),
         "known_hosts": Arg(str, default=KNOWN_HOSTS, help="The pinned known_hosts on main."),
-        "session": Arg(bool, default=True,
-                       help="Carry a session (the key's forced command) rather than `ssh -N`: much lower latency for small messages."),
-        "state": Arg(str, default="started", choices=("started", "stopped"),
-                     help="`started` (installed, enabled, running) or `stopped` (stopped and disabled)."),
+        "session": Arg(
+            bool,
+            default=True,
+            help="Carry a session (the key's forced command) rather than `ssh -N`: much lower latency for small messages.",
+        ),
+        "state": Arg(
+            str,
+            default="started",
+            choices=("started", "stopped"),
+            help="`started` (installed, enabled, running) or `stopped` (stopped and disabled).",
+        ),
     }
 
     def probes(self) -> list[list[str]]:
@@ -57,12 +75,27 @@ class TunnelUnits(Task):
         if pub:
             key_fp = fingerprint(pub)
         target = node_ssh_target(cluster.inventory, node.name)
-        argv = ssh_argv(node, target, node.users.tunnel, self.p["key"], self.p["known_hosts"], self.p["session"],
-                        aes_ni)
-        unit = SystemdUnit.build({"name": name, "src": UNIT_TEMPLATE, "verify": True, "vars": {
-            "node": node.name, "loopback": LOOPBACK, "tunnel_port": node.tunnel_port, "rpc_port": node.rpc_port,
-            "tunnel_user": cluster.main.users.tunnel, "ssh_argv": argv, "session": self.p["session"],
-            "forced_command": TUNNEL_FORCED_COMMAND, "key_fingerprint": key_fp}})
+        argv = ssh_argv(
+            node, target, node.users.tunnel, self.p["key"], self.p["known_hosts"], self.p["session"], aes_ni
+        )
+        unit = SystemdUnit.build(
+            {
+                "name": name,
+                "src": UNIT_TEMPLATE,
+                "verify": True,
+                "vars": {
+                    "node": node.name,
+                    "loopback": LOOPBACK,
+                    "tunnel_port": node.tunnel_port,
+                    "rpc_port": node.rpc_port,
+                    "tunnel_user": cluster.main.users.tunnel,
+                    "ssh_argv": argv,
+                    "session": self.p["session"],
+                    "forced_command": TUNNEL_FORCED_COMMAND,
+                    "key_fingerprint": key_fp,
+                },
+            }
+        )
         want = self.p["state"] == "started"
         svc = Service.build({"name": name, "state": self.p["state"], "enabled": want})
         return name, unit, svc
@@ -72,8 +105,7 @@ class TunnelUnits(Task):
         aes_ni = await self._aes_ni(ctx)
         nodes = selected_nodes(ctx.require_cluster(), self.p["nodes"])
         # A run killed between writing a unit and restarting it left the old ssh running.
-        stale = await stale_units(ctx.conn, [unit_name(n.name) for n in nodes]) \
-            if self.p["state"] == "started" else {}
+        stale = await stale_units(ctx.conn, [unit_name(n.name) for n in nodes]) if self.p["state"] == "started" else {}
         for node in nodes:
             name, unit, svc = self._parts(ctx, node, aes_ni)
             u = await unit.check(ctx) if self.p["state"] == "started" else ok("unit kept")
@@ -131,8 +163,10 @@ class TunnelUnits(Task):
 async def main_rpc_version(conn, source_dir: str) -> tuple[int, int, int]:
     data = await conn.get(f"{source_dir}/{RPC_HEADER}")
     if data is None:
-        raise TaskFailed(f"{source_dir}/{RPC_HEADER} not found on the main host: the tunnel check compares "
-                         "each node's RPC version with the main host's source (run the source play)")
+        raise TaskFailed(
+            f"{source_dir}/{RPC_HEADER} not found on the main host: the tunnel check compares "
+            "each node's RPC version with the main host's source (run the source play)"
+        )
     return rpc_proto_version(data.decode(errors="replace"))
 
 
@@ -144,10 +178,12 @@ class TunnelProbe(Task):
     reads_cluster = True
     read_only = True
     args = {
-        "nodes": Arg((list, str), default="all",
-                     help="Nodes to check (a list or comma string; empty or `all`: every rpc node)."),
-        "source_dir": Arg(str, required=True,
-                          help="The llama.cpp source on main (its RPC version is the expected one)."),
+        "nodes": Arg(
+            (list, str), default="all", help="Nodes to check (a list or comma string; empty or `all`: every rpc node)."
+        ),
+        "source_dir": Arg(
+            str, required=True, help="The llama.cpp source on main (its RPC version is the expected one)."
+        ),
         "timeout": Arg((int, float), default=30, help="Seconds to keep trying while tunnels come up."),
         "allow_busy": Arg(bool, default=True, help="A tunnel serving llama-server counts as up."),
     }
@@ -158,8 +194,11 @@ class TunnelProbe(Task):
         nodes = selected_nodes(cluster, self.p["nodes"])
         # A draft-only node this run could not reach: serving goes on without it (docs/degraded.md).
         spare = skippable_draft(cluster)
-        away = [n for n in nodes if spare is not None and n.name == spare.name
-                and n.name in (ctx.vars.get("unreachable_hosts") or [])]
+        away = [
+            n
+            for n in nodes
+            if spare is not None and n.name == spare.name and n.name in (ctx.vars.get("unreachable_hosts") or [])
+        ]
         nodes = [n for n in nodes if n not in away]
 
         async def one(node):

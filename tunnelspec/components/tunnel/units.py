@@ -11,10 +11,10 @@ from tunnelspec.core.errors import ArgumentError, TaskFailed
 from tunnelspec.inventory.addresses import tunnel_address
 from tunnelspec.llama.rpc import probe_until
 
-TUNNEL_DIR = "/etc/tunnelspec/tunnel"          # on main: key (tunnel user, 0600) + known_hosts (root)
+TUNNEL_DIR = "/etc/tunnelspec/tunnel"  # on main: key (tunnel user, 0600) + known_hosts (root)
 KEY_PATH = f"{TUNNEL_DIR}/id_ed25519"
 KNOWN_HOSTS = f"{TUNNEL_DIR}/known_hosts"
-NODE_HOME = "/var/lib/tunnelspec/tunnel"       # on nodes: the tunnel user's home, root-owned
+NODE_HOME = "/var/lib/tunnelspec/tunnel"  # on nodes: the tunnel user's home, root-owned
 UNIT_TEMPLATE = "tunnelspec-tunnel.service.j2"
 _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -51,27 +51,45 @@ AES_GCM_FIRST = "aes128-gcm@openssh.com,chacha20-poly1305@openssh.com"
 AES_NI_PROBE = ["grep", "-m1", "-ow", "aes", "/proc/cpuinfo"]
 
 
-def ssh_argv(node, target: tuple[str, int], user: str, key: str, known_hosts: str, session: bool,
-             aes_ni: bool = False) -> list[str]:
+def ssh_argv(
+    node, target: tuple[str, int], user: str, key: str, known_hosts: str, session: bool, aes_ni: bool = False
+) -> list[str]:
     host, port = target
     # The host is ssh's last argument: one starting with '-' would be read as an option
     # (-oProxyCommand=… runs a command as the tunnel user); blanks and controls have no place there.
     if not host or host.startswith("-") or any(c.isspace() or ord(c) < 32 for c in host):
-        raise ArgumentError(f"rpc node {node.name}: {host!r} cannot be the tunnel's ssh host (ansible_host or "
-                            "tunnel_ssh_host): a name or an address, not starting with '-'")
+        raise ArgumentError(
+            f"rpc node {node.name}: {host!r} cannot be the tunnel's ssh host (ansible_host or "
+            "tunnel_ssh_host): a name or an address, not starting with '-'"
+        )
     opts = {
-        "BatchMode": "yes", "StrictHostKeyChecking": "yes", "UserKnownHostsFile": known_hosts,
-        "GlobalKnownHostsFile": "/dev/null", "CheckHostIP": "no", "UpdateHostKeys": "no",
-        "IdentitiesOnly": "yes", "IdentityAgent": "none", "PubkeyAuthentication": "yes",
-        "PasswordAuthentication": "no", "KbdInteractiveAuthentication": "no",
-        "HostbasedAuthentication": "no", "ExitOnForwardFailure": "yes",
+        "BatchMode": "yes",
+        "StrictHostKeyChecking": "yes",
+        "UserKnownHostsFile": known_hosts,
+        "GlobalKnownHostsFile": "/dev/null",
+        "CheckHostIP": "no",
+        "UpdateHostKeys": "no",
+        "IdentitiesOnly": "yes",
+        "IdentityAgent": "none",
+        "PubkeyAuthentication": "yes",
+        "PasswordAuthentication": "no",
+        "KbdInteractiveAuthentication": "no",
+        "HostbasedAuthentication": "no",
+        "ExitOnForwardFailure": "yes",
         # A node that stops answering (link cut, power) is given up after 4 s without a byte from it
         # (1 s x 3 unanswered keepalives): ssh exits, the watcher sees its listener go and llama-server
         # serves without the draft. With 5 s x 3 requests waited ~20 s. A node that is merely busy still
         # answers keepalives (sshd's own loop), so this does not fire under load.
-        "ServerAliveInterval": "1", "ServerAliveCountMax": "3", "ConnectTimeout": "10",
-        "Compression": "no", "ForwardAgent": "no", "ForwardX11": "no", "PermitLocalCommand": "no",
-        "ControlMaster": "no", "ControlPath": "none", "RequestTTY": "no",
+        "ServerAliveInterval": "1",
+        "ServerAliveCountMax": "3",
+        "ConnectTimeout": "10",
+        "Compression": "no",
+        "ForwardAgent": "no",
+        "ForwardX11": "no",
+        "PermitLocalCommand": "no",
+        "ControlMaster": "no",
+        "ControlPath": "none",
+        "RequestTTY": "no",
     }
     if aes_ni:
         opts["Ciphers"] = AES_GCM_FIRST
@@ -83,9 +101,8 @@ def ssh_argv(node, target: tuple[str, int], user: str, key: str, known_hosts: st
     return argv
 
 
-
-
 async def probe_tunnel(conn, node, deadline_s: float, expected=None, busy_timeout: float = 3.0):
     """HELLO (+ device memory) through `node`'s tunnel, from main's own loopback."""
-    return await probe_until(lambda: conn.open_connection(LOOPBACK, node.tunnel_port), deadline_s, expected,
-                             busy_timeout)
+    return await probe_until(
+        lambda: conn.open_connection(LOOPBACK, node.tunnel_port), deadline_s, expected, busy_timeout
+    )
