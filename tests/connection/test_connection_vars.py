@@ -19,8 +19,9 @@ def opened(monkeypatch):
 
     seen: dict = {}
 
-    async def fake_open(name, address, port, user, key_files, become, opts, pin, session, become_password=None):
-        seen.update(address=address, port=port, user=user, keys=key_files, become=become, opts=opts)
+    async def fake_open(name, address, port, user, key_files, become, opts, pin, session, become_password=None,
+                        jump=()):
+        seen.update(address=address, port=port, user=user, keys=key_files, become=become, opts=opts, jump=jump)
         return "conn"
 
     monkeypatch.setattr(ssh.SSHConnection, "open", staticmethod(fake_open))
@@ -42,11 +43,24 @@ def test_timeout_key_alias_and_sudo_are_honoured(opened, tmp_path):
     assert factory.connect_timeout_for("h", {}, ConnectOptions()) == 10.0
 
 
+def test_ssh_arguments_reach_the_client(opened, tmp_path):
+    from tunnelspec.core.ssh_args import Hop
+
+    hv = {"ansible_host": "192.0.2.1", "ansible_ssh_common_args": "-o ProxyJump=ops@192.0.2.9:2200 -C",
+          "ansible_ssh_extra_args": "-o ConnectTimeout=4 -o ServerAliveInterval=6 -o ServerAliveCountMax=5"}
+    assert _connect(hv, tmp_path) == "conn"
+    assert opened["jump"] == (Hop("192.0.2.9", 2200, "ops"),)
+    assert (opened["opts"].connect_timeout, opened["opts"].keepalive_interval) == (4.0, 6.0)
+    assert opened["opts"].keepalive_count_max == 5
+    # ansible_ssh_timeout wins over the arguments' ConnectTimeout, as on Ansible's ssh command line
+    assert _connect({**hv, "ansible_ssh_timeout": 2}, tmp_path) == "conn" and opened["opts"].connect_timeout == 2.0
+
+
 @pytest.mark.parametrize("var,value,reason", [
     ("ansible_port", 22.5, "port number"),
     ("ansible_become_method", "su", "only sudo"),
     ("ansible_become", "maybe", "true or false"),
-    ("ansible_ssh_common_args", "-o ProxyJump=b", "not supported yet"),
+    ("ansible_ssh_common_args", "-o ProxyJump=b -o UserKnownHostsFile=/dev/null", "tunnelspec_known_hosts"),
     ("ansible_password", "hunter2", "keys only"),
     ("ansible_ssh_timeout", "soon", "seconds"),
 ])

@@ -19,10 +19,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunnelspec.cluster.fields import HostVars, cluster_error
-from tunnelspec.core import vartypes
+from tunnelspec.core import ssh_args, vartypes
 from tunnelspec.core.vartypes import VarValueError
 
-TYPES = ("port", "int", "seconds", "bool", "repo", "file", "string", "address", "choice", "refused", "ignored")
+TYPES = (
+    "port",
+    "int",
+    "seconds",
+    "bool",
+    "repo",
+    "file",
+    "string",
+    "address",
+    "choice",
+    "ssh_args",
+    "refused",
+    "ignored",
+)
 
 
 @dataclass(frozen=True)
@@ -39,11 +52,6 @@ class Var:
     reason: str = ""  # type "refused": why, and what to write instead
 
 
-_NO_EXTRA_SSH_ARGS = (
-    "not supported yet: tunnelspec passes no extra ssh arguments (a ProxyJump bastion included); reach the "
-    "host directly with ansible_host/ansible_port (~/.ssh/config's Host block is read for the controller's "
-    "connection), and set tunnel_ssh_host/tunnel_ssh_port where main sees a node under another address"
-)
 _KEYS_ONLY = (
     "refused: tunnelspec logs in with keys only (ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or "
     "ssh-agent); remove it (a sudo password is ansible_become_password)"
@@ -91,8 +99,12 @@ DECLARED: dict[str, Var] = {
             "ignored",
             "Ansible's only: tunnelspec runs no Ansible module on the hosts; accepted so an Ansible inventory works.",
         ),
-        Var("ansible_ssh_common_args", "refused", "Extra ssh arguments.", reason=_NO_EXTRA_SSH_ARGS),
-        Var("ansible_ssh_extra_args", "refused", "Extra ssh arguments.", reason=_NO_EXTRA_SSH_ARGS),
+        Var(
+            "ansible_ssh_common_args",
+            "ssh_args",
+            "ssh arguments: a jump host (-J, ProxyJump, ProxyCommand 'ssh -W'), ConnectTimeout, ServerAlive*; others refused.",
+        ),
+        Var("ansible_ssh_extra_args", "ssh_args", "More ssh arguments, read as ansible_ssh_common_args."),
         Var("ansible_password", "refused", "A login password.", secret=True, reason=_KEYS_ONLY),
         Var("ansible_ssh_pass", "refused", "A login password.", secret=True, reason=_KEYS_ONLY),
         Var("ansible_ssh_host", "refused", "Old spelling of ansible_host.", reason=_old("ansible_host")),
@@ -199,6 +211,11 @@ def _parse(var: Var, value: Any, base_dir) -> Any:
         return vartypes.file_path(value, base_dir)
     if kind == "address":
         return vartypes.address(value)
+    if kind == "ssh_args":
+        try:
+            return ssh_args.parse(value)
+        except ssh_args.SshArgsError as err:
+            raise VarValueError(str(err)) from None
     text = vartypes.string(value)
     if kind == "choice" and text not in var.choices:
         only = "only " if len(var.choices) == 1 else "one of "

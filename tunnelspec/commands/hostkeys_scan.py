@@ -5,15 +5,18 @@ user's act (paste the printed line after checking the fingerprint) or `--accept-
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
 import asyncssh
 
 from tunnelspec.connection.base import ConnectOptions
-from tunnelspec.connection.factory import check_known_hosts, connect_timeout_for, known_hosts_for
+from tunnelspec.cluster import schema
+from tunnelspec.connection.factory import check_known_hosts, connect_timeout_for, jump_hosts, known_hosts_for
+from tunnelspec.connection.ssh import close_jump, open_jump
 from tunnelspec.connection.hostkeys import fingerprint, host_patterns, keys_for, load_known_hosts_text
-from tunnelspec.core.errors import EXIT_OK, EXIT_UNREACHABLE, UsageError
+from tunnelspec.core.errors import EXIT_OK, EXIT_UNREACHABLE, HostKeyError, HostUnreachable, UsageError
 from tunnelspec.inventory.addresses import ssh_address
 from tunnelspec.inventory import load_inventory
 from tunnelspec.reporting import events
@@ -69,11 +72,32 @@ async def scan_host(name: str, host_vars: dict, opts: ConnectOptions, inventory_
     spec, _pin = known_hosts_for(host_vars, opts, inventory_dir)
     timeout = connect_timeout_for(name, host_vars, opts, inventory_dir)
     known = keys_for(load_known_hosts_text(spec), address, port)
+    jump = jump_hosts(name, host_vars)
+    hops: list = []
+    if jump:
+        # Through the jump host, whose own key must already be pinned: a scan never trusts what it sees.
+        strict = dataclasses.replace(opts, known_hosts=spec, accept_new_host_keys=False, connect_timeout=timeout)
+        key = schema.value("ansible_ssh_private_key_file", host_vars, inventory_dir) or schema.value(
+            "ansible_private_key_file", host_vars, inventory_dir
+        )
+        try:
+            hops = await open_jump(name, jump, strict, [key] if key else [], None)
+        except (HostUnreachable, HostKeyError) as e:
+            res.error = str(e)
+            return res
+    try:
+        return await _scan_keys(res, address, port, known, timeout, hops[-1] if hops else None)
+    finally:
+        close_jump(hops)
+
+
+async def _scan_keys(res: HostScan, address: str, port: int, known: list, timeout: float, tunnel) -> HostScan:
     seen: set[bytes] = set()
+    extra = {"tunnel": tunnel} if tunnel is not None else {}
     for alg in ALGORITHMS:
         try:
             key = await asyncio.wait_for(
-                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg]), timeout
+                asyncssh.get_server_host_key(address, port, server_host_key_algs=[alg], **extra), timeout
             )
         except asyncssh.KeyExchangeFailed:
             continue  # the server has no key of this type

@@ -54,6 +54,7 @@ class ConnectOptions:
     connect_timeout: float = 10.0
     login_timeout: float = 20.0
     keepalive_interval: float = 15.0
+    keepalive_count_max: int = 3
     private_key: Secret | None = None  # key content from TUNNELSPEC_SSH_KEY
     use_ssh_config: bool = True
 

@@ -12,6 +12,7 @@ from tunnelspec.connection.local import LocalConnection
 from tunnelspec.core.errors import UsageError
 from tunnelspec.inventory.addresses import ssh_address
 from tunnelspec.cluster import schema
+from tunnelspec.core import ssh_args
 from tunnelspec.core.vartypes import VarValueError
 
 
@@ -84,6 +85,8 @@ _READ = (
     "ansible_private_key_file",
     "ansible_ssh_timeout",
     "ansible_timeout",
+    "ansible_ssh_common_args",
+    "ansible_ssh_extra_args",
     *(n for n, v in schema.DECLARED.items() if v.type == "refused" and n.startswith("ansible_")),
 )
 
@@ -96,8 +99,17 @@ def _settings(name: str, host_vars: dict, inventory_dir) -> dict:
         except VarValueError as err:
             raise VarValueError(f"host {name}: variable {var}: {err} (tunnelspec check shows the line)") from None
     out["ansible_become"] = bool(out["ansible_become"])
-    out["timeout"] = out["ansible_ssh_timeout"] or out["ansible_timeout"]
+    args = ssh_args.combined(host_vars.get("ansible_ssh_common_args"), host_vars.get("ansible_ssh_extra_args"))
+    out["ssh_args"] = args
+    # ansible_ssh_timeout wins over a ConnectTimeout in the ssh arguments, as Ansible's -o ConnectTimeout
+    # from its timeout setting comes before the user's arguments on ssh's command line.
+    out["timeout"] = out["ansible_ssh_timeout"] or out["ansible_timeout"] or args.connect_timeout
     return out
+
+
+def jump_hosts(name: str, host_vars: dict) -> tuple:
+    """The host's jump hosts (ProxyJump), first hop first; () when it is reached directly."""
+    return _settings(name, host_vars, None)["ssh_args"].jump
 
 
 def connect_timeout_for(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> float:
@@ -130,6 +142,11 @@ async def connect(
     local_opts = dataclasses.replace(opts, known_hosts=spec)
     if settings["timeout"]:
         local_opts = dataclasses.replace(local_opts, connect_timeout=settings["timeout"])
+    args = settings["ssh_args"]
+    if args.keepalive_interval is not None:
+        local_opts = dataclasses.replace(local_opts, keepalive_interval=args.keepalive_interval)
+    if args.keepalive_count_max is not None:
+        local_opts = dataclasses.replace(local_opts, keepalive_count_max=args.keepalive_count_max)
     return await SSHConnection.open(
         name,
         address,
@@ -141,4 +158,5 @@ async def connect(
         pin,
         session if session is not None else ConnectSession(),
         become_password=password,
+        jump=args.jump,
     )

@@ -10,6 +10,7 @@ from tunnelspec.connection.base import Connection, ConnectOptions, ConnectSessio
 from tunnelspec.connection.hostkeys import HostKeyPolicy, load_known_hosts_text
 from tunnelspec.connection.retry import connect_retrying
 from tunnelspec.core.errors import HostKeyError, HostUnreachable
+from tunnelspec.core.ssh_args import Hop
 from collections import deque
 import asyncio
 
@@ -42,6 +43,7 @@ class SSHConnection(Connection):
     def __init__(self, name: str, conn: asyncssh.SSHClientConnection, user: str, become: bool, become_password=None):
         self.name = name
         self._conn = conn
+        self._hops: list[asyncssh.SSHClientConnection] = []  # jump hosts, first hop first
         self.user = user
         self.is_root = user == "root"
         self._become = become and not self.is_root
@@ -61,32 +63,19 @@ class SSHConnection(Connection):
         pin_path: str | None,
         session: ConnectSession,
         become_password=None,
+        jump: tuple[Hop, ...] = (),
     ) -> SSHConnection:
         known_text = load_known_hosts_text(opts.known_hosts)
+        client_keys = credentials.client_keys(name, key_files, opts.private_key)
+        encrypted = client_keys[1]
         policy = HostKeyPolicy(name, address, port, known_text, opts.accept_new_host_keys, pin_path)
-        client_keys, encrypted = credentials.client_keys(name, key_files, opts.private_key)
-        kwargs = dict(
-            port=port,
-            username=user,
-            known_hosts=policy.asyncssh_known_hosts(),
-            client_factory=lambda: _Client(policy),
-            # Encrypted files stay in the list (asyncssh skips them, ignore_encrypted): an empty list would
-            # fall back to ~/.ssh keys, None would disable the agent too.
-            client_keys=(client_keys + encrypted) or (),
-            connect_timeout=opts.connect_timeout,
-            login_timeout=opts.login_timeout,
-            keepalive_interval=opts.keepalive_interval,
-            keepalive_count_max=3,
-            compression_algs=None,
-            encryption_algs=list(_CIPHERS),
-            # Never prompt: no password or keyboard-interactive, and encrypted keys are skipped.
-            password_auth=False,
-            kbdint_auth=False,
-            ignore_encrypted=True,
-        )
-        if not opts.use_ssh_config:
-            kwargs["config"] = None
-        sock = session.preconnect.take(address, port) if session.preconnect is not None else None
+        kwargs = dict(_settings(policy, user, client_keys, opts), port=port)
+        hops = await _open_jump(name, jump, known_text, client_keys, opts, pin_path, session)
+        if hops:
+            kwargs["tunnel"] = hops[-1]
+        sock = None
+        if session.preconnect is not None and not hops:
+            sock = session.preconnect.take(address, port)
         try:
             async for attempt in connect_retrying():
                 with attempt:
@@ -96,8 +85,10 @@ class SSHConnection(Connection):
                     else:
                         conn = await asyncssh.connect(address, **kwargs)
         except asyncssh.HostKeyNotVerifiable:
+            _close_all(hops)
             raise policy.error() from None
         except asyncssh.PermissionDenied as e:
+            _close_all(hops)
             raise HostUnreachable(
                 f"{name} ({user}@{address}:{port}): authentication failed: {e.reason}. "
                 "Check ansible_user, ansible_ssh_private_key_file, TUNNELSPEC_SSH_KEY or the agent."
@@ -109,12 +100,17 @@ class SSHConnection(Connection):
                 )
             ) from None
         except HostKeyError:
+            _close_all(hops)
             raise
         except (OSError, asyncssh.Error, TimeoutError) as e:
-            raise HostUnreachable(f"{name} ({address}:{port}): cannot connect: {e}") from None
+            _close_all(hops)
+            via = f" through jump host {jump[-1]}" if jump else ""
+            raise HostUnreachable(f"{name} ({address}:{port}){via}: cannot connect: {e}") from None
         if policy.pinned_line:
             session.new_host_keys.append((name, policy.pinned_line.strip()))
-        return cls(name, conn, user, become, become_password)
+        out = cls(name, conn, user, become, become_password)
+        out._hops = hops
+        return out
 
     async def _exec(self, argv, input, timeout):
         try:
@@ -173,11 +169,100 @@ class SSHConnection(Connection):
         return _SshSpawned(proc)
 
     async def close(self):
-        self._conn.close()
-        try:
-            await self._conn.wait_closed()
-        except Exception:  # noqa: BLE001 - closing a dead connection is not an error
-            pass
+        for conn in [self._conn, *reversed(self._hops)]:
+            conn.close()
+            try:
+                await conn.wait_closed()
+            except Exception:  # noqa: BLE001 - closing a dead connection is not an error
+                pass
+
+
+def _settings(policy: HostKeyPolicy, username: str | None, client_keys: tuple, opts: ConnectOptions) -> dict:
+    keys, encrypted = client_keys
+    kwargs = dict(
+        known_hosts=policy.asyncssh_known_hosts(),
+        client_factory=lambda: _Client(policy),
+        # Encrypted files stay in the list (asyncssh skips them, ignore_encrypted): an empty list would
+        # fall back to ~/.ssh keys, None would disable the agent too.
+        client_keys=(keys + encrypted) or (),
+        connect_timeout=opts.connect_timeout,
+        login_timeout=opts.login_timeout,
+        keepalive_interval=opts.keepalive_interval,
+        keepalive_count_max=opts.keepalive_count_max,
+        compression_algs=None,
+        encryption_algs=list(_CIPHERS),
+        # Never prompt: no password or keyboard-interactive, and encrypted keys are skipped.
+        password_auth=False,
+        kbdint_auth=False,
+        ignore_encrypted=True,
+    )
+    if username is not None:
+        kwargs["username"] = username
+    if not opts.use_ssh_config:
+        kwargs["config"] = None
+    return kwargs
+
+
+async def _open_jump(
+    name: str,
+    jump: tuple[Hop, ...],
+    known_text: str,
+    client_keys: tuple,
+    opts: ConnectOptions,
+    pin_path: str | None,
+    session: ConnectSession,
+) -> list[asyncssh.SSHClientConnection]:
+    """A jump host (ProxyJump): a connection to each hop in turn, the next one tunnelled through the
+    one before, its host key checked like any host's (same known_hosts, same first-contact rule).
+    The host's own connection then rides the last one. Raises HostKeyError / HostUnreachable naming
+    the hop; nothing is left open then."""
+    hops: list[asyncssh.SSHClientConnection] = []
+    hop_policy: HostKeyPolicy | None = None
+    try:
+        for hop in jump:
+            hop_policy = HostKeyPolicy(
+                f"{name}'s jump host {hop}", hop.host, hop.port or 22, known_text, opts.accept_new_host_keys, pin_path
+            )
+            kwargs = _settings(hop_policy, hop.user, client_keys, opts)
+            if hop.port is not None:
+                kwargs["port"] = hop.port
+            if hops:
+                kwargs["tunnel"] = hops[-1]
+            async for attempt in connect_retrying():
+                with attempt:
+                    hops.append(await asyncssh.connect(hop.host, **kwargs))
+            if hop_policy.pinned_line:
+                session.new_host_keys.append((f"{name} (jump host {hop})", hop_policy.pinned_line.strip()))
+    except asyncssh.HostKeyNotVerifiable:
+        _close_all(hops)
+        assert hop_policy is not None
+        raise hop_policy.error() from None
+    except asyncssh.PermissionDenied as e:
+        _close_all(hops)
+        raise HostUnreachable(
+            f"{name}: jump host {jump[len(hops)]}: authentication failed: {e.reason}. A jump host is logged "
+            "into with the host's keys, ssh-agent, and ~/.ssh/config's User and IdentityFile for it."
+        ) from None
+    except (OSError, asyncssh.Error, TimeoutError) as e:
+        _close_all(hops)
+        raise HostUnreachable(f"{name}: jump host {jump[len(hops)]}: cannot connect: {e}") from None
+    return hops
+
+
+async def open_jump(name: str, jump: tuple[Hop, ...], opts: ConnectOptions, key_files: list[str], pin_path):
+    """The jump chain alone (`hostkeys scan` reads a host's key through it); close with close_jump."""
+    known_text = load_known_hosts_text(opts.known_hosts)
+    keys = credentials.client_keys(name, key_files, opts.private_key)
+    return await _open_jump(name, jump, known_text, keys, opts, pin_path, ConnectSession())
+
+
+def close_jump(hops: list) -> None:
+    _close_all(hops)
+
+
+def _close_all(conns: list[asyncssh.SSHClientConnection]) -> None:
+    for conn in reversed(conns):
+        conn.close()
 
 
 class _SshSpawned(Spawned):

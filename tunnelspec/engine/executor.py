@@ -175,7 +175,8 @@ class Run(Prefetch, TaskExecution):
         targets = []
         for h in self.select(playbook.plays[0].hosts)[: max(1, self.options.forks)]:
             hv = self.hosts[h].vars
-            if is_ssh(hv):
+            # A host with ssh arguments may be reached through a jump host: its TCP connect is not ours.
+            if is_ssh(hv) and not (hv.get("ansible_ssh_common_args") or hv.get("ansible_ssh_extra_args")):
                 try:
                     targets.append(ssh_target(h, hv))
                 except (TypeError, ValueError):
