@@ -124,7 +124,7 @@ def rollback_cmd(inventory_file, to, allow_vulnerable_llama, fmt, extra_vars, lo
         lock_wait=not no_wait,
         accepted=frozenset({advisories.ACCEPT_VULNERABLE} if allow_vulnerable_llama else ()),
     )
-    sys.exit(rollback(inventory_file, cluster, options, reporter(fmt), opts, to or 0))
+    sys.exit(rollback(inv, cluster, options, reporter(fmt), opts, to or 0))
 
 
 @click.command("teardown")

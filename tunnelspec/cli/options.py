@@ -39,6 +39,8 @@ def _extra_vars(extra_vars) -> dict:
         if "=" not in item:
             raise click.UsageError(f"-e expects KEY=VALUE or @FILE, got {item!r}")
         k, v = item.split("=", 1)
+        if not k.isidentifier() or not k.isascii():
+            raise click.UsageError(f"-e {item!r}: {k!r} is not a variable name (letters, digits and _)")
         ev[k] = v
     return ev
 

@@ -16,6 +16,7 @@ import json
 import shlex
 import subprocess
 import tempfile
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +67,8 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     plan: object | None = None  # plan.Plan, when the cluster could be read
     settings: str | None = None  # the llama-server settings' check against the recorded build, when one is
+    loaded: Any = None  # the Inventory read (with -e), when it could be: a deploy runs on this one
+    cluster: Any = None  # the Cluster built from it (models required), when it has no error
 
     @property
     def errors(self) -> list[Finding]:
@@ -161,6 +164,7 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     for err in parse_errors:
         report.add(_from_error("error", err))
     inv = inv.with_extra_vars(extra_vars or {})
+    report.loaded = inv
     meant = _check_groups(inv, report)
     collected = collect_cluster_errors(
         _as_meant(inv, meant), models=True, source_check=check_controller_source if controller_git else None
@@ -173,6 +177,8 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     cluster = collected.cluster
     if cluster is None:
         return report
+    if not meant:  # read as the typo groups meant, it is not the inventory a run would use
+        report.cluster = cluster
     _check_extra_args(cluster, report)
     _check_recorded_build(cluster, report)
     _check_tls_files(cluster, report)

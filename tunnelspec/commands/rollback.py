@@ -13,16 +13,16 @@ from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import builtin_playbook, load_playbook
 from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
-from tunnelspec.inventory import load_inventory
+from tunnelspec.inventory.model import Inventory
 
 
 def _run(
-    inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int, event: str | None = None
+    inv: Inventory, cluster, options: RunOptions, emit, connect_options, to: int, event: str | None = None
 ) -> Summary:
+    """`inv`: the command's inventory as it loaded it (with its -e); never read again from the file."""
     extra = {**options.extra_vars, "rollback_to": to, **({"rollback_event": event} if event else {})}
     opts = dataclasses.replace(options, extra_vars=extra, tags=[], skip_tags=[], limit=None)
-    inv = load_inventory(inventory_path).with_extra_vars(extra)
-    run = Run(inv, opts, emit, connect_options, cluster)
+    run = Run(inv.with_extra_vars(extra), opts, emit, connect_options, cluster)
     return asyncio.run(run.run_playbook(load_playbook(builtin_playbook("rollback.yml"))))
 
 
@@ -39,7 +39,7 @@ def _picked(collected: list[dict]) -> str:
     return "the last verified generation"
 
 
-def rollback(inventory_path: str, cluster, options: RunOptions, emit, connect_options, to: int = 0) -> int:
+def rollback(inv: Inventory, cluster, options: RunOptions, emit, connect_options, to: int = 0) -> int:
     """`tunnelspec rollback`: every host to generation `to` (0: the current one), verified."""
     seen: list[dict] = []
 
@@ -47,7 +47,7 @@ def rollback(inventory_path: str, cluster, options: RunOptions, emit, connect_op
         seen.append(ev)
         emit(ev)
 
-    summary = _run(inventory_path, cluster, options, tee, connect_options, to)
+    summary = _run(inv, cluster, options, tee, connect_options, to)
     code = summary.exit_code()
     which = _picked(seen)
     bad = [ev for ev in seen if ev.get("status") == "failed" or ev.get("event") == "unreachable"]
@@ -59,7 +59,7 @@ def rollback(inventory_path: str, cluster, options: RunOptions, emit, connect_op
 
 
 def after_failed_deploy(
-    inventory_path: str, options: RunOptions, emit, connect_options, cluster, failures: list[dict], enabled: bool = True
+    inv: Inventory, options: RunOptions, emit, connect_options, cluster, failures: list[dict], enabled: bool = True
 ) -> bool:
     """The deploy failed: when a host no longer runs what the current generation recorded (the serving
     path started to change), return every host to it, verify, and say so. True when serving the
@@ -71,9 +71,7 @@ def after_failed_deploy(
     # What would change, read-only and silent: nothing means the serving path was never touched.
     dry: list[dict] = []
     try:
-        plan = _run(
-            inventory_path, cluster, dataclasses.replace(options, check=True, lock=""), dry.append, connect_options, 0
-        )
+        plan = _run(inv, cluster, dataclasses.replace(options, check=True, lock=""), dry.append, connect_options, 0)
     except Exception as e:  # noqa: BLE001 - the deploy's own failure is what matters; say why no rollback
         emit(events.message(f"ROLLBACK NOT POSSIBLE: cannot read the generations ({type(e).__name__}: {e})"))
         return False
@@ -119,7 +117,7 @@ def after_failed_deploy(
         emit(ev)
 
     summary = _run(
-        inventory_path,
+        inv,
         cluster,
         dataclasses.replace(options, lock="rollback"),
         tee,

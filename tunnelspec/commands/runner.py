@@ -64,8 +64,10 @@ def run_playbook_file(
     """`rollback`: a deploy — True returns every host to the last verified generation when the run
     fails (docs/generations.md); False (--no-rollback) leaves them as the failure left them, and says
     so; None: not a deploy."""
+    inv = cluster = None
     if check_first:
         # deploy: every mistake of the inventory at once (`tunnelspec check`), before any connection.
+        # The inventory and cluster it read are the run's: the file is read once per command.
         from tunnelspec.commands.check import check_inventory  # lazy: deploy only
 
         report = check_inventory(inventory_path, options.extra_vars)
@@ -76,10 +78,13 @@ def run_playbook_file(
                 print(f"WARNING: {warning.message}", file=sys.stderr)
             if report.settings is not None:
                 print(report.settings, file=sys.stderr)
-    # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
-    inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
-    cluster = load_cluster(inv) if not require_cluster else None
-    if require_cluster:
+        inv, cluster = report.loaded, report.cluster
+    if inv is None:
+        # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
+        inv = load_inventory(inventory_path).with_extra_vars(options.extra_vars)
+    if cluster is None and not require_cluster:
+        cluster = load_cluster(inv)
+    elif cluster is None:
         from tunnelspec.cluster.model import Cluster  # lazy: deploy only
         from tunnelspec.components.source.controller_repo import check_controller_source  # lazy: deploy only
 
@@ -113,7 +118,7 @@ def run_playbook_file(
     if rollback is not None and code == EXIT_FAILED and not options.check:
         from tunnelspec.commands.rollback import after_failed_deploy  # lazy: deploy only
 
-        after_failed_deploy(inventory_path, options, emit, connect_options, cluster, failures, enabled=rollback)
+        after_failed_deploy(inv, options, emit, connect_options, cluster, failures, enabled=rollback)
     return code
 
 
