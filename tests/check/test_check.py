@@ -30,7 +30,7 @@ CASES = sorted([*CORPUS.glob("*.ini"), *CORPUS.glob("*.yml")])
 SHIPPED = [*sorted((ROOT / "examples").glob("*.ini")), ROOT / "inventory.example.ini", ROOT / "inventory.example.yml"]
 TEST_NET = ipaddress.ip_network("192.0.2.0/24")
 
-GUARD = '''
+GUARD = """
 import os, socket
 def _refuse(self, *a, **k):
     with open(os.environ["CHECK_CONNECT_LOG"], "a") as f:
@@ -38,7 +38,7 @@ def _refuse(self, *a, **k):
     raise OSError("connection attempted during an offline check")
 socket.socket.connect = _refuse
 socket.socket.connect_ex = _refuse
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +47,30 @@ def guard(tmp_path_factory):
     (d / "sitecustomize.py").write_text(GUARD)
     log = d / "connects.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
-    env.update(PYTHONPATH=os.pathsep.join([str(d), str(ROOT)]), CHECK_CONNECT_LOG=str(log),
-               XDG_CACHE_HOME=str(d / "cache"))  # no record of an earlier deploy: the planned spelling
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(d), str(ROOT)]), CHECK_CONNECT_LOG=str(log), XDG_CACHE_HOME=str(d / "cache")
+    )  # no record of an earlier deploy: the planned spelling
     return env, log
 
 
 def run(env, *args, cwd=CORPUS, timeout=60):
     start = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "tunnelspec", *args], capture_output=True, text=True, env=env,
-                       cwd=cwd, timeout=timeout, stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [sys.executable, "-m", "tunnelspec", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return p, time.monotonic() - start
 
 
 def expectations(path: Path) -> list[tuple[int, str]]:
-    return [(int(m.group(1)), m.group(2).strip())
-            for m in re.finditer(r"^# expect: (\d+) (.+)$", path.read_text(), re.M)]
+    return [
+        (int(m.group(1)), m.group(2).strip()) for m in re.finditer(r"^# expect: (\d+) (.+)$", path.read_text(), re.M)
+    ]
 
 
 def test_corpus_is_big_and_varied():
@@ -86,8 +95,11 @@ def test_every_mistake_named_with_its_line(case, guard):
     for line, text in expected:
         assert any(f"{case.name}:{line}:" in ln and text in ln for ln in lines), f"line {line}: {text!r} in\n{out}"
     # Exactly the file's mistakes: an ERROR no expectation names (a consequence of another) fails.
-    extra = [ln for ln in lines if ln.startswith("ERROR:")
-             and not any(f"{case.name}:{line}:" in ln and text in ln for line, text in expected)]
+    extra = [
+        ln
+        for ln in lines
+        if ln.startswith("ERROR:") and not any(f"{case.name}:{line}:" in ln and text in ln for line, text in expected)
+    ]
     assert not extra, "\n".join(extra)
     errors = [ln for ln in lines if ln.startswith("ERROR:")]
     assert len(errors) <= len(expected), "one mistake named twice:\n" + "\n".join(errors)
@@ -98,7 +110,9 @@ def test_the_guard_sees_a_connect(guard, tmp_path):
     """Positive control: under the same guard a real connect attempt is recorded (and fails)."""
     env, log = guard
     env = dict(env, CHECK_CONNECT_LOG=str(tmp_path / "control.log"))
-    code = "import socket\ntry:\n    socket.create_connection(('192.0.2.10', 22), timeout=1)\nexcept OSError:\n    pass\n"
+    code = (
+        "import socket\ntry:\n    socket.create_connection(('192.0.2.10', 22), timeout=1)\nexcept OSError:\n    pass\n"
+    )
     subprocess.run([sys.executable, "-c", code], env=env, timeout=30, check=True)
     assert "192.0.2.10" in (tmp_path / "control.log").read_text()
 
@@ -186,14 +200,18 @@ def _inventory(tmp_path, main_var="", host_extra=""):
     return path
 
 
-@pytest.mark.parametrize("main_var,host_extra", [
-    # inventory.example.ini's rule: a list literal, one element per argument, the JSON in single quotes
-    ("""llama_server_extra_args=["--chat-template-kwargs", '{"preserve_thinking": true}']""", ""),
-    # the seed's own line, as written, in a [main:vars] section (split like a shell line)
-    (r'''llama_server_extra_args=--chat-template-kwargs "{\"preserve_thinking\": true}"''', ""),
-    # on the host's line: the whole value in single quotes
-    ("", r''' llama_server_extra_args='--chat-template-kwargs "{\"preserve_thinking\": true}"' '''.rstrip()),
-], ids=["list-literal", "group-vars-as-the-seed-writes-it", "host-line-single-quoted"])
+@pytest.mark.parametrize(
+    "main_var,host_extra",
+    [
+        # inventory.example.ini's rule: a list literal, one element per argument, the JSON in single quotes
+        ("""llama_server_extra_args=["--chat-template-kwargs", '{"preserve_thinking": true}']""", ""),
+        # the seed's own line, as written, in a [main:vars] section (split like a shell line)
+        (r'''llama_server_extra_args=--chat-template-kwargs "{\"preserve_thinking\": true}"''', ""),
+        # on the host's line: the whole value in single quotes
+        ("", r""" llama_server_extra_args='--chat-template-kwargs "{\"preserve_thinking\": true}"' """.rstrip()),
+    ],
+    ids=["list-literal", "group-vars-as-the-seed-writes-it", "host-line-single-quoted"],
+)
 def test_seed000_json_argument_is_one_valid_json_element(tmp_path, guard, main_var, host_extra):
     env, _ = guard
     p, _ = run(env, "check", str(_inventory(tmp_path, main_var, host_extra)), "--format", "json", cwd=tmp_path)
@@ -204,11 +222,15 @@ def test_seed000_json_argument_is_one_valid_json_element(tmp_path, guard, main_v
     assert argv[-2:] == ["--chat-template-kwargs", '{"preserve_thinking": true}']
 
 
-@pytest.mark.parametrize("main_var", [
-    'llama_server_extra_args=--chat-template-kwargs {"preserve_thinking": true}',  # no quotes: split at the space
-    # Python's quotes around the seed's shell quoting: the backslashes go, the inner quotes split it
-    r"""llama_server_extra_args='--chat-template-kwargs "{\"preserve_thinking\": true}"'""",
-], ids=["unquoted", "python-quoted-shell-escapes"])
+@pytest.mark.parametrize(
+    "main_var",
+    [
+        'llama_server_extra_args=--chat-template-kwargs {"preserve_thinking": true}',  # no quotes: split at the space
+        # Python's quotes around the seed's shell quoting: the backslashes go, the inner quotes split it
+        r"""llama_server_extra_args='--chat-template-kwargs "{\"preserve_thinking\": true}"'""",
+    ],
+    ids=["unquoted", "python-quoted-shell-escapes"],
+)
 def test_seed000_json_argument_mis_quoted_is_a_warning_with_its_line(tmp_path, guard, main_var):
     env, _ = guard
     p, _ = run(env, "check", str(_inventory(tmp_path, main_var)), cwd=tmp_path)
@@ -220,8 +242,9 @@ def test_seed000_json_argument_mis_quoted_is_a_warning_with_its_line(tmp_path, g
 # ---- variables ----------------------------------------------------------------------------------
 def test_own_and_ansible_variables_are_not_unknown(tmp_path, guard):
     env, _ = guard
-    path = _inventory(tmp_path, "my_context_size=195000\nansible_python_interpreter=/usr/bin/python3",
-                      " context_size=195000")
+    path = _inventory(
+        tmp_path, "my_context_size=195000\nansible_python_interpreter=/usr/bin/python3", " context_size=195000"
+    )
     p, _ = run(env, "check", str(path), cwd=tmp_path)
     assert p.returncode == 0, p.stdout  # warnings alone
     warnings = [ln for ln in p.stderr.splitlines() if ln.startswith("WARNING:")]
@@ -230,8 +253,13 @@ def test_own_and_ansible_variables_are_not_unknown(tmp_path, guard):
 
 # ---- patch files against the controller's own tree ------------------------------------------------
 def _git(cwd, *args):
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
     return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -249,9 +277,12 @@ def test_patch_file_checked_against_the_controller_tree(tmp_path, guard, applies
     commit = _git(repo, "rev-parse", "HEAD")
     old = "two" if applies else "three"
     (tmp_path / "fix.patch").write_text(f"--- a/README.md\n+++ b/README.md\n@@ -1,2 +1,2 @@\n one\n-{old}\n+2\n")
-    text = BASE.format(main_var="", host_extra="").replace(
-        "llama_repo=https://github.com/ggml-org/llama.cpp", f"llama_repo=controller:{repo}").replace(
-        "0123456789abcdef0123456789abcdef01234567", commit) + 'llama_patches=[{"file": "fix.patch"}]\n'
+    text = (
+        BASE.format(main_var="", host_extra="")
+        .replace("llama_repo=https://github.com/ggml-org/llama.cpp", f"llama_repo=controller:{repo}")
+        .replace("0123456789abcdef0123456789abcdef01234567", commit)
+        + 'llama_patches=[{"file": "fix.patch"}]\n'
+    )
     (tmp_path / "inventory.ini").write_text(text)
     p, _ = run(env, "check", "inventory.ini", cwd=tmp_path)
     if applies:
@@ -277,9 +308,12 @@ def test_check_run_from_a_git_hook_leaves_the_hooks_repository_alone(tmp_path, g
     _git(repo, "commit", "-q", "-m", "base")
     commit = _git(repo, "rev-parse", "HEAD")
     (tmp_path / "fix.patch").write_text("--- a/README.md\n+++ b/README.md\n@@ -1,2 +1,2 @@\n one\n-two\n+2\n")
-    text = BASE.format(main_var="", host_extra="").replace(
-        "llama_repo=https://github.com/ggml-org/llama.cpp", f"llama_repo=controller:{repo}").replace(
-        "0123456789abcdef0123456789abcdef01234567", commit) + 'llama_patches=[{"file": "fix.patch"}]\n'
+    text = (
+        BASE.format(main_var="", host_extra="")
+        .replace("llama_repo=https://github.com/ggml-org/llama.cpp", f"llama_repo=controller:{repo}")
+        .replace("0123456789abcdef0123456789abcdef01234567", commit)
+        + 'llama_patches=[{"file": "fix.patch"}]\n'
+    )
     (tmp_path / "inventory.ini").write_text(text)
     hooked = tmp_path / "ops"  # the user's repository, mid-commit: one file staged
     hooked.mkdir()
@@ -299,8 +333,11 @@ def test_check_run_from_a_git_hook_leaves_the_hooks_repository_alone(tmp_path, g
 
 
 # ---- values by their declared type (cluster/schema.py), and Ansible's connection variables ---------
-SECRETS = {"62_ansible_password.ini": "correct-horse-battery", "68_several_connection.ini": "hunter2-secret",
-           "70_yaml_ansible_password_and_typo.yml": "s3cret-value"}
+SECRETS = {
+    "62_ansible_password.ini": "correct-horse-battery",
+    "68_several_connection.ini": "hunter2-secret",
+    "70_yaml_ansible_password_and_typo.yml": "s3cret-value",
+}
 
 
 @pytest.mark.parametrize("name", sorted(SECRETS))
@@ -329,9 +366,14 @@ def test_json_names_each_bad_value_with_host_and_variable(guard):
     assert p.returncode == 2
     doc = json.loads(p.stdout)
     got = {(e["line"], e["host"], e["var"]) for e in doc["errors"]}
-    assert {(2, "main-host", "ansible_port"), (5, "node-a", "rpc_local_isolation"), (5, "node-a", "ansible_hots"),
-            (9, "main-host", "llama_keep_builds"), (10, "main-host", "tunnelspec_install_packages"),
-            (12, "main-host", "llama_repo")} <= got
+    assert {
+        (2, "main-host", "ansible_port"),
+        (5, "node-a", "rpc_local_isolation"),
+        (5, "node-a", "ansible_hots"),
+        (9, "main-host", "llama_keep_builds"),
+        (10, "main-host", "tunnelspec_install_packages"),
+        (12, "main-host", "llama_repo"),
+    } <= got
 
 
 def test_ansibles_other_variables_are_a_warning_not_silence(tmp_path, guard):
@@ -368,9 +410,14 @@ def test_errors_on_stderr_plan_and_summary_on_stdout(guard):
 def test_json_is_always_one_object_on_stdout(tmp_path, guard, kind):
     env, _ = guard
     (tmp_path / "inv.d").mkdir()
-    args = {"directory": ["inv.d"], "missing": ["nope.ini"], "no-inventory": [],
-            "twice": ["a.ini", "-i", "b.ini"], "extra-vars-file": [str(CORPUS / "02_group_rpcs.ini"), "-e", "@nope.yml"],
-            "broken": [str(CORPUS / "29_several_parse_and_model.ini")]}[kind]
+    args = {
+        "directory": ["inv.d"],
+        "missing": ["nope.ini"],
+        "no-inventory": [],
+        "twice": ["a.ini", "-i", "b.ini"],
+        "extra-vars-file": [str(CORPUS / "02_group_rpcs.ini"), "-e", "@nope.yml"],
+        "broken": [str(CORPUS / "29_several_parse_and_model.ini")],
+    }[kind]
     p, _ = run(env, "check", *args, "--format", "json", cwd=tmp_path)
     assert p.returncode == 2, p.stdout + p.stderr
     doc = json.loads(p.stdout)  # the whole of stdout is one object: no usage text, no ERROR line
@@ -410,3 +457,66 @@ def test_docs_cli_check_example_is_what_check_prints(tmp_path, guard):
         assert line.startswith(want.removesuffix("(…)")), (want, line)
     assert p.stdout.splitlines()[-1] == example[-1]
     assert p.stdout.splitlines()[0] == next(ln for ln in example if ln.startswith("Plan ("))
+
+
+def test_the_plan_shows_the_whole_change_per_host(tmp_path, guard):
+    """Source with each patch and its kind, build, users, where clients reach the API, the guarded
+    ports: per host, offline, in both formats."""
+    env, log = guard
+    patch = tmp_path / "fix.patch"
+    patch.write_text("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n")
+    inv = tmp_path / "inv.ini"
+    inv.write_text(
+        "[main]\nm ansible_host=192.0.2.10\n\n[rpc]\nr1 ansible_host=192.0.2.11 rpc_port=50070\n\n[all:vars]\n"
+        'llama_repo=https://github.com/ggml-org/llama.cpp\nllama_commit="0123456789abcdef0123456789abcdef01234567"\n'
+        f'llama_patches=[{{"file": "{patch}"}}]\nllama_backend=vulkan\n'
+        "llama_model=/srv/t.gguf\nllama_draft_model=/srv/d.gguf\n"
+    )
+    p, _ = run(env, "check", str(inv), "--format", "json", cwd=tmp_path)
+    doc = json.loads(p.stdout)
+    setup = doc["plan"]["setup"]
+    assert set(setup) == {"m", "r1"}, doc["errors"]
+    main, node = "\n".join(setup["m"]), "\n".join(setup["r1"])
+    assert not doc["errors"], doc["errors"]
+    assert "at 0123456789abcdef0123456789abcdef01234567" in main and f"patch (file): file {patch}" in node
+    assert "build: vulkan, target llama-server" in main and "build: vulkan" in node
+    assert "tunnelspec-llama (llama-server)" in main and "tunnelspec-tunnel (main's tunnel login)" in node
+    assert "serves: http://127.0.0.1:8080/" in main
+    assert "guarded ports: 127.0.0.1:50070 rpc-server (root, tunnelspec-tunnel)" in node
+    human, _ = run(env, "check", str(inv), cwd=tmp_path)
+    assert "    guarded ports: 127.0.0.1:50070" in human.stdout
+    assert not log.exists()
+
+
+def test_a_plan_with_errors_says_what_is_unknown(tmp_path, guard):
+    env, _ = guard
+    inv = tmp_path / "inv.ini"
+    inv.write_text(
+        "[main]\nm ansible_host=192.0.2.10\n\n[rpc]\nr1 ansible_host=192.0.2.11 rpc_port=nine\n\n"
+        "[all:vars]\nllama_repo=https://github.com/ggml-org/llama.cpp\nllama_commit=abc123\n"
+        "llama_draft_model=/srv/d.gguf\n"
+    )
+    p, _ = run(env, "check", str(inv), cwd=tmp_path)
+    assert p.returncode == 2
+    assert "set-aside" not in p.stdout and "example.invalid" not in p.stdout and "0" * 40 not in p.stdout
+    for var in ("llama_model", "llama_commit", "rpc_port"):
+        assert f"<{var}: unknown>" in p.stdout, (var, p.stdout)
+
+
+def test_deploy_check_prints_the_plan_before_the_hosts_are_asked(tmp_path, guard):
+    env, _ = guard
+    env = {**env, "PYTHONPATH": str(ROOT)}  # no guard: the hosts are asked, and refuse (a closed port)
+    inv = tmp_path / "inv.ini"
+    inv.write_text(
+        "[main]\nm ansible_host=127.0.0.1 ansible_port=1\n\n[rpc]\nr1 ansible_host=127.0.0.1 ansible_port=1\n\n"
+        "[all:vars]\n"
+        "llama_repo=https://github.com/ggml-org/llama.cpp\n"
+        'llama_commit="0123456789abcdef0123456789abcdef01234567"\n'
+        f"llama_model=/srv/t.gguf\nllama_draft_model=/srv/d.gguf\ntunnelspec_known_hosts={tmp_path}/kh\n"
+        f"tunnelspec_lock_dir={tmp_path}/lock\n"
+    )
+    p, _ = run(env, "deploy", "--check", str(inv), cwd=tmp_path)
+    assert p.returncode == 4, p.stdout + p.stderr
+    out = p.stdout
+    assert out.startswith("Plan (") and "guarded ports:" in out
+    assert out.index("Plan (") < out.index("unreachable")

@@ -28,7 +28,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS, Group
 from tunnelspec.cluster import schema
 from tunnelspec.cluster.collect import collect_cluster_errors
-from tunnelspec.commands.plan import build_plan
+from tunnelspec.commands.plan import build_plan, mark_unknown
 from tunnelspec.components.server import preflight
 from tunnelspec.components.source import controller_repo
 from tunnelspec.llama import versions
@@ -107,6 +107,7 @@ class Report:
                 "spelling": plan.spelling,
                 "notes": list(plan.notes),
                 "hosts": _by_host([c.as_dict() for c in plan.commands]),
+                "setup": {host: list(lines) for host, lines in plan.hosts.items()},
             },
         }
 
@@ -121,13 +122,14 @@ class Report:
         out = []
         if self.plan is not None:
             out.append(f"Plan ({self.plan.spelling}):")
-            host = None
-            for c in self.plan.commands:
-                if c.host != host:
-                    host = c.host
-                    out.append(f"  {host}:")
-                out.append(f"    {c.unit} ({c.what}):")
-                out.append(f"      {shlex.join(c.argv)}")
+            hosts = list(dict.fromkeys([*self.plan.hosts, *(c.host for c in self.plan.commands)]))
+            for host in hosts:
+                out.append(f"  {host}:")
+                out += [f"    {line}" for line in self.plan.hosts.get(host, [])]
+                for c in self.plan.commands:
+                    if c.host == host:
+                        out.append(f"    {c.unit} ({c.what}):")
+                        out.append(f"      {shlex.join(c.argv)}")
             out += [f"  note: {n}" for n in self.plan.notes]
             if self.errors:
                 out.append("  (the plan as it stands with the erroneous lines left out)")
@@ -186,7 +188,19 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
         _check_patches_apply(cluster, report)
 
     report.plan = build_plan(cluster, _rpc_server_name(cluster) if controller_git else None)
+    mark_unknown(report.plan, _stand_ins(cluster, collected.set_aside))
     return report
+
+
+def _stand_ins(cluster, set_aside) -> dict[str, str]:
+    """value -> variable for each value that stands in for one set aside (its error is reported)."""
+    out: dict[str, str] = {}
+    for host, var in set_aside:
+        hv = cluster.inventory.host_vars(host or cluster.main.name)
+        value = hv.get(var)
+        if value is not None and str(value).strip() and len(str(value)) >= 4:
+            out[str(value)] = var
+    return out
 
 
 def _rpc_server_name(cluster) -> str | None:

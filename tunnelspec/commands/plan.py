@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tunnelspec.cluster import ports, schema
+from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import flags
 from tunnelspec.components.server.preflight import load_record
@@ -75,6 +77,9 @@ class Plan:
     commands: list[Command] = field(default_factory=list)
     spelling: str = PLANNED  # whose spelling the flags are in
     notes: list[str] = field(default_factory=list)
+    # Per host, what the deploy sets up besides the units' command lines: the source and its patches,
+    # the build, the users, the address clients use, the guarded ports (one line each).
+    hosts: dict[str, list[str]] = field(default_factory=dict)
 
 
 def server_help(cluster) -> tuple[flags.ServerHelp, str]:
@@ -95,10 +100,76 @@ def planned_devices(cluster) -> dict[int, list[str]]:
     return out
 
 
+def _patch_line(p) -> str:
+    if p.kind == "pr":
+        what = f"GitHub PR #{p.pr}" + (f" whole, head {p.head}" if p.head else f", commit {p.commit}")
+    elif p.kind == "remote":
+        what = f"{p.remote} {p.ref}, commit {p.commit}"
+    else:
+        what = f"file {p.file}"
+    return f"patch ({p.kind}): {what}"
+
+
+def _host_lines(cluster, name: str, role: str, build, users: list[str], rpc_server_name: str | None) -> list[str]:
+    source = cluster.source
+    lines = [
+        f"source: {source.repo} at {source.commit}" + (f" (b{source.build_number})" if source.build_number else "")
+    ]
+    lines += [f"  {_patch_line(p)}" for p in source.patches]
+    target = "llama-server" if role == "main" else (rpc_server_name or "the RPC server")
+    lines.append(
+        f"build: {build.backend}, target {target}"
+        + (f", cmake {' '.join(build.cmake_args)}" if build.cmake_args else "")
+        + (" (clean)" if build.force_clean else "")
+    )
+    lines.append("users: " + ", ".join(users))
+    guarded = [x for x in ports.on_host(cluster, name) if x.loopback and x.connect is not None]
+    if not _isolated(cluster, name):
+        lines.append("guarded ports: none (rpc_local_isolation=false: any local user may connect)")
+    elif guarded:
+        lines.append(
+            "guarded ports: "
+            + "; ".join(f"127.0.0.1:{x.port} {x.name} (root, {', '.join(x.connect) or 'no one else'})" for x in guarded)
+        )
+    return lines
+
+
+def _isolated(cluster, name: str) -> bool:
+    try:
+        return bool(schema.value("rpc_local_isolation", cluster.inventory.host_vars(name), default=True))
+    except ValueError:
+        return True  # a bad value is check's error; the plan shows the default
+
+
+def _main_lines(cluster, rpc_server_name) -> list[str]:
+    main = cluster.main
+    users = [f"{main.users.llama} (llama-server)"]
+    if main.front is not None:
+        users.append(f"{main.front.user} (the front)")
+    lines = _host_lines(cluster, main.name, "main", main.build, users, rpc_server_name)
+    scheme = "https" if main.tls is not None else "http"
+    where = f"{scheme}://{main.server_host}:{main.server_port}/"
+    how = (
+        "on the network (public bind" + (", API key" if main.api_key_file else "") + ")"
+        if main.public_bind
+        else (
+            f"on main's loopback: clients use ssh -L {main.server_port}:127.0.0.1:{main.server_port} "
+            f"{ssh_host(main.name, cluster.inventory.host_vars(main.name))}"
+        )
+    )
+    front = f", the front before llama-server on 127.0.0.1:{main.front.internal_port}" if main.front else ""
+    lines.insert(len(lines) - (1 if lines[-1].startswith("guarded") else 0), f"serves: {where} {how}{front}")
+    return lines
+
+
 def build_plan(cluster, rpc_server_name: str | None = None) -> Plan:
     """`rpc_server_name`: the pinned tree's RPC server binary, when known offline (else the current
     name, and a note)."""
     plan = Plan()
+    plan.hosts[cluster.main.name] = _main_lines(cluster, rpc_server_name)
+    for node in cluster.rpc:
+        users = [f"{node.users.rpc} (the RPC server)", f"{node.users.tunnel} (main's tunnel login)"]
+        plan.hosts[node.name] = _host_lines(cluster, node.name, "rpc", node.build, users, rpc_server_name)
     help_, plan.spelling = server_help(cluster)
     main = cluster.main
     binary = f"{main.root}/current/bin/llama-server"
@@ -170,3 +241,19 @@ def build_plan(cluster, rpc_server_name: str | None = None) -> Plan:
 
 def server_uses_unknown_layers(plan: Plan) -> bool:
     return any(NGL_UNKNOWN in c.argv for c in plan.commands)
+
+
+def mark_unknown(plan: Plan, stand_ins: dict[str, str]) -> None:
+    """A plan read with erroneous values set aside: each value that stood in for one (cluster/collect.py)
+    is shown as `<VAR: unknown>`, never as if it were the inventory's (`-m /set-aside/model.gguf`)."""
+    if not stand_ins:
+        return
+
+    def fix(text: str) -> str:
+        for value, var in stand_ins.items():
+            text = text.replace(value, f"<{var}: unknown>")
+        return text
+
+    plan.commands = [Command(c.host, c.unit, [fix(a) for a in c.argv], c.what) for c in plan.commands]
+    plan.hosts = {h: [fix(line) for line in lines] for h, lines in plan.hosts.items()}
+    plan.notes.append("<VAR: unknown>: the value of a line with an error, left out of the plan")

@@ -78,6 +78,10 @@ def run_playbook_file(
                 print(f"WARNING: {warning.message}", file=sys.stderr)
             if report.settings is not None:
                 print(report.settings, file=sys.stderr)
+            if options.check and report.plan is not None:
+                # deploy --check: the whole change, from the inventory alone, before any host is asked
+                # (so it is there even when every host is unreachable).
+                print(report.render(), flush=True)
         inv, cluster = report.loaded, report.cluster
     if inv is None:
         # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
