@@ -125,6 +125,8 @@ def test_missing_main(tmp_path):
     path = tmp_path / "i.ini"
     path.write_text(f"[rpc]\nr1\n[all:vars]\nllama_repo=x\nllama_commit=\"{SHA}\"\n")
     assert "no [main] group" in str(error(path))
+    # seed 000's "keep the Mac by hand": refused, saying why (docs/first-cluster.md)
+    assert "rpc nodes only is not supported" in str(error(path)) and "Keeping main by hand" in str(error(path))
 
 
 def test_empty_main(tmp_path):

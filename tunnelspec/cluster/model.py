@@ -202,7 +202,14 @@ METAL_MAIN = (
 # ---- topology ------------------------------------------------------------------------------------
 def _topology(inv: Inventory) -> tuple[str, list[str]]:
     if "main" not in inv.groups:
-        raise cluster_error(inv, None, None, "no [main] group; add one with exactly one host (it runs llama-server)")
+        raise cluster_error(
+            inv,
+            None,
+            None,
+            "no [main] group; add one with exactly one host (it runs llama-server). An inventory of rpc nodes "
+            "only is not supported: their RPC servers are reached only through main's tunnels, which "
+            "tunnelspec sets up and proves (docs/first-cluster.md, 'Keeping main by hand')",
+        )
     mains = inv.group_hosts("main")
     if len(mains) != 1:
         found = ", ".join(mains) or "none"
