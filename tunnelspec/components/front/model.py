@@ -173,7 +173,7 @@ def modes_document(
             "node": d.name,
             "endpoint": d.endpoint,
             "port": d.tunnel_port,
-            "tunnel_unit": f"tunnelspec-tunnel-{d.name}.service",
+            "tunnel_unit": tunnel_unit(d.name),
             "devices": speculative["draft_devices"],
         },
         "modes": {

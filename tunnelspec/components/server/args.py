@@ -16,14 +16,15 @@ from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama.flags import ServerHelp, DRAFT_SIMPLE
 from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.components.server.preflight import check_settings
+from tunnelspec.components.tunnel.units import unit_name
 from tunnelspec.llama.speculative import SpecError, spec_type_argv
 
 # llama-server's unit name, shared by the tasks, the verify step, status and teardown.
 UNIT = "tunnelspec-llama-server.service"
 
 
-def tunnel_unit(node: str) -> str:
-    return f"tunnelspec-tunnel-{node}.service"
+# A node's tunnel unit on main: defined once, with the tunnel (components/tunnel/units.py).
+tunnel_unit = unit_name
 
 
 @dataclass(frozen=True)
