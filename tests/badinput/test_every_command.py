@@ -371,3 +371,38 @@ def test_internal_error_is_one_line_and_a_crash_file(files):
         assert "Traceback" in text and "RuntimeError: boom" in text and "hunter2" not in text
         assert "become_password=***" in text
         crash.unlink()
+
+
+# ---- near-misses: values `check` passes are values every command can use --------------------------
+# Values at the edge of what each declared type takes (the corpus's mistakes, one step to the good
+# side), several per inventory. `check` passes each file; then no connecting command may exit 70 on
+# it (an internal error) or say anything but that the hosts are unreachable.
+NEAR_MISSES = [
+    # ports at their bounds and as text, timeouts as fractions, booleans in Ansible's spellings
+    ("ansible_port={port}\nansible_ssh_timeout=0.5\nansible_become=yes\nrpc_local_isolation=True\n"
+     "llama_keep_builds=1\ntunnelspec_keep_generations=\" 2 \"\ntunnelspec_install_packages=no\n"),
+    # the connection variables honoured: the key-file alias, extra ssh arguments, sudo spelled out
+    ("ansible_port={port}\nansible_timeout=2\nansible_private_key_file=id_test\nansible_become_method=sudo\n"
+     "ansible_ssh_common_args='-o ServerAliveInterval=5 -o ControlMaster=auto -C'\n"
+     "ansible_ssh_extra_args='-o ConnectTimeout=3'\nansible_python_interpreter=/usr/bin/python3\n"),
+    # a tunnel port at the top of the range, a node's ssh port for main apart from the controller's
+    ("ansible_port={port}\nllama_server_port=65535\nllama_server_internal_port=1024\n"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(NEAR_MISSES)))
+def test_no_command_exits_70_on_an_inventory_check_passes(i, files):
+    (files.d / "id_test").write_text("")  # an existing (if empty) key file: asyncssh skips what it cannot read
+    inv = files.d / f"near-{i}.ini"
+    inv.write_text(
+        "[main]\nmain-host ansible_host=127.0.0.1\n\n[rpc]\nnode-a ansible_host=127.0.0.1 rpc_port=65000 "
+        "tunnel_port=65001 tunnel_ssh_port=1\n\n[all:vars]\nansible_user=root\n"
+        f"tunnelspec_known_hosts={files.d / 'known_hosts'}\n"
+        f"llama_repo=https://github.com/ggml-org/llama.cpp\nllama_commit=\"{COMMIT}\"\n"
+        "llama_model=/srv/models/target.gguf\nllama_draft_model=/srv/models/draft.gguf\n"
+        + NEAR_MISSES[i].format(port=files.port))
+    checked = tunnelspec("check", str(inv), timeout=60)
+    assert checked.rc == 0, checked.stderr
+    cases = [(files.argv(cmd, inv, *more), UNREACHABLE, None) for cmd, more in UNREACHABLE_CASES
+             if "json" not in more and cmd != "deploy" or more == ("--check",)]
+    _check(cases)
