@@ -67,6 +67,34 @@ def _one_inventory(positional: str | None, option: str | None) -> str:
     return positional or option
 
 
+def vault_options(f):
+    """Ansible Vault's passwords (core/vault.py), for every command that reads an inventory: read at the
+    first vault-encrypted value or -e @FILE met, never before (a command on a plain inventory asks
+    nothing)."""
+
+    @functools.wraps(f)
+    def command(*args, vault_password_files=(), ask_vault_pass=False, **kw):
+        from tunnelspec.core import vault, vault_password  # lazy: CLI startup
+
+        vault.use_passwords(vault_password.sources(vault_password_files, ask_vault_pass))
+        return f(*args, **kw)
+
+    command = click.option(
+        "--ask-vault-pass",
+        "ask_vault_pass",
+        is_flag=True,
+        help="Ask for the vault password on the terminal (no terminal, as in CI: exit 2; use a file).",
+    )(command)
+    return click.option(
+        "--vault-password-file",
+        "vault_password_files",
+        multiple=True,
+        metavar="FILE",
+        type=click.Path(),
+        help="The vault password: the file's content, or an executable's output (env: ANSIBLE_VAULT_PASSWORD_FILE).",
+    )(command)
+
+
 def inventory_argument(f=None, *, deferred: bool = False):
     """INVENTORY for every command that reads one: the positional argument or `-i/--inventory`, exactly
     one of them. The command's function receives it as `inventory_file`. `deferred` (check): the path
@@ -80,6 +108,7 @@ def inventory_argument(f=None, *, deferred: bool = False):
                 return f(*args, inventory_file=(inventory_file, inventory_option), **kw)
             return f(*args, inventory_file=_one_inventory(inventory_file, inventory_option), **kw)
 
+        command = vault_options(command)
         path = click.Path() if deferred else click.Path(dir_okay=False)
         command = click.argument("inventory_file", metavar="[INVENTORY]", required=False, type=path)(command)
         return click.option(

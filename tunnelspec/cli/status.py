@@ -133,8 +133,13 @@ def check_cmd(inventory_file, fmt, extra_vars):
     except (click.UsageError, UsageError) as err:  # -e =x, -e @missing, no inventory or two
         report = Report(positional or option or "")
         report.add(usage_finding(err.format_message() if isinstance(err, click.UsageError) else str(err)))
-    diagnostics = report.diagnostics()
+    from tunnelspec.core.secrets import mask_text, seen  # lazy: CLI startup
+
+    # A vault-encrypted value the inventory or -e @FILE held (a Secret) is never shown, wherever a
+    # message or the plan would quote it.
+    diagnostics = mask_text(report.diagnostics(), seen())
     if diagnostics:
         click.echo(diagnostics, err=True)
-    click.echo(json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render())
+    out = json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render()
+    click.echo(mask_text(out, seen()))
     sys.exit(report.exit_code())
