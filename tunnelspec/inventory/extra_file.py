@@ -12,6 +12,13 @@ from tunnelspec.inventory.vaulted import VaultAt, as_secrets, with_vault
 _LOADER: type = with_vault(yaml.SafeLoader)
 
 
+def _variable_at(text: str, line: int) -> str:
+    """How to name the vault value on that line: its key, as `name: !vault |` writes it."""
+    lines = text.splitlines()
+    key = lines[line - 1].split(":", 1)[0].strip().strip("'\"") if 0 < line <= len(lines) else ""
+    return f"variable '{key}' is vault-encrypted" if key and ":" in lines[line - 1] else "a vault-encrypted value"
+
+
 def read_extra_vars_file(path: str) -> dict:
     try:
         text = open(path, encoding="utf-8").read()
@@ -30,7 +37,7 @@ def read_extra_vars_file(path: str) -> dict:
     try:
         data = yaml.load(text, Loader=_LOADER) if text.strip() else {}  # noqa: S506 - a SafeLoader subclass
     except VaultAt as err:
-        raise UsageError(f"{path}:{err.line}: a vault-encrypted value: {err}") from None
+        raise UsageError(f"{path}:{err.line}: {_variable_at(text, err.line)}: {err}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         # The lines of a decrypted file are not the file's: say so rather than point into ciphertext.

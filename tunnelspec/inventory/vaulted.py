@@ -32,7 +32,7 @@ def _construct_vault(loader: yaml.constructor.SafeConstructor, node: yaml.Node) 
 
 def with_vault(loader: type) -> type:
     """A subclass of the YAML loader that reads `!vault` (and the older `!vault-encrypted`) as Ansible does."""
-    sub = type(f"Vault{loader.__name__}", (loader,), {})
+    sub: Any = type(f"Vault{loader.__name__}", (loader,), {})
     sub.add_constructor("!vault", _construct_vault)
     sub.add_constructor("!vault-encrypted", _construct_vault)
     return sub
