@@ -49,6 +49,14 @@ _extra_vars_option = click.option(
 )
 
 
+def shown(text: str) -> str:
+    """What a command prints, with every secret value this process met masked: a value decrypted from
+    Ansible Vault (or any Secret) stays hidden wherever a report, a plan or a host's answer quotes it."""
+    from tunnelspec.core.secrets import mask_text, seen  # lazy: CLI startup
+
+    return mask_text(text, seen())
+
+
 def _split(values) -> list[str]:
     return [t for v in values for t in v.split(",") if t]
 
@@ -64,7 +72,7 @@ def _one_inventory(positional: str | None, option: str | None) -> str:
         )
     if not (positional or option):
         raise click.UsageError("Missing argument 'INVENTORY' (or -i INVENTORY).")
-    return positional or option
+    return positional or option or ""  # one of them, checked above
 
 
 def vault_options(f):

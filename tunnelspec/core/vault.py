@@ -139,6 +139,13 @@ def use_passwords(sources: list[Callable[[], bytes]]) -> None:
     _passwords, _failure = None, None
 
 
+def hold_passwords() -> None:
+    """No source is read from now on (a crash report rereading -e files); passwords read are kept."""
+    global _failure
+    if _passwords is None and _failure is None:
+        _failure = VaultPasswordError("the vault password was not read before the error")
+
+
 def _read_passwords() -> list[bytes]:
     global _passwords, _failure
     if _failure is not None:
