@@ -197,6 +197,10 @@ def test_right_password_from_the_committed_fixture(tmp_path, dead_port):
     script.chmod(0o700)
     res = tunnelspec("check", str(inv), env={"ANSIBLE_VAULT_PASSWORD_FILE": str(script)})
     assert res.rc == 0, res.stdout + res.stderr
+    res = tunnelspec("check", str(inv), "--vault-id", f"dev@{tmp_path / 'missing-is-read-first'}")
+    assert res.rc == 2 and "does not exist" in res.stderr, res.stderr
+    res = tunnelspec("check", str(inv), "--vault-id", f"prod@{FIXTURES / 'password.txt'}")
+    assert res.rc == 0, res.stdout + res.stderr
 
 
 def test_malformed_vault_and_bad_password_file(tmp_path, dead_port):
@@ -237,4 +241,48 @@ def test_every_inventory_command_takes_the_vault_options():
     assert len(found) >= 18
     for name, cmd in found.items():
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
-        assert {"--vault-password-file", "--ask-vault-pass"} <= opts, name
+        assert {"--vault-password-file", "--ask-vault-pass", "--vault-id"} <= opts, name
+
+
+def test_ask_vault_pass_on_a_terminal(tmp_path, dead_port):
+    """At a terminal the password is asked for once, without echo, and the run goes on with it."""
+    import fcntl
+    import select
+    import termios
+    import time
+
+    inv = _fixture_inventory(tmp_path, dead_port)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNNELSPEC_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    master, slave = os.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "tunnelspec", "check", str(inv), "--ask-vault-pass"],
+                         stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+                         preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(slave)
+    out, answered, end = b"", False, time.monotonic() + 60
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child is gone and the terminal with it
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not answered and b"Vault password:" in out:
+                os.write(master, (FIXTURES / "password.txt").read_bytes().splitlines()[0] + b"\n")
+                answered = True
+            if p.poll() is not None and not ready:
+                break
+        rc = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        os.close(master)
+    text = out.decode(errors="replace")
+    assert answered and text.count("Vault password:") == 1, text
+    assert rc == 0 and "0 error(s)" in text, text
+    assert "correct horse" not in text and "fixture-plaintext" not in text and "Traceback" not in text, text

@@ -190,6 +190,9 @@ def test_env_password_file_only_without_options(tmp_path):
     assert len(vault_password.sources((), False, env)) == 1
     assert len(vault_password.sources(("a",), False, env)) == 1
     assert vault_password.sources((), False, {}) == []
+    assert vault_password.sources((), True, {}, vault_ids=("dev@prompt",)) == [vault_password.from_terminal]
+    ids = vault_password.sources((), False, env, vault_ids=("prod@/x", "/y"))
+    assert len(ids) == 2 and all(s is not vault_password.from_terminal for s in ids)
 
 
 def test_ask_without_a_terminal_fails_at_once():

@@ -81,11 +81,19 @@ def vault_options(f):
     nothing)."""
 
     @functools.wraps(f)
-    def command(*args, vault_password_files=(), ask_vault_pass=False, **kw):
+    def command(*args, vault_password_files=(), ask_vault_pass=False, vault_ids=(), **kw):
         from tunnelspec.core import vault, vault_password  # lazy: CLI startup
 
-        vault.use_passwords(vault_password.sources(vault_password_files, ask_vault_pass))
+        vault.use_passwords(vault_password.sources(vault_password_files, ask_vault_pass, vault_ids=vault_ids))
         return f(*args, **kw)
+
+    command = click.option(
+        "--vault-id",
+        "vault_ids",
+        multiple=True,
+        metavar="[LABEL@]FILE|prompt",
+        help="Ansible's form of a vault password source (the label is not checked: every password is tried).",
+    )(command)
 
     command = click.option(
         "--ask-vault-pass",

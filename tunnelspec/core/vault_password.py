@@ -74,12 +74,20 @@ def from_terminal() -> bytes:
     return password.encode("utf-8")
 
 
-def sources(files: tuple[str, ...] | list[str], ask: bool, environ: dict | None = None) -> list[Callable[[], bytes]]:
-    """The run's sources, in the order they are tried: each --vault-password-file, the terminal, and
-    ANSIBLE_VAULT_PASSWORD_FILE when no option names a password."""
+def sources(
+    files: tuple[str, ...] | list[str], ask: bool, environ: dict | None = None, vault_ids: tuple[str, ...] = ()
+) -> list[Callable[[], bytes]]:
+    """The run's sources, in the order they are tried: each --vault-id (`[label@]FILE` or
+    `[label@]prompt`), each --vault-password-file, the terminal, and ANSIBLE_VAULT_PASSWORD_FILE when
+    no option names a password. A label names nothing to check: a 1.2 vault's label is not
+    authenticated, so every password is tried on every vault (as Ansible does by default)."""
     env = os.environ if environ is None else environ
-    out = [from_file(f, "--vault-password-file") for f in files]
-    if ask:
+    out: list[Callable[[], bytes]] = []
+    for vault_id in vault_ids:
+        source = vault_id.split("@", 1)[1] if "@" in vault_id else vault_id
+        out.append(from_terminal if source == "prompt" else from_file(source, f"--vault-id {vault_id}"))
+    out += [from_file(f, "--vault-password-file") for f in files]
+    if ask and from_terminal not in out:
         out.append(from_terminal)
     if not out and env.get(ENV_FILE):
         out.append(from_file(env[ENV_FILE], ENV_FILE))
