@@ -286,3 +286,24 @@ def test_ask_vault_pass_on_a_terminal(tmp_path, dead_port):
     assert answered and text.count("Vault password:") == 1, text
     assert rc == 0 and "0 error(s)" in text, text
     assert "correct horse" not in text and "fixture-plaintext" not in text and "Traceback" not in text, text
+
+
+@needs_ansible_vault
+def test_a_run_on_a_host_that_answers_shows_no_plaintext(tmp_path):
+    """A host that answers (this machine, ansible_connection=local): a task whose argument is a vaulted
+    value, in --check with -v and --diff, in human and JSON output; the directory is not made."""
+    secret_dir = tmp_path / "vaulted-dir-5e8a1"
+    inv = tmp_path / "local.yml"
+    inv.write_text("all:\n  hosts:\n    me:\n      ansible_connection: local\n"
+                   f"      my_dir: {_block(_encrypt(tmp_path, str(secret_dir)), 8)}\n")
+    book = tmp_path / "book.yml"
+    book.write_text("- hosts: all\n  tasks:\n    - name: the vaulted directory\n"
+                    "      directory: {path: \"{{ my_dir }}\"}\n")
+    pw = str(tmp_path / "password")
+    for fmt in ("human", "json"):
+        res = tunnelspec("play", str(inv), str(book), "--check", "--diff", "-vvv", "--format", fmt,
+                         "--vault-password-file", pw)
+        assert res.rc == 3, res.stdout + res.stderr
+        assert "***" in res.stdout, res.stdout
+        _no_plaintext(res, str(secret_dir), "vaulted-dir-5e8a1")
+    assert not secret_dir.exists()

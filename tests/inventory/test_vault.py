@@ -225,3 +225,16 @@ def test_fresh_ansible_vault_strings(tmp_path, vault_id, plaintext):
     assert vault.decrypt_with(text, b"fresh-password").decode() == plaintext
     with pytest.raises(vault.VaultDecryptError):
         vault.decrypt_with(text, b"fresh-passwore")
+
+
+def test_a_crash_report_reads_no_password_source():
+    asked = []
+    vault.use_passwords([lambda: asked.append(1) or PASSWORD])
+    vault.hold_passwords()
+    with pytest.raises(vault.VaultPasswordError):
+        vault.decrypt((FIXTURES / "value-1.1.vault").read_text())
+    assert asked == []
+    _with(PASSWORD)
+    assert vault.decrypt_text((FIXTURES / "value-1.1.vault").read_text()) == "fixture-plaintext-1.1"
+    vault.hold_passwords()  # passwords already read are kept
+    assert vault.decrypt_text((FIXTURES / "value-1.1.vault").read_text()) == "fixture-plaintext-1.1"
