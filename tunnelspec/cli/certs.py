@@ -13,6 +13,7 @@ from tunnelspec.cli.options import (
     _tunnel_play,
     inventory_argument,
     lock_options,
+    shown,
 )
 
 
@@ -48,7 +49,7 @@ def certs_show(inventory_file, fmt, extra_vars):
 
     _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     d = certs_mod.show(cluster)
-    click.echo(json.dumps(d, sort_keys=True) if fmt == "json" else certs_mod.render_show(d), nl=fmt == "json")
+    click.echo(shown(json.dumps(d, sort_keys=True) if fmt == "json" else certs_mod.render_show(d)), nl=fmt == "json")
 
 
 @click.command("client-config")
@@ -63,4 +64,4 @@ def client_config_cmd(inventory_file, fmt, extra_vars):
 
     _, cluster, _ = _cluster_and_opts(inventory_file, extra_vars=extra_vars, connects=False)
     cfg = certs_mod.config_for(cluster)
-    click.echo(json.dumps(cfg, sort_keys=True, indent=2) if fmt == "json" else render(cfg), nl=fmt == "json")
+    click.echo(shown(json.dumps(cfg, sort_keys=True, indent=2) if fmt == "json" else render(cfg)), nl=fmt == "json")

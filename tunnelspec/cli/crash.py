@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 from tunnelspec import __version__
+from tunnelspec.core import vault
 from tunnelspec.core.secrets import MASK, is_secret_name, mask_text, secret_values, seen
 from tunnelspec.inventory.extra_file import read_extra_vars_file
 
@@ -80,6 +81,7 @@ def _secrets_of(argv: list[str]) -> list[str]:
     """Secret values to mask: those this process met, and the secret-named -e values of the command
     line (also in -e @FILE), which the crash may have come before anything read."""
     variables: dict = {}
+    vault.hold_passwords()  # a crash report never prompts for, or runs, a vault password source
     for v in _extra_values(argv):
         if v.startswith("@"):
             try:

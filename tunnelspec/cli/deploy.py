@@ -18,6 +18,7 @@ from tunnelspec.cli.options import (
     lock_options,
     playbook_options,
     run_options,
+    vault_options,
 )
 from tunnelspec.llama import advisories
 
@@ -33,6 +34,7 @@ from tunnelspec.llama import advisories
 )
 @click.argument("paths", nargs=-1, metavar="[INVENTORY] PLAYBOOK", type=click.Path(dir_okay=False))
 @run_options
+@vault_options
 def play_cmd(inventory_option, paths, **kw):
     """Run any playbook against INVENTORY (like ansible-playbook; `play -i INVENTORY PLAYBOOK` too)."""
     if inventory_option is not None:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tunnelspec.cli.options import inventory_argument
+from tunnelspec.cli.options import _extra_vars, _extra_vars_option, inventory_argument
 
 
 @click.group("hostkeys")
@@ -18,10 +18,11 @@ def hostkeys() -> None:
 @inventory_argument
 @click.option("--limit", "-l", help="Only hosts matching this pattern.")
 @click.option("--format", "fmt", type=click.Choice(["human", "json"]), default="human", show_default=True)
-def hostkeys_scan(inventory_file: str, limit: str | None, fmt: str) -> None:
+@_extra_vars_option
+def hostkeys_scan(inventory_file: str, limit: str | None, fmt: str, extra_vars: tuple[str, ...]) -> None:
     """Print each host's keys and SHA256 fingerprints, marked pinned / not pinned / CHANGED against
     known_hosts. Trusts nothing and writes nothing; exit 4 when a host fails or a key changed."""
     from tunnelspec.commands.hostkeys_scan import run_scan  # lazy: CLI startup
     from tunnelspec.commands.runner import connect_options_from_env  # lazy: CLI startup
 
-    sys.exit(run_scan(inventory_file, limit, fmt, connect_options_from_env(), sys.stdout))
+    sys.exit(run_scan(inventory_file, limit, fmt, connect_options_from_env(), sys.stdout, _extra_vars(extra_vars)))

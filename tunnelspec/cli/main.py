@@ -14,12 +14,16 @@ import click
 
 from tunnelspec import __version__
 from tunnelspec.cli import advisories, certs, deploy, hostkeys, inventory, lab, status, tunnel
+from tunnelspec.core.secrets import mask_text, seen
 from tunnelspec.core.errors import EXIT_CLOSED_OUTPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, TunnelspecError
 from tunnelspec.reporting import events
 
 
 def _wants_json(args: list[str]) -> bool:
-    return any(a == "--format=json" or (a == "--format" and nxt == "json") for a, nxt in zip(args, [*args[1:], ""]))
+    return any(
+        a == "--format=json" or (a == "--format" and nxt == "json")
+        for a, nxt in zip(args, [*args[1:], ""], strict=True)
+    )
 
 
 def _fail(err: TunnelspecError, as_json: bool = False) -> None:
@@ -27,6 +31,7 @@ def _fail(err: TunnelspecError, as_json: bool = False) -> None:
 
 
 def _fail_with(msg: str, code: int, as_json: bool = False) -> None:
+    msg = mask_text(msg, seen())  # a decrypted vault value, or any secret the run met, never shown
     try:
         click.echo(f"ERROR: {msg}", err=True)
         if as_json:

@@ -51,6 +51,14 @@ _extra_vars_option = click.option(
 )
 
 
+def shown(text: str) -> str:
+    """What a command prints, with every secret value this process met masked: a value decrypted from
+    Ansible Vault (or any Secret) stays hidden wherever a report, a plan or a host's answer quotes it."""
+    from tunnelspec.core.secrets import mask_text, seen  # lazy: CLI startup
+
+    return mask_text(text, seen())
+
+
 def _split(values) -> list[str]:
     return [t for v in values for t in v.split(",") if t]
 
@@ -66,7 +74,43 @@ def _one_inventory(positional: str | None, option: str | None) -> str:
         )
     if not (positional or option):
         raise click.UsageError("Missing argument 'INVENTORY' (or -i INVENTORY).")
-    return positional or option
+    return positional or option or ""  # one of them, checked above
+
+
+def vault_options(f):
+    """Ansible Vault's passwords (core/vault.py), for every command that reads an inventory: read at the
+    first vault-encrypted value or -e @FILE met, never before (a command on a plain inventory asks
+    nothing)."""
+
+    @functools.wraps(f)
+    def command(*args, vault_password_files=(), ask_vault_pass=False, vault_ids=(), **kw):
+        from tunnelspec.core import vault, vault_password  # lazy: CLI startup
+
+        vault.use_passwords(vault_password.sources(vault_password_files, ask_vault_pass, vault_ids=vault_ids))
+        return f(*args, **kw)
+
+    command = click.option(
+        "--vault-id",
+        "vault_ids",
+        multiple=True,
+        metavar="[LABEL@]FILE|prompt",
+        help="Ansible's form of a vault password source (the label is not checked: every password is tried).",
+    )(command)
+
+    command = click.option(
+        "--ask-vault-pass",
+        "ask_vault_pass",
+        is_flag=True,
+        help="Ask for the vault password on the terminal (no terminal, as in CI: exit 2; use a file).",
+    )(command)
+    return click.option(
+        "--vault-password-file",
+        "vault_password_files",
+        multiple=True,
+        metavar="FILE",
+        type=click.Path(),
+        help="The vault password: the file's content, or an executable's output (env: ANSIBLE_VAULT_PASSWORD_FILE).",
+    )(command)
 
 
 def inventory_argument(f=None, *, deferred: bool = False):
@@ -82,6 +126,7 @@ def inventory_argument(f=None, *, deferred: bool = False):
                 return f(*args, inventory_file=(inventory_file, inventory_option), **kw)
             return f(*args, inventory_file=_one_inventory(inventory_file, inventory_option), **kw)
 
+        command = vault_options(command)
         path = click.Path() if deferred else click.Path(dir_okay=False)
         command = click.argument("inventory_file", metavar="[INVENTORY]", required=False, type=path)(command)
         return click.option(

@@ -13,6 +13,7 @@ from tunnelspec.cli.options import (
     _extra_vars_option,
     _one_inventory,
     inventory_argument,
+    shown,
 )
 from tunnelspec.core.errors import EXIT_UNREACHABLE, UsageError
 
@@ -29,7 +30,7 @@ def status_cmd(inventory_file, fmt, extra_vars):
 
     inv, cluster, opts = _cluster_and_opts(inventory_file, extra_vars=extra_vars)
     report = asyncio.run(status.gather(inv, cluster, opts))
-    click.echo(json.dumps(report, sort_keys=True) if fmt == "json" else status.render(report))
+    click.echo(shown(json.dumps(report, sort_keys=True) if fmt == "json" else status.render(report)))
     sys.exit(status.status_exit_code(report))
 
 
@@ -105,7 +106,7 @@ def bench_cmd(inventory_file, n_predict, runs, prompt, same_placement, yes, fmt,
     if prompt:
         kw["prompt"] = prompt
     result = bench.bench_sync(inv, cluster, opts, **kw)
-    click.echo(json.dumps(result, sort_keys=True) if fmt == "json" else bench.render(result))
+    click.echo(shown(json.dumps(result, sort_keys=True) if fmt == "json" else bench.render(result)))
     sys.exit(bench.exit_code(result))
 
 
@@ -133,8 +134,10 @@ def check_cmd(inventory_file, fmt, extra_vars):
     except (click.UsageError, UsageError) as err:  # -e =x, -e @missing, no inventory or two
         report = Report(positional or option or "")
         report.add(usage_finding(err.format_message() if isinstance(err, click.UsageError) else str(err)))
-    diagnostics = report.diagnostics()
+    # A vault-encrypted value the inventory or -e @FILE held (a Secret) is never shown, wherever a
+    # message or the plan would quote it.
+    diagnostics = shown(report.diagnostics())
     if diagnostics:
         click.echo(diagnostics, err=True)
-    click.echo(json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render())
+    click.echo(shown(json.dumps(report.as_json(), sort_keys=True) if fmt == "json" else report.render()))
     sys.exit(report.exit_code())

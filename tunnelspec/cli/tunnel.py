@@ -14,6 +14,7 @@ from tunnelspec.cli.options import (
     _tunnel_play,
     inventory_argument,
     lock_options,
+    shown,
 )
 
 
@@ -81,7 +82,7 @@ def tunnel_status_cmd(inventory_file, nodes, fmt, extra_vars):
     rows = asyncio.run(
         tunnel_status(inventory_file, nodes, connect_options_from_env(), extra_vars=_extra_vars(extra_vars))
     )
-    click.echo(json.dumps(rows) if fmt == "json" else format_status(rows))
+    click.echo(shown(json.dumps(rows) if fmt == "json" else format_status(rows)))
     sys.exit(0 if all(r["state"] == "active" and r["rpc"] in ("ok", "busy") for r in rows) else 1)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from tunnelspec.cluster.fields import HostVars, cluster_error
 from tunnelspec.core import ssh_args, vartypes
+from tunnelspec.core.secrets import Secret
 from tunnelspec.core.vartypes import VarValueError
 
 TYPES = (
@@ -188,6 +189,9 @@ def parse(var: Var, value: Any, base_dir=None) -> Any:
     except VarValueError as err:
         if var.secret and var.type != "refused":
             raise VarValueError("must be text (the value is a secret and is not shown)") from None
+        if isinstance(value, Secret):  # a vault-encrypted value: the reason without the value
+            reason = str(err).split(", got ", 1)[0]
+            raise VarValueError(f"{reason} (the value is vault-encrypted and is not shown)") from None
         raise err from None
 
 

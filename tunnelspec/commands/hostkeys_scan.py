@@ -156,9 +156,12 @@ def format_human(results: list[HostScan]) -> str:
     return "\n".join(out)
 
 
-def run_scan(inventory_path: str, limit: str | None, fmt: str, opts: ConnectOptions, stream) -> int:
-    """The CLI's entry point: prints the scan, returns the exit code (4 if a host failed or changed)."""
-    inv = load_inventory(inventory_path)
+def run_scan(
+    inventory_path: str, limit: str | None, fmt: str, opts: ConnectOptions, stream, extra_vars: dict | None = None
+) -> int:
+    """The CLI's entry point: prints the scan, returns the exit code (4 if a host failed or changed).
+    `extra_vars` (-e) sit above the inventory, as for every command (ansible_host, ansible_port, …)."""
+    inv = load_inventory(inventory_path).with_extra_vars(extra_vars or {})
     hosts = inv.match(limit or "all")
     if not hosts:
         raise UsageError(

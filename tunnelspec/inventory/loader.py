@@ -10,6 +10,7 @@ from __future__ import annotations
 import pathlib
 import re
 
+from tunnelspec.core import vault
 from tunnelspec.core.errors import InventoryError
 from tunnelspec.inventory.ini import load_ini, read_bytes, read_lines, split_lines
 from tunnelspec.inventory.model import Inventory
@@ -39,6 +40,14 @@ def load_inventory(path: str | pathlib.Path, errors: list[InventoryError] | None
     same; a YAML file still stops at its first error (the YAML reader cannot go on past one)."""
     path = pathlib.Path(path)
     data = read_bytes(path)
+    if vault.is_vaulted(data[:64]):
+        raise InventoryError(
+            "the inventory is encrypted with ansible-vault as a whole, which tunnelspec does not read: "
+            "decrypt it (ansible-vault decrypt) and encrypt only the secret values "
+            "(ansible-vault encrypt_string, a `!vault |` value in a YAML inventory)",
+            str(path),
+            1,
+        )
     if inventory_format(path, split_lines(data)) == "yaml":
         return load_yaml(path, yaml_text(path, data))
     return load_ini(path, read_lines(path, data), errors)

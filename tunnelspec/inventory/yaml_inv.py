@@ -29,11 +29,14 @@ from tunnelspec.core.errors import InventoryError
 from tunnelspec.inventory.builder import InventoryBuilder
 from tunnelspec.inventory.hostnames import RangeError, expand_range, split_port
 from tunnelspec.inventory.model import Inventory
+from tunnelspec.inventory.vaulted import VaultAt, with_vault
 
 _SECTIONS = ("vars", "children", "hosts")
 # The reader Ansible's AnsibleLoader uses: libyaml's CParser when PyYAML was built with it.
 _LOADER: type = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
 _BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+# The same reader with Ansible's `!vault` tag: an encrypted value is read as its plaintext, a Secret.
+_VAULT_LOADER: type = with_vault(_LOADER)
 
 
 def _yaml_hint(err: yaml.MarkedYAMLError, text: str) -> str:
@@ -92,7 +95,7 @@ class _YamlParser(InventoryBuilder):
         # 010 octal) and no Python object tags. libyaml's reader meets control characters while
         # parsing; the pure-Python one checks the whole text here.
         try:
-            self.loader = _LOADER(text)
+            self.loader = _VAULT_LOADER(text)
         except yaml.reader.ReaderError as err:
             raise self._reader_error(err) from None
 
@@ -115,11 +118,14 @@ class _YamlParser(InventoryBuilder):
         )
 
     # ---- nodes -----------------------------------------------------------------------------
-    def _value(self, node: yaml.Node) -> Any:
+    def _value(self, node: yaml.Node, var: str | None = None) -> Any:
         try:
             value = self.loader.construct_object(node, deep=True)
         except yaml.MarkedYAMLError as err:
             raise self._yaml_error(err) from None
+        except VaultAt as err:
+            what = f"variable '{var}' is vault-encrypted: " if var is not None else "a vault-encrypted value: "
+            raise InventoryError(f"{what}{err}", self.file, err.line) from None
         if not _is_text(value):
             # "\ud800" escapes make strings that are not Unicode text; Ansible fails on them.
             raise InventoryError(
@@ -162,7 +168,7 @@ class _YamlParser(InventoryBuilder):
             raise self.error(f"variable name {name!r} must be a non-empty string; quote it (\"'{name}':\")")
         if node is None:  # `vars: name` (one name, no value), as Ansible reads it
             return None
-        value = self._value(node)
+        value = self._value(node, name)
         self._check_value(name, value)
         return value
 
