@@ -69,6 +69,7 @@ def run_playbook_file(
         # deploy: every mistake of the inventory at once (`tunnelspec check`), before any connection.
         # The inventory and cluster it read are the run's: the file is read once per command.
         from tunnelspec.commands.check import check_inventory  # lazy: deploy only
+        from tunnelspec.core.secrets import mask_text, seen  # lazy: deploy only
 
         report = check_inventory(inventory_path, options.extra_vars)
         if report.errors:
@@ -81,7 +82,7 @@ def run_playbook_file(
             if options.check and report.plan is not None:
                 # deploy --check: the whole change, from the inventory alone, before any host is asked
                 # (so it is there even when every host is unreachable).
-                print(report.render(), flush=True)
+                print(mask_text(report.render(), seen()), flush=True)  # a vaulted value stays hidden
         inv, cluster = report.loaded, report.cluster
     if inv is None:
         # -e KEY=VALUE on top of the inventory, once: the typed cluster and the run read the same view.
