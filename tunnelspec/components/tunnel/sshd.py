@@ -99,8 +99,7 @@ class TunnelSshdPolicy(Task):
         user = self.p["user"]
         if not USER_NAME.match(user):
             raise TaskFailed(f"tunnel user name {user!r} cannot be used in an sshd Match line")
-        for d in template_search_path(ctx, SSHD_DROPIN_TEMPLATE):
-            src = d / SSHD_DROPIN_TEMPLATE
+        for src in template_search_path(ctx, SSHD_DROPIN_TEMPLATE):
             if src.exists():
                 return render_file(src.read_text(), {"user": user, "policy": SSHD_TUNNEL_POLICY}, str(src)).encode()
         raise TaskFailed(f"template {SSHD_DROPIN_TEMPLATE} not found")

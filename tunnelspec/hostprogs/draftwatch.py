@@ -38,7 +38,7 @@ def _rpc_wait():
     """The HELLO probe of the rpc-wait helper installed next to this file (one implementation)."""
     path = os.path.join(HERE, "tunnelspec-rpc-wait")
     if not os.path.exists(path):
-        path += ".py"  # running from the source tree (tests)
+        path = os.path.join(HERE, "rpc_wait.py")  # running from tunnelspec's source (tests)
     loader = importlib.machinery.SourceFileLoader("tunnelspec_rpc_wait", path)
     spec = importlib.util.spec_from_loader(loader.name, loader)
     mod = importlib.util.module_from_spec(spec)
