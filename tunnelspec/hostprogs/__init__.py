@@ -12,6 +12,8 @@ The only link between them is on the host: the draft watch loads the rpc-wait he
 next to it (one HELLO probe implementation).
 """
 
+from __future__ import annotations
+
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
