@@ -19,7 +19,10 @@ from tunnelspec.reporting import events
 
 
 def _wants_json(args: list[str]) -> bool:
-    return any(a == "--format=json" or (a == "--format" and nxt == "json") for a, nxt in zip(args, [*args[1:], ""]))
+    return any(
+        a == "--format=json" or (a == "--format" and nxt == "json")
+        for a, nxt in zip(args, [*args[1:], ""], strict=True)
+    )
 
 
 def _fail(err: TunnelspecError, as_json: bool = False) -> None:

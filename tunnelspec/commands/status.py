@@ -247,7 +247,7 @@ async def gather(inventory, cluster, opts: ConnectOptions) -> dict:
     rows = await asyncio.gather(
         *(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names)
     )
-    hosts = dict(zip(names, rows))
+    hosts = dict(zip(names, rows, strict=True))
     main = hosts.get(cluster.main.name) or {}
     # The cluster's serving mode (also under main's llama_server): what a monitor reads first.
     return {"schema": 1, "serving": (main.get("llama_server") or {}).get("serving"), "hosts": hosts}

@@ -108,7 +108,14 @@ def argv() -> list[str]:
 def squatters(listeners: list[OwnedListener], allowed: dict[int, set[int]]) -> list[OwnedListener]:
     """The listeners on a guarded port (`allowed`: port → the uids that may listen there, root
     always) owned by anyone else, on any address — tunnelspec's own service accounts aside."""
-    return [l for l in listeners if l.port in allowed and l.uid != 0 and l.uid not in allowed[l.port] and not l.ours]
+    return [
+        listener
+        for listener in listeners
+        if listener.port in allowed
+        and listener.uid != 0
+        and listener.uid not in allowed[listener.port]
+        and not listener.ours
+    ]
 
 
 async def observe(conn) -> list[OwnedListener]:

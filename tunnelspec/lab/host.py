@@ -218,7 +218,7 @@ def container_init(supervisor_pid: int) -> int | None:
         seen += 1
         try:
             with open(f"/proc/{pid}/status") as f:
-                nspid = next((l.split()[1:] for l in f if l.startswith("NSpid:")), [])
+                nspid = next((row.split()[1:] for row in f if row.startswith("NSpid:")), [])
         except OSError:
             continue
         if len(nspid) >= 2 and nspid[-1] == "1":

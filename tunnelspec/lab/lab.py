@@ -275,8 +275,8 @@ class Lab:
                 time.sleep(POLL_S)
         if pending:
             raise LabError(
-                "lab hosts not ready after %.0f s: %s"
-                % (deadline_s, ", ".join(f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending)))
+                f"lab hosts not ready after {deadline_s:.0f} s: "
+                + ", ".join(f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending))
             )
         for name in hosts:
             if states[name] == "degraded":

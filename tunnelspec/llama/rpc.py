@@ -36,7 +36,7 @@ Version = tuple[int, int, int]
 Opener = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
-class ProbeStatus(str, enum.Enum):
+class ProbeStatus(enum.StrEnum):
     OK = "ok"
     REFUSED = "refused"  # nothing listens (or the SSH server could not connect to the port)
     BUSY = "busy"  # connected, but no reply in time: another client holds the server

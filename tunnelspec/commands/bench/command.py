@@ -189,7 +189,8 @@ WATCHERS = ("tunnelspec-draftwatch.service",)
 
 async def _active(conn, units: tuple[str, ...]) -> list[str]:
     res = await conn.run(["systemctl", "is-active", "--", *units])
-    return [u for u, state in zip(units, res.stdout.split()) if state == "active"]
+    # One word per unit; a failed command may print fewer: a unit without its word is not active.
+    return [u for u, state in zip(units, res.stdout.split(), strict=False) if state == "active"]
 
 
 async def _baseline(

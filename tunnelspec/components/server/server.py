@@ -410,7 +410,8 @@ class LlamaServerResume(Task):
         if not tunnels:
             return "stopped", []
         states = await units.unit_values(ctx.conn, "ActiveState", tunnels)
-        return "stopped", [u for u, st in zip(tunnels, states) if st != "active"]
+        # An older systemd's layout may give fewer values (facts/units.py): those units are not listed.
+        return "stopped", [u for u, st in zip(tunnels, states, strict=False) if st != "active"]
 
     async def check(self, ctx):
         state, closed = await self._state(ctx)

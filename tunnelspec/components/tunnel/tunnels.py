@@ -210,7 +210,7 @@ class TunnelProbe(Task):
 
         results = await asyncio.gather(*(one(n) for n in nodes))
         out, bad = [], []
-        for node, (text, good) in zip(nodes, results):
+        for node, (text, good) in zip(nodes, results, strict=True):
             (out if good else bad).append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {text}")
         if bad:
             raise TaskFailed(f"tunnel check (expected RPC v{format_version(expected)}): " + "; ".join(bad))
