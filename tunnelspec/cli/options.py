@@ -64,7 +64,7 @@ def _one_inventory(positional: str | None, option: str | None) -> str:
         )
     if not (positional or option):
         raise click.UsageError("Missing argument 'INVENTORY' (or -i INVENTORY).")
-    return positional or option
+    return positional or str(option)
 
 
 def inventory_argument(f=None, *, deferred: bool = False):

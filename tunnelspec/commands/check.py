@@ -27,7 +27,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS, Group
 from tunnelspec.cluster import schema
 from tunnelspec.cluster.collect import collect_cluster_errors
-from tunnelspec.commands.plan import build_plan
+from tunnelspec.commands.plan import Plan, build_plan
 from tunnelspec.components.server import preflight
 from tunnelspec.components.source import controller_repo
 from tunnelspec.llama import versions
@@ -64,7 +64,7 @@ def _from_error(severity: str, err: SourceError | ClusterError) -> Finding:
 class Report:
     inventory: str
     findings: list[Finding] = field(default_factory=list)
-    plan: object | None = None  # plan.Plan, when the cluster could be read
+    plan: Plan | None = None  # when the cluster could be read
     settings: str | None = None  # the llama-server settings' check against the recorded build, when one is
 
     @property
@@ -158,17 +158,17 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     except InventoryError as err:  # YAML, an unreadable file: one error, nothing more to read
         report.add(_from_error("error", err))
         return report
-    for err in parse_errors:
-        report.add(_from_error("error", err))
+    for parse_error in parse_errors:
+        report.add(_from_error("error", parse_error))
     inv = inv.with_extra_vars(extra_vars or {})
     meant = _check_groups(inv, report)
     collected = collect_cluster_errors(
         _as_meant(inv, meant), models=True, source_check=check_controller_source if controller_git else None
     )
-    for err in collected.errors:
-        if (parse_errors or meant) and not err.var:
+    for cluster_err in collected.errors:
+        if (parse_errors or meant) and not cluster_err.var:
             continue  # "no host in [rpc]" after a header that could not be read says nothing new
-        report.add(_from_error("error", err))
+        report.add(_from_error("error", cluster_err))
     _check_unknown_vars(inv, report)
     cluster = collected.cluster
     if cluster is None:
@@ -330,7 +330,7 @@ def _check_extra_args(cluster, report: Report) -> None:
         if text[:1] in "{[":
             try:
                 json.loads(text)
-            except ValueError as err:
+            except json.JSONDecodeError as err:
                 problem = (
                     f"the argument {arg!r} looks like JSON but is not valid JSON ({err.msg}); "
                     "quote it as one argument, e.g. a list: "
@@ -342,8 +342,10 @@ def _check_extra_args(cluster, report: Report) -> None:
                 "check the quoting (a list literal, one element per argument, needs none)"
             )
         if problem:
-            err = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
-            report.add(Finding("warning", str(err), err.file, err.line, main.name, "llama_server_extra_args"))
+            warning = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
+            report.add(
+                Finding("warning", str(warning), warning.file, warning.line, main.name, "llama_server_extra_args")
+            )
 
 
 def _check_recorded_build(cluster, report: Report) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from typing import Any
 
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
@@ -58,7 +59,10 @@ async def _main_status(conn, cluster) -> dict:
         }
         for n in cluster.rpc
     ]
-    server = {"unit": await unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
+    server: dict[str, Any] = {
+        "unit": await unit_state(conn, UNIT),
+        "endpoint": f"{main.server_host}:{main.server_port}",
+    }
     tls = ApiTls.of(main)
     seen = Seen()
     try:

@@ -332,7 +332,7 @@ class LocalIsolation(Task):
         allowed: dict[int, set[int]] = {}
         for ports, users in self.listen_groups():
             for port in ports:
-                allowed.setdefault(port, set()).update(seen.uids[u] for u in users if seen.uids.get(u) is not None)
+                allowed.setdefault(port, set()).update(uid for u in users if (uid := seen.uids.get(u)) is not None)
         if not allowed:
             return
         bad = port_owners.squatters(await port_owners.observe(ctx.conn), allowed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from tunnelspec.facts import sections
 
@@ -112,7 +113,7 @@ def _flags(mask) -> list:
 def _rule(expr: list, comment: str | None) -> tuple | None:
     """One live rule as an atom when it is exactly one of our shapes, else None:
     ("connect", PortRule), or ("accept" | "reset" | "drop", port, uids) of a listen guard."""
-    seen = {
+    seen: dict[str, Any] = {  # what the rule matched so far: a flag, a port, uids, an operator, a verdict
         "oif": False,
         "dport": None,
         "sport": None,

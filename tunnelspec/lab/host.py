@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import TypeGuard
 import time
 import uuid
 from dataclasses import dataclass
@@ -176,7 +177,8 @@ def start(spec: HostSpec, root: Path, cgroup_paths: list[Path]) -> int:
     return proc.pid
 
 
-def alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> TypeGuard[int]:
+    """The process `pid` runs (not a zombie); True also says `pid` is a pid, not None."""
     if not pid:
         return False
     try:
@@ -200,7 +202,7 @@ def supervisor_alive(pid: int | None, machine: str) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    kids = []
+    kids: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/children") as f:

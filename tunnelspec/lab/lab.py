@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from collections.abc import Callable
 
 from tunnelspec.core.errors import LabError
@@ -262,7 +263,7 @@ class Lab:
         states: dict[str, str] = {}
         while pending and time.monotonic() < end:
             for name in sorted(pending):
-                rec = state.load(self.net.bridge)["hosts"][name]
+                rec = self._record(name)
                 if not host.supervisor_alive(rec["pid"], self._machine(name)):
                     raise LabError(
                         f"lab host {name} stopped while booting; see "
@@ -349,7 +350,7 @@ class Lab:
             raise LabError(f"lab host {name} is not running")
         # A host's output is decoded leniently: journals hold whatever a process printed (a model
         # emitting byte tokens writes invalid UTF-8 into llama-server's journal).
-        kw = {"capture_output": True, "text": True, "errors": "replace"} if capture else {}
+        kw: dict[str, Any] = {"capture_output": True, "text": True, "errors": "replace"} if capture else {}
         if isinstance(input, bytes) and capture:
             kw["text"] = False
             kw.pop("errors")

@@ -131,7 +131,8 @@ def baseline_argv(argv: list[str], local: str, port: int, same_placement: bool =
     are deployed. Its address is loopback: the baseline is never reachable from outside (and speaks
     plain HTTP: TLS is the front's, never llama-server's)."""
     drop = DRAFT_FLAGS if same_placement else DRAFT_FLAGS | PLACEMENT_FLAGS
-    out, skip = [], False
+    out: list[str] = []
+    skip = False
     for a in argv:
         if skip:
             skip = False

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from tunnelspec.commands.bench import figures as figs
 from tunnelspec.components.front import model as front
@@ -320,7 +321,7 @@ async def run_bench(
         local = local_devices(argv, main.target_devices)
         port = await _guarded_port(conn, main, inventory.host_vars(main.name))
         base = baseline_argv(argv, local, port, same_placement)
-        baseline = {
+        baseline: dict[str, Any] = {
             "kind": "same_placement" if same_placement else "main_alone",
             "title": "same placement, no draft" if same_placement else "main alone",
             "devices": flag_value(base, "-dev", "--device") or local,

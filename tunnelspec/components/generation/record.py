@@ -108,7 +108,7 @@ def recorded_serve(record: dict, cluster) -> dict:
         and isinstance(serve.get("tls_name"), str)
         and (serve["tls_name"] == "" or _HOST.fullmatch(serve["tls_name"]))
     )
-    return dict(serve) if ok else serve_of(cluster)
+    return dict(serve) if ok and isinstance(serve, dict) else serve_of(cluster)
 
 
 def recorded_rpc_port(want: dict) -> int | None:

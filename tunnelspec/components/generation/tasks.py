@@ -67,7 +67,9 @@ done
 
 
 def parse_records(text: str) -> tuple[dict[int, dict], int | None]:
-    records, current, n, buf = {}, None, None, []
+    records: dict[int, dict] = {}
+    buf: list[str] = []
+    current, n = None, None
 
     def flush():
         if n is not None and "".join(buf).strip():

@@ -396,7 +396,7 @@ class LlamaServerResume(Task):
     pull that tunnel up through Wants=, against the user's close."""
 
     module = "llama_server_resume"
-    args: dict = {}
+    args = {}
 
     async def _state(self, ctx) -> tuple[str, list[str]]:
         props = await units.show(ctx.conn, UNIT, ["LoadState", "UnitFileState", "ActiveState", "Wants"])

@@ -232,6 +232,8 @@ async def verify_server(
             if loop.time() >= end:
                 raise
             await asyncio.sleep(0.5)
+    if placed is None:  # the tries ran out before the deadline did
+        raise TaskFailed(f"the draft model's placement did not reach the journal within {journal_timeout} s")
     tps = timings.get("predicted_per_second")
     # The type llama-server runs, in its own words (after the completion a slot carries it).
     types = await props.read_spec_types(opener, key.reveal() if key else None)

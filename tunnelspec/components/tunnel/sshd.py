@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from typing import Any
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.templating import render_file
@@ -110,7 +111,8 @@ class TunnelSshdPolicy(Task):
         raw = await ctx.conn.get(self.p["config"])
         config = (raw or b"").decode(errors="replace")
         if self.p["state"] == "absent":
-            todo, data = [], {"absent": st.exists}
+            todo: list[str] = []
+            data: dict[str, Any] = {"absent": st.exists}
             if st.exists:
                 todo.append(f"remove {path}")
             if BLOCK_BEGIN in config.splitlines():

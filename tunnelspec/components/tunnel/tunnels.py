@@ -209,7 +209,8 @@ class TunnelProbe(Task):
             return str(res), res.ok or (res.status is ProbeStatus.BUSY and self.p["allow_busy"])
 
         results = await asyncio.gather(*(one(n) for n in nodes))
-        out, bad = [], []
+        out: list[str] = []
+        bad: list[str] = []
         for node, (text, good) in zip(nodes, results, strict=True):
             (out if good else bad).append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {text}")
         if bad:
