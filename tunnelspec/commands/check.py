@@ -15,9 +15,7 @@ import difflib
 import json
 import shlex
 import subprocess
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tunnelspec.core.errors import ClusterError, EXIT_OK, EXIT_USAGE, InventoryError, SourceError
 from tunnelspec.core.gitenv import git_env
@@ -27,6 +25,7 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS, Group
 from tunnelspec.cluster import schema
 from tunnelspec.cluster.collect import collect_cluster_errors
+from tunnelspec.commands.check_patches import patches_problem
 from tunnelspec.commands.plan import Plan, build_plan
 from tunnelspec.components.server import preflight
 from tunnelspec.components.source import controller_repo
@@ -380,50 +379,9 @@ def _is_json(text: str) -> bool:
         return False
 
 
-# ---- patch files against the pinned tree (the controller's repository, when it has one) ----------
+# ---- patch files against the pinned tree (commands/check_patches.py) --------------------------------
 def _check_patches_apply(cluster, report: Report) -> None:
-    """`git apply --check` of the file patches, in order, on the pinned tree: only when the
-    controller holds the tree (llama_repo=controller:PATH) and no commit patch comes first (its
-    changes would be needed under the files'). Skipped quietly otherwise."""
-    source = cluster.source
-    files = [p for p in source.patches if p.kind == "file"]
-    if not files or not controller_repo.is_controller_repo(source.repo):
-        return
-    kinds = [p.kind for p in source.patches]
-    last_file = max(i for i, k in enumerate(kinds) if k == "file")
-    if any(k != "file" for k in kinds[:last_file]):
-        return
-    repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
-    problem = _apply_in_scratch(repo, source.commit, [p.file for p in files])
+    problem = patches_problem(cluster)
     if problem:
         err = cluster_error(cluster.inventory, cluster.main.name, "llama_patches", problem)
         report.add(Finding("error", str(err), err.file, err.line, cluster.main.name, "llama_patches"))
-
-
-def _apply_in_scratch(repo: Path, commit: str, patches: list[Path]) -> str | None:
-    """The patches applied, in order, to the commit's tree in a scratch index: the user's
-    repository gets no write (the scratch repository borrows its objects, as the bundle does)."""
-    env = git_env(GIT_TERMINAL_PROMPT="0", LC_ALL="C")  # never the index of a hook's repository
-
-    def git(*args, cwd):
-        return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-
-    objects = git("rev-parse", "--path-format=absolute", "--git-path", "objects", cwd=repo)
-    if objects.returncode != 0:
-        return None
-    with tempfile.TemporaryDirectory(prefix="tunnelspec-check-") as tmp:
-        scratch = Path(tmp) / "scratch.git"
-        if git("init", "-q", "--bare", str(scratch), cwd=tmp).returncode != 0:
-            return None
-        (scratch / "objects" / "info" / "alternates").write_text(objects.stdout.strip() + "\n")
-        if git("read-tree", commit, cwd=scratch).returncode != 0:
-            return None
-        for path in patches:
-            res = git("apply", "--cached", str(path), cwd=scratch)
-            if res.returncode != 0:
-                why = res.stderr.strip().splitlines()
-                return (
-                    f"the patch file {path} does not apply to the pinned tree {commit[:12]} "
-                    f"(git apply: {why[0] if why else 'failed'}); regenerate it for this commit"
-                )
-    return None

@@ -37,6 +37,18 @@ SUPERVISE = (
 
 
 @dataclass
+class HostStatus:
+    """One lab host as `Lab.status()` reports it."""
+
+    name: str
+    ip: str
+    pid: int | None
+    running: bool
+    system_state: str  # `systemctl is-system-running`, or "-" when the host is down
+    link_up: bool
+
+
+@dataclass
 class HostSpec:
     name: str
     index: int

@@ -14,14 +14,13 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
 from tunnelspec.core.errors import LabError
-from tunnelspec.lab import aptrepo, cgroups, host, network, outputs, prereq, state
-from tunnelspec.lab.host import HostSpec, LoginUser
+from tunnelspec.lab import aptrepo, cgroups, host, network, nspawn, outputs, prereq, state
+from tunnelspec.lab.host import HostSpec, HostStatus, LoginUser
 from tunnelspec.lab.keys import ensure_keypair
 from tunnelspec.lab.network import LabNet
 from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_image, prune_images
@@ -29,21 +28,9 @@ from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_
 DEFAULT_HOSTS = ("main", "rpc-a", "rpc-b")
 DEFAULT_SUBNET = "10.77.0.0/24"
 DEFAULT_BRIDGE = "tslab0"
-NSPAWN_RUN = Path("/run/systemd/nspawn")
-TMPFS_MARKER = state.STATE_ROOT / "nspawn-tmpfs.mounted"
 HOST_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 POLL_S = 0.2
 POWEROFF_S = 30.0
-
-
-@dataclass
-class HostStatus:
-    name: str
-    ip: str
-    pid: int | None
-    running: bool
-    system_state: str  # `systemctl is-system-running`, or "-" when the host is down
-    link_up: bool
 
 
 class Lab:
@@ -134,7 +121,7 @@ class Lab:
         client_pub = ensure_keypair(self.key_file, "tunnelspec-lab-client")
         for d in (host.CCACHE_DIR, host.FIXTURES_DIR):
             d.mkdir(parents=True, exist_ok=True)
-        _ensure_nspawn_tmpfs()
+        nspawn.ensure_runtime_tmpfs()
         network.ensure_bridge(self.net)
         st["repo_pid"] = aptrepo.serve(
             self.net.gateway, st.get("repo_pid"), state.state_dir(self.net.bridge) / "apt-repo.log"
@@ -381,7 +368,7 @@ class Lab:
                 busy = cgroups.remove(rec["cgroups"])
                 if busy:
                     raise LabError(f"lab host {name}: cgroups still busy: {', '.join(busy)}")
-                _remove_nspawn_runtime(self._machine(name))
+                nspawn.remove_runtime(self._machine(name))
                 network.remove_host_link(self.net, rec["index"], name)
                 rec["pid"] = None
                 state.save(self.net.bridge, st)
@@ -392,7 +379,7 @@ class Lab:
         for path in (self.inventory, self.known_hosts, self.ssh_config):
             path.unlink(missing_ok=True)
         if not state.all_labs():
-            _release_nspawn_tmpfs()
+            nspawn.release_runtime_tmpfs()
         self.log(f"lab: {self.dir} down ({self.net.bridge} removed)")
 
 
@@ -402,28 +389,3 @@ def _fixtures():
     except ImportError as err:
         raise LabError(f"lab fixtures unavailable (tunnelspec.lab.fixtures: {err})") from None
     return ensure_fixtures(str(host.FIXTURES_DIR))
-
-
-def _ensure_nspawn_tmpfs() -> None:
-    """nspawn needs /run/systemd/nspawn on a tmpfs; /run is a plain directory here."""
-    run_fs = subprocess.run(["stat", "-f", "-c", "%T", "/run"], capture_output=True, text=True)
-    if run_fs.stdout.strip() == "tmpfs" or host.is_mounted(NSPAWN_RUN):
-        return
-    NSPAWN_RUN.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tunnelspec-lab", str(NSPAWN_RUN)], check=True)
-    TMPFS_MARKER.parent.mkdir(parents=True, exist_ok=True)
-    TMPFS_MARKER.write_text("mounted by tunnelspec lab\n")
-
-
-def _remove_nspawn_runtime(machine: str) -> None:
-    for sub in ("propagate", "unix-export", "incoming"):
-        path = NSPAWN_RUN / sub / machine
-        if path.exists():
-            host.unmount(path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _release_nspawn_tmpfs() -> None:
-    if TMPFS_MARKER.exists():
-        host.unmount(NSPAWN_RUN)
-        TMPFS_MARKER.unlink()
