@@ -40,7 +40,7 @@ from tunnelspec.commands.bench.render import render
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed, UsageError
-from tunnelspec.components import isolation
+from tunnelspec.components import isolation_host
 from tunnelspec.facts import nft, port_owners
 from tunnelspec.core import http
 from tunnelspec.components.server.args import UNIT
@@ -169,7 +169,7 @@ async def _guarded_port(conn, main, hv: dict) -> int:
             f"main: bench's port {port} (bench_port) is taken: {held[0].describe()}; stop that "
             "process (and find out who started it), or set another bench_port (nothing was changed)"
         )
-    if not isolation.opted_in(hv.get(isolation.OPT_OUT, True)):
+    if not isolation_host.opted_in(hv.get(isolation_host.OPT_OUT, True)):
         return port
     seen = await nft.observe(conn, [main.users.llama])
     uid = seen.uids.get(main.users.llama)
