@@ -21,7 +21,7 @@ from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
 from tunnelspec.components.front.serving import serving_state, sh, unit_state
 from tunnelspec.llama.devices import served_text
 from tunnelspec.components.generation import record as gen
-from tunnelspec.components.generation.tasks import read_records
+from tunnelspec.components.generation.store import read_records
 from tunnelspec.components.isolation import LocalIsolation
 from tunnelspec.components.host.host import gather as gather_facts
 

@@ -6,7 +6,7 @@ return only says when the file is another) — so that returning to it is one sw
 download.
 
 Pure: the record's shape, what differs between two states, numbering and pruning. The commands
-that read a host's state and restore it are in components/generation/tasks.py.
+that read a host's state and restore it are in components/generation/ (tasks.py, live.py, store.py, restore.py).
 """
 
 from __future__ import annotations
