@@ -59,6 +59,9 @@ def test_wheel_carries_playbooks_templates_and_main(tmp_path):
     assert "tunnelspec/__main__.py" in names
     assert "tunnelspec/data/playbooks/deploy.yml" in names
     assert "tunnelspec/data/templates/tunnelspec-rpc.service.j2" in names
+    # The programs the deploy installs on the hosts (tunnelspec/hostprogs).
+    assert {"tunnelspec/hostprogs/draftwatch.py", "tunnelspec/hostprogs/metrics.py",
+            "tunnelspec/hostprogs/rpc_wait.py"} <= names
     # The alert rules, their tests and the dashboard (docs/metrics.md) come with the package.
     assert {"tunnelspec/data/monitoring/tunnelspec.rules.yml", "tunnelspec/data/monitoring/tunnelspec.rules.test.yml",
             "tunnelspec/data/monitoring/tunnelspec.dashboard.json"} <= names

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.llama import devices as dv, memory_fit as mf, nvidia_smi as nv
+from tunnelspec.llama import devices as dv, devices_cli, memory_fit as mf, nvidia_smi as nv
 
 DATA = Path(__file__).parent / "data"
 MIB = mf.MIB
@@ -71,12 +71,12 @@ def test_cuda_arch_cli(capsys, monkeypatch):
     import io
 
     monkeypatch.setattr("sys.stdin", io.StringIO(data("nvidia-smi-mixed.txt")))
-    assert dv._main(["cuda-arch"]) == 0
+    assert devices_cli.main(["cuda-arch"]) == 0
     out = capsys.readouterr()
     assert out.out.strip() == "86;89" and "RTX 3090" in out.err
     monkeypatch.setattr("sys.stdin", io.StringIO(data("nvidia-smi-no-driver.txt")))
-    assert dv._main(["cuda-arch"]) == 1
-    assert dv._main([]) == 2
+    assert devices_cli.main(["cuda-arch"]) == 1
+    assert devices_cli.main([]) == 2
 
 
 # ---- what a node serves ------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ directory (core/writable.py) — a string, an f-string, a join — or uses a con
 below with its reason; so is every playbook line that names one. New code that reaches into such a
 directory fails here until someone reviews it and adds it with a reason (shown on a planted module).
 
-And the programs root runs on main (templates/*.py): the modes their header says root runs reach the
+And the programs root runs on main (tunnelspec/hostprogs/): the modes their header says root runs reach the
 service-writable paths of their configuration (the keys whose value lies in such a place, read from
 the configurations the deploy renders) only where listed: llama-server's mode file only through
 `read_state`, which opens it with O_NOFOLLOW and never with open()."""
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from support.deploy_render import ROOT
+from tunnelspec.hostprogs import PROGRAMS, program_path
 from support.invariants import (Ref, config_keys, holding_names, opens_only_without_following, path_refs,
                                 program_modes, reachable, root_key_uses, yaml_refs)
 
@@ -148,7 +149,7 @@ def program_findings(name: str, source: str, keys: set[str]) -> set[tuple[str, s
 def test_the_safe_entries_go_through_helpers_that_do_not_follow():
     import ast
     for (name, fn), call in SAFE_HELPERS.items():
-        source = (ROOT / "templates" / name).read_text()
+        source = program_path(name).read_text()
         tree = ast.parse(source)
         body = next(ast.get_source_segment(source, n) for n in ast.walk(tree)
                     if isinstance(n, ast.FunctionDef) and n.name == fn)
@@ -156,26 +157,26 @@ def test_the_safe_entries_go_through_helpers_that_do_not_follow():
         assert "connect_unix_nofollow" not in call or "os.O_PATH | os.O_NOFOLLOW" in next(
             ast.get_source_segment(source, n) for n in ast.walk(tree)
             if isinstance(n, ast.FunctionDef) and n.name == "connect_unix_nofollow")
-    metrics = (ROOT / "templates" / "tunnelspec-metrics.py").read_text()
+    metrics = (ROOT / "tunnelspec" / "hostprogs" / "metrics.py").read_text()
     assert opens_only_without_following(metrics, "_read_json") == (True, "")
 
 
 def test_the_programs_modes_are_classified():
-    for p in sorted((ROOT / "templates").glob("*.py")):
-        modes = program_modes(p.read_text())
+    for name in sorted(PROGRAMS):
+        modes = program_modes(program_path(name).read_text())
         root_modes = {m for m, words in modes.items() if "user)" not in words}
-        assert root_modes == set(ROOT_ENTRIES[p.name]), (p.name, modes)
+        assert root_modes == set(ROOT_ENTRIES[name]), (name, modes)
 
 
 def test_root_modes_reach_service_writable_paths_only_where_listed(keys):
     found = set()
-    for p in sorted((ROOT / "templates").glob("*.py")):
-        found |= program_findings(p.name, p.read_text(), keys)
+    for name in sorted(PROGRAMS):
+        found |= program_findings(name, program_path(name).read_text(), keys)
     assert found == set(PROGRAM_KNOWN), found
 
 
 def test_the_mode_file_is_read_by_root_only_through_read_state_without_following():
-    source = (ROOT / "templates" / "tunnelspec-draftwatch.py").read_text()
+    source = (ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py").read_text()
     assert opens_only_without_following(source, "read_state") == (True, "")
     # The writer is the launcher's (llama-server's user): no root mode reaches it.
     reach = reachable(source, [f for fns in ROOT_ENTRIES["tunnelspec-draftwatch.py"].values() for f in fns])
@@ -215,7 +216,7 @@ def test_planted_module_reaching_into_service_writable_directories_fails(tree):
 
 
 def test_planted_watcher_that_reads_the_mode_file_with_open_fails(keys):
-    source = (ROOT / "templates" / "tunnelspec-draftwatch.py").read_text()
+    source = (ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py").read_text()
     planted = source.replace("def front_busy(cfg):", "def peek_mode(cfg):\n    with open(cfg[\"state\"]) as f:\n"
                              "        return f.read()\n\n\ndef front_busy(cfg):\n    peek_mode(cfg)", 1)
     assert program_findings("tunnelspec-draftwatch.py", planted, keys) - set(PROGRAM_KNOWN) == {
@@ -230,20 +231,22 @@ def test_planted_watcher_that_reads_the_mode_file_with_open_fails(keys):
 
 
 def test_planted_watcher_that_writes_the_mode_file_fails(keys):
-    source = (ROOT / "templates" / "tunnelspec-draftwatch.py").read_text()
+    source = (ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py").read_text()
     planted = source.replace("def front_busy(cfg):\n", "def front_busy(cfg):\n    write_state(cfg, {})\n", 1)
     assert ("tunnelspec-draftwatch.py", "write_state", "state") in program_findings(
         "tunnelspec-draftwatch.py", planted, keys)
 
 
 def test_planted_new_root_mode_must_be_classified():
-    source = (ROOT / "templates" / "tunnelspec-metrics.py").read_text()
+    source = (ROOT / "tunnelspec" / "hostprogs" / "metrics.py").read_text()
     planted = source.replace("#   tunnelspec-metrics show CONFIG",
                              "#   tunnelspec-metrics fix CONFIG    chmods the state (root)\n#   tunnelspec-metrics show CONFIG", 1)
     assert set(program_modes(planted)) == {"serve", "show", "fix"}
 
 
-def test_the_templates_are_the_ones_the_deploy_installs(deploys):
+def test_the_programs_are_the_ones_the_deploy_installs(deploys):
     installed = {f.src for f in deploys["lab"].files}
-    assert {p.name for p in (ROOT / "templates").glob("*.py")} <= installed
+    assert set(PROGRAMS) <= installed
+    assert {p.name for p in program_path("tunnelspec-metrics.py").parent.glob("*.py")} - {"__init__.py"} == set(
+        PROGRAMS.values())
     assert Path(ROOT / "playbooks").is_dir()

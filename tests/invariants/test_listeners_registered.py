@@ -32,7 +32,7 @@ LISTENER_SITES: dict[tuple[str, str], str] = {
     ("tunnelspec/lab/aptrepo.py", "serve"):
         "the lab's package mirror (python -m http.server) on the controller's lab bridge: `tunnelspec lab up` only, "
         "no cluster host",
-    ("templates/tunnelspec-metrics.py", "Server"):
+    ("tunnelspec/hostprogs/metrics.py", "Server"):
         "binds the configuration's `listen` = metrics_document's [127.0.0.1, metrics_port]: the registry's "
         "'the metrics exporter' (serve() refuses another address)",
 }
@@ -44,7 +44,7 @@ TRANSIENT = {
 
 
 def sites() -> list:
-    files = sorted((ROOT / "tunnelspec").rglob("*.py")) + sorted((ROOT / "templates").glob("*.py"))
+    files = sorted((ROOT / "tunnelspec").rglob("*.py"))  # the host programs (tunnelspec/hostprogs) too
     return [r for p in files for r in listener_sites(str(p.relative_to(ROOT)), p.read_text())]
 
 

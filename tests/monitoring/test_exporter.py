@@ -1,5 +1,5 @@
-"""The metrics exporter (templates/tunnelspec-metrics.py) and the launcher's counters it reads
-(templates/tunnelspec-draftwatch.py), without a lab: mode files of both ages, a stand-in llama-server
+"""The metrics exporter (tunnelspec/hostprogs/metrics.py) and the launcher's counters it reads
+(tunnelspec/hostprogs/draftwatch.py), without a lab: mode files of both ages, a stand-in llama-server
 /metrics on 127.0.0.1 that wants the API key, and `promtool check metrics` on what comes out."""
 
 from __future__ import annotations
@@ -18,11 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tunnelspec.hostprogs import program_path
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def load(name, file):
-    loader = importlib.machinery.SourceFileLoader(name, str(REPO / "templates" / file))
+    loader = importlib.machinery.SourceFileLoader(name, str(program_path(file)))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
@@ -178,7 +180,7 @@ def test_promtool_accepts_the_output(tmp_path):
 
 def test_the_exporter_survives_rendering_as_a_template():
     from tunnelspec.core.templating import render_file
-    text = (REPO / "templates" / "tunnelspec-metrics.py").read_text()
+    text = (REPO / "tunnelspec" / "hostprogs" / "metrics.py").read_text()
     assert render_file(text, {}) == text.rstrip("\n") or render_file(text, {}) == text
 
 
@@ -311,7 +313,7 @@ def test_the_installed_program_serves_and_drops_an_idle_client(tmp_path):
     (tmp_path / "mode.json").write_text(json.dumps({"mode": "plain", "since": 1.0, "at": 1.0}))
     cfg = tmp_path / "metrics.json"
     cfg.write_text(json.dumps(cfg_for(tmp_path, tunnels={}, listen=["127.0.0.1", port])))
-    proc = subprocess.Popen([sys.executable, str(REPO / "templates" / "tunnelspec-metrics.py"), "serve", str(cfg)],
+    proc = subprocess.Popen([sys.executable, str(REPO / "tunnelspec" / "hostprogs" / "metrics.py"), "serve", str(cfg)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     idle = []
     try:

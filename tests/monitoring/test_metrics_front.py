@@ -158,7 +158,7 @@ def test_the_front_serves_metrics_only_with_the_token(tmp_path):
         # The front's own figures, for the exporter, on its unix socket.
         import importlib.machinery
         import importlib.util
-        loader = importlib.machinery.SourceFileLoader("tm", str(ROOT / "templates" / "tunnelspec-metrics.py"))
+        loader = importlib.machinery.SourceFileLoader("tm", str(ROOT / "tunnelspec" / "hostprogs" / "metrics.py"))
         spec = importlib.util.spec_from_loader(loader.name, loader)
         mod = importlib.util.module_from_spec(spec)
         loader.exec_module(mod)

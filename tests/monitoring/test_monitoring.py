@@ -39,7 +39,7 @@ PROMETHEUS_SERIES = {"up"}
 
 
 def exporter():
-    loader = importlib.machinery.SourceFileLoader("tunnelspec_metrics", str(REPO / "templates" / "tunnelspec-metrics.py"))
+    loader = importlib.machinery.SourceFileLoader("tunnelspec_metrics", str(REPO / "tunnelspec" / "hostprogs" / "metrics.py"))
     spec = importlib.util.spec_from_loader(loader.name, loader)
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)

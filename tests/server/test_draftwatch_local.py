@@ -1,4 +1,4 @@
-"""The launcher (templates/tunnelspec-draftwatch.py `launch`) against a real ggml-rpc-server, and the
+"""The launcher (tunnelspec/hostprogs/draftwatch.py `launch`) against a real ggml-rpc-server, and the
 front (the real HAProxy configuration, templates/tunnelspec-front.cfg.j2) holding requests for a
 real llama-server while it is down and while it loads. The watcher's switches (systemd units,
 tunnels) are proven in the lab: tests/deploy/test_degraded_lab.py."""
@@ -24,7 +24,7 @@ from support.localserver import free_port, spawn, start_rpc_server, wait_health
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "templates" / "tunnelspec-draftwatch.py"
+SCRIPT = ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py"
 
 
 def _load_script():

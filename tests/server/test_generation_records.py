@@ -20,6 +20,9 @@ import pytest
 from tunnelspec.commands import rollback as rb
 from tunnelspec.components.generation import record as gen
 from tunnelspec.components.generation import tasks as tg
+from tunnelspec.components.generation import live as glive
+from tunnelspec.components.generation import restore as grestore
+from tunnelspec.components.generation import store as gstore
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core.templating import render_value
@@ -148,17 +151,17 @@ def test_a_serving_file_that_is_a_link_or_no_regular_file_is_reported_as_such(tm
 def test_a_link_at_a_serving_path_is_not_recorded():
     state = {**_main(), "files": {**_main()["files"], gen.FRONT_CONFIG: {"kind": "link"}}}
     with pytest.raises(TaskFailed, match=r"main: /etc/tunnelspec/front.cfg is a symbolic link; .*nothing was recorded"):
-        tg.recordable("main", state)
+        glive.recordable("main", state)
     with pytest.raises(TaskFailed, match=r"front.cfg is not a regular file"):
-        tg.recordable("main", {**state, "files": {gen.FRONT_CONFIG: {"kind": "other"}}})
+        glive.recordable("main", {**state, "files": {gen.FRONT_CONFIG: {"kind": "other"}}})
     # What a return would refuse is not recorded either (here a mode the deploy never writes).
     with pytest.raises(TaskFailed, match=r"main: its mode of .*'666' .*nothing was recorded"):
-        tg.recordable("main", _with_file(LLAMA_UNIT, mode="666"))
-    tg.recordable("main", _main())
+        glive.recordable("main", _with_file(LLAMA_UNIT, mode="666"))
+    glive.recordable("main", _main())
 
 
 def _store(store, *pairs) -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", tg._STORE, "sh", str(store), *map(str, pairs)], capture_output=True, text=True)
+    return subprocess.run(["sh", "-c", gstore.STORE_SCRIPT, "sh", str(store), *map(str, pairs)], capture_output=True, text=True)
 
 
 def test_the_copies_are_never_taken_through_a_link(tmp_path):
@@ -202,7 +205,7 @@ class Node:
         self.text = json.dumps({"head": "c" * 40}) + "\n"
         conn = LocalConnection("rpc-a")
         asyncio.run(conn.put(self.text, str(self.stack), mode=0o644))      # as checkout.py writes it
-        self.live = asyncio.run(tg.host_state(conn, "rpc", str(self.root)))
+        self.live = asyncio.run(glive.host_state(conn, "rpc", str(self.root)))
         # A copy in the store under its sum (what generation_record keeps), and a file elsewhere.
         self.sha = hashlib.sha256(self.text.encode()).hexdigest()
         (self.store / self.sha).write_text(self.text)
@@ -237,7 +240,7 @@ def test_an_edited_record_is_refused_by_the_node_with_nothing_changed(tmp_path, 
     # The node's stack record differs too, so an unchecked restore would write it.
     node.stack.write_text(json.dumps({"head": "e" * 40}) + "\n")
     before = node.on_disk()
-    task = tg.GenerationRestore.build({"record": node.record(entry)})
+    task = grestore.GenerationRestore.build({"record": node.record(entry)})
     with pytest.raises(TaskFailed) as e:
         asyncio.run(task.check(node.ctx))
     assert str(e.value).startswith("rpc-a: generation 2 is refused: its ")
@@ -258,7 +261,7 @@ def test_a_record_naming_another_root_for_the_node_is_refused(tmp_path, monkeypa
     before = node.on_disk()
     with pytest.raises(TaskFailed, match=r"rpc-a: generation 2 is refused: its root .* is not the inventory's "
                                          r"tunnelspec_root of rpc-a"):
-        asyncio.run(tg.GenerationRestore.build({"record": record}).check(node.ctx))
+        asyncio.run(grestore.GenerationRestore.build({"record": record}).check(node.ctx))
     assert node.on_disk() == before
 
 
@@ -270,7 +273,7 @@ def test_a_return_needs_the_build_and_the_copies_themselves_never_links(tmp_path
     elsewhere.mkdir()
     (elsewhere / ".tunnelspec-stamp").write_text("{}\n")
     (node.root / "build" / "fedcba9876543210").symlink_to(elsewhere)
-    task = tg.GenerationRestore.build({"record": node.record(node.live["files"][str(node.stack)])})
+    task = grestore.GenerationRestore.build({"record": node.record(node.live["files"][str(node.stack)])})
     files = gen.managed_files("rpc", str(node.root))
 
     def preconditions(want: dict) -> None:

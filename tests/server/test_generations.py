@@ -8,7 +8,7 @@ import os
 import subprocess
 
 from tunnelspec.components.generation import record as gen
-from tunnelspec.components.generation import tasks as tg
+from tunnelspec.components.generation import store as gstore
 from tunnelspec.components.build import build as llama_build
 
 MAIN = "/etc/systemd/system/tunnelspec-llama-server.service"
@@ -74,10 +74,10 @@ def test_kept_generations_pin_their_builds_and_file_copies():
 def test_records_on_main_parse_with_the_current_pointer():
     text = ("--- 1\n" + gen.dumps(_record(1)) + "\n--- 2\n" + gen.dumps(_record(2, "k2")) + "\n--- 3\n{broken\n"
             "--- current 2\n")
-    records, current = tg.parse_records(text)
+    records, current = gstore.parse_records(text)
     assert sorted(records) == [1, 2] and current == 2 and records[2]["hosts"]["main"]["build"].endswith("k2")
-    assert tg.parse_records("--- current \n") == ({}, None)
-    assert tg.parse_records("--- 1\n" + gen.dumps(_record(1)) + "--- current 7\n")[1] is None
+    assert gstore.parse_records("--- current \n") == ({}, None)
+    assert gstore.parse_records("--- 1\n" + gen.dumps(_record(1)) + "--- current 7\n")[1] is None
 
 
 def test_build_pruning_never_removes_a_pinned_build(tmp_path):
@@ -101,7 +101,7 @@ def test_the_pins_and_copies_prune_script(tmp_path):
     store.mkdir()
     for name in ("a" * 64, "b" * 64):
         (store / name).write_text("x")
-    subprocess.run(["sh", "-c", tg._PRUNE, "sh", str(root / "build" / gen.PINS), str(store), "k1", "k2",
+    subprocess.run(["sh", "-c", gstore.PRUNE_SCRIPT, "sh", str(root / "build" / gen.PINS), str(store), "k1", "k2",
                     f"sha:{'a' * 64}"], check=True)
     assert (root / "build" / gen.PINS).read_text() == "k1\nk2\n"
     assert [p.name for p in store.iterdir()] == ["a" * 64]

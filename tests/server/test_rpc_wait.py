@@ -1,4 +1,4 @@
-"""The rpc-wait helper (templates/tunnelspec-rpc-wait.py, stdlib only) against a real ggml-rpc-server."""
+"""The rpc-wait helper (tunnelspec/hostprogs/rpc_wait.py, stdlib only) against a real ggml-rpc-server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from tunnelspec.core.constants import LOOPBACK
 from support.localserver import free_port
 
-SCRIPT = Path(__file__).resolve().parents[2] / "templates" / "tunnelspec-rpc-wait.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "tunnelspec" / "hostprogs" / "rpc_wait.py"
 
 
 def run_wait(*args, timeout=60):

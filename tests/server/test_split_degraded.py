@@ -1,6 +1,6 @@
 """Split-degraded (docs/degraded.md, "A target node of a split"): the deploy renders a command line
 "without <node>" for each target node whose loss the remaining devices absorb (the memory fit check),
-and the launcher (templates/tunnelspec-draftwatch.py) starts llama-server with it when that node does
+and the launcher (tunnelspec/hostprogs/draftwatch.py) starts llama-server with it when that node does
 not answer within its short wait. Pure: the RPC HELLO is replaced by a table, execv by a record."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tunnelspec.llama import memory_fit as devices
 from server.test_split_no_draft import SHA, help_of
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "templates" / "tunnelspec-draftwatch.py"
+SCRIPT = ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py"
 MIB = 2**20
 BY_PORT = {15052: ["RPC0"], 15053: ["RPC1"]}
 

@@ -343,7 +343,7 @@ def yaml_refs(name: str, text: str) -> list[Ref]:
     return out
 
 
-# ---- programs root runs on main (templates/*.py) ----------------------------------------------------
+# ---- programs root runs on main (tunnelspec/hostprogs/) ----------------------------------------------------
 def program_modes(source: str) -> dict[str, str]:
     """mode -> its header line's words (`#   tunnelspec-x MODE CONFIG   who runs it: what`)."""
     out = {}

@@ -74,7 +74,7 @@ def _one_inventory(positional: str | None, option: str | None) -> str:
         )
     if not (positional or option):
         raise click.UsageError("Missing argument 'INVENTORY' (or -i INVENTORY).")
-    return positional or option or ""  # one of them, checked above
+    return positional or str(option)
 
 
 def vault_options(f):

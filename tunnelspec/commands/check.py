@@ -15,10 +15,8 @@ import difflib
 import json
 import shlex
 import subprocess
-import tempfile
 from typing import Any
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from tunnelspec.core.errors import ClusterError, EXIT_OK, EXIT_USAGE, InventoryError, SourceError
 from tunnelspec.core.gitenv import git_env
@@ -28,7 +26,8 @@ from tunnelspec.inventory import load_inventory
 from tunnelspec.inventory.model import ANSIBLE_INTERNAL_VARS, Group
 from tunnelspec.cluster import schema
 from tunnelspec.cluster.collect import collect_cluster_errors
-from tunnelspec.commands.plan import build_plan, mark_unknown
+from tunnelspec.commands.check_patches import patches_problem
+from tunnelspec.commands.plan import Plan, build_plan, mark_unknown, stand_ins
 from tunnelspec.components.server import preflight
 from tunnelspec.components.source import controller_repo
 from tunnelspec.llama import versions
@@ -65,7 +64,7 @@ def _from_error(severity: str, err: SourceError | ClusterError) -> Finding:
 class Report:
     inventory: str
     findings: list[Finding] = field(default_factory=list)
-    plan: object | None = None  # plan.Plan, when the cluster could be read
+    plan: Plan | None = None  # when the cluster could be read
     settings: str | None = None  # the llama-server settings' check against the recorded build, when one is
     loaded: Any = None  # the Inventory read (with -e), when it could be: a deploy runs on this one
     cluster: Any = None  # the Cluster built from it (models required), when it has no error
@@ -163,18 +162,18 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
     except InventoryError as err:  # YAML, an unreadable file: one error, nothing more to read
         report.add(_from_error("error", err))
         return report
-    for err in parse_errors:
-        report.add(_from_error("error", err))
+    for parse_error in parse_errors:
+        report.add(_from_error("error", parse_error))
     inv = inv.with_extra_vars(extra_vars or {})
     report.loaded = inv
     meant = _check_groups(inv, report)
     collected = collect_cluster_errors(
         _as_meant(inv, meant), models=True, source_check=check_controller_source if controller_git else None
     )
-    for err in collected.errors:
-        if (parse_errors or meant) and not err.var:
+    for cluster_err in collected.errors:
+        if (parse_errors or meant) and not cluster_err.var:
             continue  # "no host in [rpc]" after a header that could not be read says nothing new
-        report.add(_from_error("error", err))
+        report.add(_from_error("error", cluster_err))
     _check_unknown_vars(inv, report)
     cluster = collected.cluster
     if cluster is None:
@@ -188,19 +187,8 @@ def check_inventory(path: str, extra_vars: dict | None = None, *, controller_git
         _check_patches_apply(cluster, report)
 
     report.plan = build_plan(cluster, _rpc_server_name(cluster) if controller_git else None)
-    mark_unknown(report.plan, _stand_ins(cluster, collected.set_aside))
+    mark_unknown(report.plan, stand_ins(cluster, collected.set_aside))
     return report
-
-
-def _stand_ins(cluster, set_aside) -> dict[str, str]:
-    """value -> variable for each value that stands in for one set aside (its error is reported)."""
-    out: dict[str, str] = {}
-    for host, var in set_aside:
-        hv = cluster.inventory.host_vars(host or cluster.main.name)
-        value = hv.get(var)
-        if value is not None and str(value).strip() and len(str(value)) >= 4:
-            out[str(value)] = var
-    return out
 
 
 def _rpc_server_name(cluster) -> str | None:
@@ -350,7 +338,7 @@ def _check_extra_args(cluster, report: Report) -> None:
         if text[:1] in "{[":
             try:
                 json.loads(text)
-            except ValueError as err:
+            except json.JSONDecodeError as err:
                 problem = (
                     f"the argument {arg!r} looks like JSON but is not valid JSON ({err.msg}); "
                     "quote it as one argument, e.g. a list: "
@@ -362,8 +350,10 @@ def _check_extra_args(cluster, report: Report) -> None:
                 "check the quoting (a list literal, one element per argument, needs none)"
             )
         if problem:
-            err = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
-            report.add(Finding("warning", str(err), err.file, err.line, main.name, "llama_server_extra_args"))
+            warning = cluster_error(cluster.inventory, main.name, "llama_server_extra_args", problem)
+            report.add(
+                Finding("warning", str(warning), warning.file, warning.line, main.name, "llama_server_extra_args")
+            )
 
 
 def _check_recorded_build(cluster, report: Report) -> None:
@@ -398,50 +388,9 @@ def _is_json(text: str) -> bool:
         return False
 
 
-# ---- patch files against the pinned tree (the controller's repository, when it has one) ----------
+# ---- patch files against the pinned tree (commands/check_patches.py) --------------------------------
 def _check_patches_apply(cluster, report: Report) -> None:
-    """`git apply --check` of the file patches, in order, on the pinned tree: only when the
-    controller holds the tree (llama_repo=controller:PATH) and no commit patch comes first (its
-    changes would be needed under the files'). Skipped quietly otherwise."""
-    source = cluster.source
-    files = [p for p in source.patches if p.kind == "file"]
-    if not files or not controller_repo.is_controller_repo(source.repo):
-        return
-    kinds = [p.kind for p in source.patches]
-    last_file = max(i for i, k in enumerate(kinds) if k == "file")
-    if any(k != "file" for k in kinds[:last_file]):
-        return
-    repo = controller_repo.path_of(source.repo, cluster.inventory.path.parent)
-    problem = _apply_in_scratch(repo, source.commit, [p.file for p in files])
+    problem = patches_problem(cluster)
     if problem:
         err = cluster_error(cluster.inventory, cluster.main.name, "llama_patches", problem)
         report.add(Finding("error", str(err), err.file, err.line, cluster.main.name, "llama_patches"))
-
-
-def _apply_in_scratch(repo: Path, commit: str, patches: list[Path]) -> str | None:
-    """The patches applied, in order, to the commit's tree in a scratch index: the user's
-    repository gets no write (the scratch repository borrows its objects, as the bundle does)."""
-    env = git_env(GIT_TERMINAL_PROMPT="0", LC_ALL="C")  # never the index of a hook's repository
-
-    def git(*args, cwd):
-        return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
-
-    objects = git("rev-parse", "--path-format=absolute", "--git-path", "objects", cwd=repo)
-    if objects.returncode != 0:
-        return None
-    with tempfile.TemporaryDirectory(prefix="tunnelspec-check-") as tmp:
-        scratch = Path(tmp) / "scratch.git"
-        if git("init", "-q", "--bare", str(scratch), cwd=tmp).returncode != 0:
-            return None
-        (scratch / "objects" / "info" / "alternates").write_text(objects.stdout.strip() + "\n")
-        if git("read-tree", commit, cwd=scratch).returncode != 0:
-            return None
-        for path in patches:
-            res = git("apply", "--cached", str(path), cwd=scratch)
-            if res.returncode != 0:
-                why = res.stderr.strip().splitlines()
-                return (
-                    f"the patch file {path} does not apply to the pinned tree {commit[:12]} "
-                    f"(git apply: {why[0] if why else 'failed'}); regenerate it for this commit"
-                )
-    return None

@@ -304,8 +304,9 @@ async def collect(inventory, cluster, opts: ConnectOptions, since: str | None = 
                 HOST_TIMEOUT,
             )
         except (TimeoutError, Exception) as e:  # noqa: BLE001 - the others are still collected
-            b = HostBundle(name, unreachable=f"collecting stopped: {type(e).__name__}: {e}")
-            b.files["UNREACHABLE.txt"] = b.unreachable + "\n"
+            why = f"collecting stopped: {type(e).__name__}: {e}"
+            b = HostBundle(name, unreachable=why)
+            b.files["UNREACHABLE.txt"] = why + "\n"
             return b
 
     rows = list(await asyncio.gather(*(one(n) for n in names)))

@@ -129,7 +129,9 @@ def _host_lines(cluster, name: str, role: str, build, users: list[str], rpc_serv
     elif guarded:
         lines.append(
             "guarded ports: "
-            + "; ".join(f"127.0.0.1:{x.port} {x.name} (root, {', '.join(x.connect) or 'no one else'})" for x in guarded)
+            + "; ".join(
+                f"127.0.0.1:{x.port} {x.name} (root, {', '.join(x.connect or ()) or 'no one else'})" for x in guarded
+            )
         )
     return lines
 
@@ -257,3 +259,14 @@ def mark_unknown(plan: Plan, stand_ins: dict[str, str]) -> None:
     plan.commands = [Command(c.host, c.unit, [fix(a) for a in c.argv], c.what) for c in plan.commands]
     plan.hosts = {h: [fix(line) for line in lines] for h, lines in plan.hosts.items()}
     plan.notes.append("<VAR: unknown>: the value of a line with an error, left out of the plan")
+
+
+def stand_ins(cluster, set_aside) -> dict[str, str]:
+    """value -> variable for each value that stands in for one set aside (its error is reported)."""
+    out: dict[str, str] = {}
+    for host, var in set_aside:
+        hv = cluster.inventory.host_vars(host or cluster.main.name)
+        value = hv.get(var)
+        if value is not None and str(value).strip() and len(str(value)) >= 4:
+            out[str(value)] = var
+    return out

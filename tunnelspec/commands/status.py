@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from typing import Any
 
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
@@ -20,7 +21,7 @@ from tunnelspec.components.tls.reach import ApiTls, Seen, api_opener
 from tunnelspec.components.front.serving import serving_state, sh, unit_state
 from tunnelspec.llama.devices import served_text
 from tunnelspec.components.generation import record as gen
-from tunnelspec.components.generation.tasks import read_records
+from tunnelspec.components.generation.store import read_records
 from tunnelspec.components.isolation import LocalIsolation
 from tunnelspec.components.host.host import gather as gather_facts
 
@@ -58,7 +59,10 @@ async def _main_status(conn, cluster) -> dict:
         }
         for n in cluster.rpc
     ]
-    server = {"unit": await unit_state(conn, UNIT), "endpoint": f"{main.server_host}:{main.server_port}"}
+    server: dict[str, Any] = {
+        "unit": await unit_state(conn, UNIT),
+        "endpoint": f"{main.server_host}:{main.server_port}",
+    }
     tls = ApiTls.of(main)
     seen = Seen()
     try:
@@ -247,7 +251,7 @@ async def gather(inventory, cluster, opts: ConnectOptions) -> dict:
     rows = await asyncio.gather(
         *(_host(n, inventory.host_vars(n), cluster, opts, inventory.path.parent) for n in names)
     )
-    hosts = dict(zip(names, rows))
+    hosts = dict(zip(names, rows, strict=True))
     main = hosts.get(cluster.main.name) or {}
     # The cluster's serving mode (also under main's llama_server): what a monitor reads first.
     return {"schema": 1, "serving": (main.get("llama_server") or {}).get("serving"), "hosts": hosts}

@@ -11,6 +11,10 @@ accept a connection, and those units do not start when the rules cannot be loade
 Fail closed: where nftables cannot work (no CAP_NET_ADMIN in a container, no nf_tables in the
 kernel), the host stops with the reason, unless the inventory sets `rpc_local_isolation=false`;
 then every run warns.
+
+What it needs of the host and its files there (the unit, the include line in /etc/nftables.conf):
+isolation_host.py; the read-only
+tasks around this one (the preflight, the verify step, listeners_guarded): isolation_checks.py.
 """
 
 from __future__ import annotations
@@ -18,57 +22,26 @@ from __future__ import annotations
 import re
 import shlex
 
+from tunnelspec.components.isolation_host import (
+    APT_INSTALL,
+    OPT_OUT,
+    CONF_DROP,
+    CONF_INCLUDE,
+    CONF_MARK,
+    NFT_CONF,
+    cap_reason,
+    kernel_check,
+    opted_in,
+    unit_text,
+    warning,
+)
 from tunnelspec.connection.base import read_argv
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts import nft, port_owners
 from tunnelspec.reporting import events
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 
-OPT_OUT = "rpc_local_isolation"
-APT_INSTALL = [
-    "env",
-    "DEBIAN_FRONTEND=noninteractive",
-    "apt-get",
-    "install",
-    "-y",
-    "-q",
-    "--no-install-recommends",
-    "nftables",
-]
 _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
-# Appended to Debian's /etc/nftables.conf (after its `flush ruleset`): every `nft -f` of it —
-# nftables.service's start, restart and reload — loads our table in the same transaction as its
-# flush. The bracket makes it a glob: no error when the file is gone (a teardown that could not
-# edit the configuration leaves a harmless line, never a firewall that fails to load).
-NFT_CONF = "/etc/nftables.conf"
-CONF_MARK = "# tunnelspec: loopback isolation, loaded in the same transaction as this file's flush"
-CONF_INCLUDE = f'include "{nft.RULES_PATH[:-1]}[{nft.RULES_PATH[-1]}]"'
-_CONF_DROP = [
-    "sed",
-    "-i",
-    "-e",
-    f"/^{CONF_MARK}$/d",
-    "-e",
-    r'/^include "\/etc\/tunnelspec\/isolation.nf\[t\]"$/d',
-    "--",
-    NFT_CONF,
-]
-_PROBE_RULES = (
-    "table inet tunnelspec_probe {\n\tchain output {\n"
-    "\t\ttype filter hook output priority filter; policy accept;\n\t}\n}\n"
-)
-
-
-def opted_in(value) -> bool:
-    """`rpc_local_isolation` as the inventory wrote it: true (default) or false, nothing else."""
-    if value is None or value is True or value is False:
-        return value is not False
-    text = str(value).strip().lower()
-    if text in ("true", "yes", "1", "on"):
-        return True
-    if text in ("false", "no", "0", "off"):
-        return False
-    raise TaskFailed(f"{OPT_OUT} must be true or false, got {value!r}")
 
 
 _GUARDS = Arg(
@@ -86,129 +59,6 @@ def expand_guards(params: dict) -> dict:
     if not isinstance(guards, dict):
         return params
     return {**{k: v for k, v in guards.items() if k != "what"}, **{k: v for k, v in params.items() if k != "guards"}}
-
-
-def warning(host: str, what: str) -> str:
-    return (
-        f"WARNING: {host}: local isolation is off ({OPT_OUT}=false): every local user can connect to "
-        f"{what} on 127.0.0.1 and speak the unauthenticated RPC protocol"
-    )
-
-
-def _unit_text(label: str, guarded: list[str]) -> str:
-    units = " ".join(guarded)
-    return "\n".join(
-        [
-            f"# Managed by tunnelspec: loopback isolation ({label}).",
-            f"# Loads {nft.RULES_PATH}, which replaces nftables table inet tunnelspec and touches no other table.",
-            "[Unit]",
-            f"Description=tunnelspec loopback isolation ({label})",
-            # Early, like Debian's nftables.service: before any network and before the guarded units.
-            "DefaultDependencies=no",
-            "Wants=network-pre.target",
-            f"Before=network-pre.target {units}".rstrip(),
-            # Debian's /etc/nftables.conf usually starts with `flush ruleset`: load after it, and again
-            # whenever it is restarted.
-            "After=local-fs.target nftables.service",
-            # A stop or restart of nftables.service (whose ExecStop is `flush ruleset`) stops or restarts
-            # this unit, and with it the units that require it: never guarded units up without rules.
-            "PartOf=nftables.service",
-            # `systemctl reload nftables` runs `nft -f /etc/nftables.conf` again (flush ruleset): load
-            # ours again right after it. Where /etc/nftables.conf includes our file (tunnelspec adds the
-            # line), its own flush and our table are one transaction and there is no moment without.
-            "ReloadPropagatedFrom=nftables.service",
-            "",
-            "[Service]",
-            "Type=oneshot",
-            "RemainAfterExit=yes",
-            f"ExecStart={nft.NFT} -f {nft.RULES_PATH}",
-            f"ExecReload={nft.NFT} -f {nft.RULES_PATH}",
-            "",
-            "[Install]",
-            "WantedBy=multi-user.target",
-            # Fail closed: a guarded unit does not start when the rules could not be loaded.
-            *([f"RequiredBy={units}"] if units else []),
-            "",
-        ]
-    )
-
-
-def _cap_reason(host: str) -> str:
-    return (
-        f"{host}: local isolation unavailable: this host's root session lacks CAP_NET_ADMIN (a container "
-        f"without it?), so nftables rules cannot be loaded. Grant the capability, or set {OPT_OUT}=false "
-        f"for this host in the inventory to run without the protection"
-    )
-
-
-async def _kernel_check(ctx, text: str) -> str:
-    """'' when nft accepts `text` against this kernel (--check: nothing is committed), else why not."""
-    v = await ctx.conn.probe([nft.NFT, "--check", "-f", "/dev/stdin"], input=text.encode(), timeout=30)
-    if v.rc == 0:
-        return ""
-    return " ".join((v.stderr or v.stdout).strip().splitlines()[-3:]) or f"nft exited {v.rc}"
-
-
-@register_task
-class LocalIsolationAvailable(Task):
-    """Read-only preflight, first on every host: can this host hold the rules? Stops the host
-    (naming the reason) before anything is touched, or warns when the inventory opted out."""
-
-    module = "local_isolation_available"
-    read_only = True
-    args = {
-        "enabled": Arg(
-            (str, bool),
-            default=True,
-            help="The inventory's rpc_local_isolation: false skips the check and warns instead.",
-        ),
-        "what": Arg(str, default="the guarded ports", help="What the warning says is exposed."),
-        "listeners": Arg(
-            list,
-            default=[],
-            help="As local_isolation's: a guarded port held by anyone else stops the run here, "
-            "before anything is touched (also when opted out).",
-        ),
-        "guards": _GUARDS,
-    }
-
-    @classmethod
-    def validate(cls, params: dict) -> dict:
-        guards = params.get("guards")
-        if isinstance(guards, dict):
-            params = {
-                **{k: v for k, v in params.items() if k != "guards"},
-                "listeners": params.get("listeners") or guards.get("listeners") or [],
-            }
-        return super().validate(params)
-
-    def probes(self) -> list[list[str]]:
-        out = [nft.observe_argv([])]
-        if self.p["listeners"]:
-            guard = LocalIsolation(LocalIsolation.validate({"listeners": self.p["listeners"]}))
-            out += [nft.observe_argv(guard.all_users()), port_owners.argv()]
-        return out
-
-    async def check(self, ctx):
-        if self.p["listeners"]:
-            guard = LocalIsolation(LocalIsolation.validate({"listeners": self.p["listeners"]}))
-            await guard.refuse_squatters(ctx, await nft.observe(ctx.conn, guard.all_users()))
-        if not opted_in(self.p["enabled"]):
-            msg = warning(ctx.host, self.p["what"])
-            ctx.emit(events.message(msg))
-            return ok(msg)
-        seen = await nft.observe(ctx.conn, [])
-        if not seen.net_admin:
-            raise TaskFailed(_cap_reason(ctx.host))
-        if seen.nft:
-            why = await _kernel_check(ctx, _PROBE_RULES)
-            if why:
-                raise TaskFailed(
-                    f"{ctx.host}: local isolation unavailable: nftables cannot load rules here "
-                    f"({why}). Fix the kernel (nf_tables), or set {OPT_OUT}=false for this host"
-                )
-            return ok("nftables usable (CAP_NET_ADMIN, nf_tables)")
-        return ok("CAP_NET_ADMIN present; nftables will be installed")
 
 
 @register_task
@@ -313,7 +163,7 @@ class LocalIsolation(Task):
                 f"may listen on loopback port(s) {', '.join(str(p) for p in sorted(set(ports)))}."
             )
         rules = self.rules(seen.uids)
-        return rules, nft.ruleset_text(rules, "\n".join(lines)), _unit_text(self.p["label"], self._guarded())
+        return rules, nft.ruleset_text(rules, "\n".join(lines)), unit_text(self.p["label"], self._guarded())
 
     def rules(self, uids: dict) -> tuple:
         """The connect and listen guards, ordered, for the uids resolved on the host (a user without one
@@ -332,7 +182,7 @@ class LocalIsolation(Task):
         allowed: dict[int, set[int]] = {}
         for ports, users in self.listen_groups():
             for port in ports:
-                allowed.setdefault(port, set()).update(seen.uids[u] for u in users if seen.uids.get(u) is not None)
+                allowed.setdefault(port, set()).update(uid for u in users if (uid := seen.uids.get(u)) is not None)
         if not allowed:
             return
         bad = port_owners.squatters(await port_owners.observe(ctx.conn), allowed)
@@ -363,7 +213,7 @@ class LocalIsolation(Task):
                 await self.refuse_squatters(ctx, seen)
             return await self._check_absent(ctx, seen)
         if not seen.net_admin:
-            raise TaskFailed(_cap_reason(ctx.host))
+            raise TaskFailed(cap_reason(ctx.host))
         await self.refuse_squatters(ctx, seen)
         rules, text, unit = self._desired(seen)
         cur_file = (await ctx.conn.get(nft.RULES_PATH) or b"").decode()
@@ -456,7 +306,7 @@ class LocalIsolation(Task):
                 tail = "\n".join((res.stdout + res.stderr).strip().splitlines()[-8:])
                 raise TaskFailed(f"installing nftables failed: {shlex.join(APT_INSTALL)}\n{tail}")
         text = ch.data["text"]
-        why = await _kernel_check(ctx, text)
+        why = await kernel_check(ctx, text)
         if why:
             raise TaskFailed(
                 f"{ctx.host}: local isolation unavailable: nftables refused the rules ({why}); "
@@ -495,7 +345,7 @@ class LocalIsolation(Task):
         )
         res = await ctx.conn.run([nft.NFT, "-c", "-f", NFT_CONF], timeout=30)
         if res.rc != 0 and before == 0:
-            await ctx.conn.run(_CONF_DROP, check=True)
+            await ctx.conn.run(CONF_DROP, check=True)
             raise TaskFailed(
                 f"{NFT_CONF} no longer loads with tunnelspec's include line (taken back): {res.stderr.strip()}"
             )
@@ -529,7 +379,7 @@ class LocalIsolation(Task):
         await self._prune_requires_dirs(ctx)
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
         await ctx.conn.run(["systemctl", "stop", nft.UNIT])
-        await ctx.conn.run(["sh", "-c", 'f=$1; shift; [ ! -f "$f" ] || exec "$@"', "sh", NFT_CONF, *_CONF_DROP])
+        await ctx.conn.run(["sh", "-c", 'f=$1; shift; [ ! -f "$f" ] || exec "$@"', "sh", NFT_CONF, *CONF_DROP])
         await ctx.conn.run(["rm", "-f", "--", nft.UNIT_PATH, nft.RULES_PATH], check=True)
         await ctx.conn.run(["systemctl", "daemon-reload"], check=True)
         await ctx.conn.run(["systemctl", "reset-failed", nft.UNIT])
@@ -538,89 +388,3 @@ class LocalIsolation(Task):
             if res.rc != 0:
                 raise TaskFailed(f"nft delete table inet {nft.TABLE} failed: {res.stderr.strip()}")
         await ctx.conn.run(["sh", "-c", 'rmdir -- "$1" 2>/dev/null || :', "sh", nft.RULES_PATH.rsplit("/", 1)[0]])
-
-
-@register_task
-class LocalIsolationVerify(Task):
-    """Read-only (verify): the live table holds exactly the rules a deploy would load."""
-
-    module = "local_isolation_verify"
-    read_only = True
-    args = {k: v for k, v in LocalIsolation.args.items() if k not in ("state", "install")}
-
-    @classmethod
-    def validate(cls, params: dict) -> dict:
-        return super().validate(expand_guards(params))
-
-    async def check(self, ctx):
-        if not opted_in(self.p["enabled"]):
-            msg = warning(ctx.host, self.p["label"].split(":")[0])
-            ctx.emit(events.message(msg))
-            return ok(msg)
-        inner = LocalIsolation({**self.p, "state": "present", "install": False})
-        seen = await nft.observe(ctx.conn, inner.all_users())
-        await inner.refuse_squatters(ctx, seen)
-        rules, _, _ = inner._desired(seen)
-        if seen.table_error:
-            raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")
-        if not nft.matches(seen.table, rules):
-            live = nft.describe(seen.table.rules) if seen.table.present else "no table inet tunnelspec"
-            raise TaskFailed(
-                f"isolation rules missing or changed (live: {live}; want: {nft.describe(rules)}): "
-                "run `tunnelspec deploy`"
-            )
-        return ok(f"{self.p['label']} ({nft.describe(rules)}; {seen.table.rejected} connection(s) refused so far)")
-
-
-@register_task
-class ListenersGuarded(Task):
-    """Read-only, after services started (deploy, verify, rollback): every TCP socket that an account
-    tunnelspec created listens on is guarded by the rules in force now — a listen guard that lets its
-    owner answer and a connect guard (the API at the front: anyone may connect). The registry of
-    listeners (cluster/ports.py) makes the rules; this holds the running services to them, whatever
-    generation or code started them: a listener added without its registry entry, or a generation
-    restored without its rules, fails here instead of serving unguarded."""
-
-    module = "listeners_guarded"
-    read_only = True
-    args = {
-        "open_ports": Arg(
-            list,
-            default=[],
-            help="Ports anyone may connect to (the API at the front): only their listen guard is required.",
-        ),
-        "enabled": Arg((str, bool), default=True, help="The inventory's rpc_local_isolation: false warns instead."),
-    }
-
-    def probes(self) -> list[list[str]]:
-        return [port_owners.argv(), nft.observe_argv([])]
-
-    async def check(self, ctx):
-        if not opted_in(self.p["enabled"]):
-            msg = warning(ctx.host, "every port its services listen on")
-            ctx.emit(events.message(msg))
-            return ok(msg)
-        owned = [x for x in await port_owners.observe(ctx.conn) if x.ours]
-        seen = await nft.observe(ctx.conn, [])
-        if seen.table_error:
-            raise TaskFailed(f"cannot read the isolation rules: {seen.table_error}")
-        open_ports = {int(p) for p in self.p["open_ports"]}
-        bad = []
-        for x in owned:
-            if x.port in open_ports:  # the API: anyone may connect; a public one answers off loopback
-                continue
-            gaps = nft.guard_gaps(seen.table, x.port, x.uid)
-            if gaps:
-                bad.append(f"{x.describe()}: {', '.join(gaps)}")
-        if bad:
-            raise TaskFailed(
-                f"{ctx.host}: listening without the isolation's guards: "
-                + "; ".join(bad)
-                + ". Every port a tunnelspec service listens on must be in the registry of listeners "
-                "(cluster/ports.py) and its rules loaded: run `tunnelspec deploy`"
-            )
-        ports = sorted({x.port for x in owned})
-        return ok(
-            f"{len(ports)} port(s) tunnelspec's accounts listen on, each guarded"
-            + (f" ({', '.join(map(str, ports))})" if ports else "")
-        )

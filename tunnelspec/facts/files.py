@@ -67,7 +67,7 @@ def _many_split(rc: int, out: bytes, paths: list[str]) -> list[bytes] | None:
     if not nl or len(flags) != len(paths) or flags.strip(b"01"):
         return None
     fields = rest.split(b"\0")
-    existing = [p for p, f in zip(paths, flags) if f == ord("1")]
+    existing = [p for p, f in zip(paths, flags, strict=True) if f == ord("1")]
     if len(fields) < 2 * len(existing) + 1:
         return None
     recs, sums = fields[: 2 * len(existing)], b"\0".join(fields[2 * len(existing) :]).splitlines()

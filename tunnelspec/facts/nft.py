@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from tunnelspec.facts import sections
 
@@ -112,7 +113,7 @@ def _flags(mask) -> list:
 def _rule(expr: list, comment: str | None) -> tuple | None:
     """One live rule as an atom when it is exactly one of our shapes, else None:
     ("connect", PortRule), or ("accept" | "reset" | "drop", port, uids) of a listen guard."""
-    seen = {
+    seen: dict[str, Any] = {  # what the rule matched so far: a flag, a port, uids, an operator, a verdict
         "oif": False,
         "dport": None,
         "sport": None,
@@ -331,7 +332,8 @@ def parse_observation(text: str, users: list[str]) -> HostIsolation:
     elif rc_line != "rc=127" and "No such file or directory" not in body:
         err = body.strip().splitlines()[-1] if body.strip() else rc_line
     uids = {}
-    for u, v in zip(users, s.get("uids", [])):
+    # The host's answer may stop short (a failed lookup): a user without a uid is left out.
+    for u, v in zip(users, s.get("uids", []), strict=False):
         uids[u] = int(v) if v.strip().isdigit() else None
     return HostIsolation(
         nft=(s.get("nft") or ["no"])[0] == "yes",
@@ -340,8 +342,8 @@ def parse_observation(text: str, users: list[str]) -> HostIsolation:
         table_error=err,
         enabled=" ".join(s.get("enabled", [])).strip(),
         active=" ".join(s.get("active", [])).strip(),
-        links=[l for l in s.get("links", []) if l],
-        requires_dirs=[l for l in s.get("reqdirs", []) if l],
+        links=[link for link in s.get("links", []) if link],
+        requires_dirs=[dir_ for dir_ in s.get("reqdirs", []) if dir_],
         uids=uids,
     )
 

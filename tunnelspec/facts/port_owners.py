@@ -72,14 +72,15 @@ def parse(text: str) -> list[OwnedListener]:
         parts = line.split(None, 2)
         if len(parts) >= 2 and parts[0].isdigit():
             procs[int(parts[0])] = Holder(int(parts[0]), parts[1], parts[2] if len(parts) > 2 else "")
-    names, marked = {}, set()
+    names: dict[int, str] = {}
+    marked: set[int] = set()
     for line in s.get("users", []):
-        uid, _, entry = line.partition(" ")
-        if uid.isdigit():
+        uid_text, _, entry = line.partition(" ")
+        if uid_text.isdigit():
             name, _, comment = entry.partition(":")
-            names[int(uid)] = name.strip()
+            names[int(uid_text)] = name.strip()
             if comment.strip() == SERVICE_USER_MARK:
-                marked.add(int(uid))
+                marked.add(int(uid_text))
     names[0] = "root"
     out = []
     for line in s.get("ss", []):
@@ -108,7 +109,14 @@ def argv() -> list[str]:
 def squatters(listeners: list[OwnedListener], allowed: dict[int, set[int]]) -> list[OwnedListener]:
     """The listeners on a guarded port (`allowed`: port → the uids that may listen there, root
     always) owned by anyone else, on any address — tunnelspec's own service accounts aside."""
-    return [l for l in listeners if l.port in allowed and l.uid != 0 and l.uid not in allowed[l.port] and not l.ours]
+    return [
+        listener
+        for listener in listeners
+        if listener.port in allowed
+        and listener.uid != 0
+        and listener.uid not in allowed[listener.port]
+        and not listener.ours
+    ]
 
 
 async def observe(conn) -> list[OwnedListener]:

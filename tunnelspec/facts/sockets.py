@@ -74,7 +74,7 @@ async def clients_of(conn, port: int) -> int:
     """How many clients hold the listener on `port`. llama.cpp's rpc-server serves one at a time, so a
     count above zero means a HELLO probe would only wait for its timeout."""
     res = await conn.probe(established_command(port))
-    return len([l for l in res.stdout.splitlines() if l.strip()]) if res.rc == 0 else 0
+    return len([row for row in res.stdout.splitlines() if row.strip()]) if res.rc == 0 else 0
 
 
 # ---- connections whose peer has closed (CLOSE-WAIT) -------------------------------------------------

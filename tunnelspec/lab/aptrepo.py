@@ -62,7 +62,7 @@ def _uris(root: Path, packages: tuple[str, ...], log: Callable[[str], None]) -> 
     for _ in range(len(packages) + 1):
         res = _chroot_apt(root, ["install", "--print-uris", "-y", "--no-install-recommends", *wanted])
         if res.returncode == 0:
-            return [m for m in (_URI.match(l) for l in res.stdout.splitlines()) if m]
+            return [m for m in (_URI.match(row) for row in res.stdout.splitlines()) if m]
         absent = set(re.findall(r"Unable to locate package (\S+)", res.stderr)) | set(
             re.findall(r"Package '?(\S+?)'? has no installation candidate", res.stderr)
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from typing import TypeGuard
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,6 +34,18 @@ SUPERVISE = (
     'n=0; while [ "$n" -lt ' + str(MAX_REBOOTS) + ' ]; do "$@"; rc=$?; '
     '[ "$rc" -eq 133 ] || exit "$rc"; n=$((n+1)); done; exit 133'
 )
+
+
+@dataclass
+class HostStatus:
+    """One lab host as `Lab.status()` reports it."""
+
+    name: str
+    ip: str
+    pid: int | None
+    running: bool
+    system_state: str  # `systemctl is-system-running`, or "-" when the host is down
+    link_up: bool
 
 
 @dataclass
@@ -176,7 +189,8 @@ def start(spec: HostSpec, root: Path, cgroup_paths: list[Path]) -> int:
     return proc.pid
 
 
-def alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> TypeGuard[int]:
+    """The process `pid` runs (not a zombie); True also says `pid` is a pid, not None."""
     if not pid:
         return False
     try:
@@ -200,7 +214,7 @@ def supervisor_alive(pid: int | None, machine: str) -> bool:
 
 
 def _children(pid: int) -> list[int]:
-    kids = []
+    kids: list[int] = []
     try:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/children") as f:
@@ -218,7 +232,7 @@ def container_init(supervisor_pid: int) -> int | None:
         seen += 1
         try:
             with open(f"/proc/{pid}/status") as f:
-                nspid = next((l.split()[1:] for l in f if l.startswith("NSpid:")), [])
+                nspid = next((row.split()[1:] for row in f if row.startswith("NSpid:")), [])
         except OSError:
             continue
         if len(nspid) >= 2 and nspid[-1] == "1":

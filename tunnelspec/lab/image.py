@@ -252,7 +252,7 @@ def _build(root: Path, tarball: Path, key: str, release: str, log: Callable[[str
 
 def _mounted_lowerdirs() -> set[str]:
     """Image trees under a live overlay mount: the truth, whatever any state file says."""
-    used = set()
+    used: set[str] = set()
     with open("/proc/mounts") as f:
         for line in f:
             fields = line.split()

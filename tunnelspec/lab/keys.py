@@ -26,10 +26,10 @@ def write_private(path: Path, data: bytes) -> None:
 def ensure_keypair(path: Path, comment: str) -> str:
     """Keep an existing OpenSSH ed25519 key at `path`, or create one; return the public line."""
     if not path.exists():
-        key = Ed25519PrivateKey.generate()
+        new = Ed25519PrivateKey.generate()
         write_private(
             path,
-            key.private_bytes(
+            new.private_bytes(
                 serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
             ),
         )

@@ -14,13 +14,13 @@ import re
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from collections.abc import Callable
 
 from tunnelspec.core.errors import LabError
-from tunnelspec.lab import aptrepo, cgroups, host, network, outputs, prereq, state
-from tunnelspec.lab.host import HostSpec, LoginUser
+from tunnelspec.lab import aptrepo, cgroups, host, network, nspawn, outputs, prereq, state
+from tunnelspec.lab.host import HostSpec, HostStatus, LoginUser
 from tunnelspec.lab.keys import ensure_keypair
 from tunnelspec.lab.network import LabNet
 from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_image, prune_images
@@ -28,21 +28,9 @@ from tunnelspec.lab.image import DEFAULT_RELEASE, RELEASES, content_key, ensure_
 DEFAULT_HOSTS = ("main", "rpc-a", "rpc-b")
 DEFAULT_SUBNET = "10.77.0.0/24"
 DEFAULT_BRIDGE = "tslab0"
-NSPAWN_RUN = Path("/run/systemd/nspawn")
-TMPFS_MARKER = state.STATE_ROOT / "nspawn-tmpfs.mounted"
 HOST_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}$")
 POLL_S = 0.2
 POWEROFF_S = 30.0
-
-
-@dataclass
-class HostStatus:
-    name: str
-    ip: str
-    pid: int | None
-    running: bool
-    system_state: str  # `systemctl is-system-running`, or "-" when the host is down
-    link_up: bool
 
 
 class Lab:
@@ -133,7 +121,7 @@ class Lab:
         client_pub = ensure_keypair(self.key_file, "tunnelspec-lab-client")
         for d in (host.CCACHE_DIR, host.FIXTURES_DIR):
             d.mkdir(parents=True, exist_ok=True)
-        _ensure_nspawn_tmpfs()
+        nspawn.ensure_runtime_tmpfs()
         network.ensure_bridge(self.net)
         st["repo_pid"] = aptrepo.serve(
             self.net.gateway, st.get("repo_pid"), state.state_dir(self.net.bridge) / "apt-repo.log"
@@ -262,7 +250,7 @@ class Lab:
         states: dict[str, str] = {}
         while pending and time.monotonic() < end:
             for name in sorted(pending):
-                rec = state.load(self.net.bridge)["hosts"][name]
+                rec = self._record(name)
                 if not host.supervisor_alive(rec["pid"], self._machine(name)):
                     raise LabError(
                         f"lab host {name} stopped while booting; see "
@@ -275,8 +263,8 @@ class Lab:
                 time.sleep(POLL_S)
         if pending:
             raise LabError(
-                "lab hosts not ready after %.0f s: %s"
-                % (deadline_s, ", ".join(f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending)))
+                f"lab hosts not ready after {deadline_s:.0f} s: "
+                + ", ".join(f"{n} ({states.get(n, 'unknown')})" for n in sorted(pending))
             )
         for name in hosts:
             if states[name] == "degraded":
@@ -349,7 +337,7 @@ class Lab:
             raise LabError(f"lab host {name} is not running")
         # A host's output is decoded leniently: journals hold whatever a process printed (a model
         # emitting byte tokens writes invalid UTF-8 into llama-server's journal).
-        kw = {"capture_output": True, "text": True, "errors": "replace"} if capture else {}
+        kw: dict[str, Any] = {"capture_output": True, "text": True, "errors": "replace"} if capture else {}
         if isinstance(input, bytes) and capture:
             kw["text"] = False
             kw.pop("errors")
@@ -380,7 +368,7 @@ class Lab:
                 busy = cgroups.remove(rec["cgroups"])
                 if busy:
                     raise LabError(f"lab host {name}: cgroups still busy: {', '.join(busy)}")
-                _remove_nspawn_runtime(self._machine(name))
+                nspawn.remove_runtime(self._machine(name))
                 network.remove_host_link(self.net, rec["index"], name)
                 rec["pid"] = None
                 state.save(self.net.bridge, st)
@@ -391,7 +379,7 @@ class Lab:
         for path in (self.inventory, self.known_hosts, self.ssh_config):
             path.unlink(missing_ok=True)
         if not state.all_labs():
-            _release_nspawn_tmpfs()
+            nspawn.release_runtime_tmpfs()
         self.log(f"lab: {self.dir} down ({self.net.bridge} removed)")
 
 
@@ -401,28 +389,3 @@ def _fixtures():
     except ImportError as err:
         raise LabError(f"lab fixtures unavailable (tunnelspec.lab.fixtures: {err})") from None
     return ensure_fixtures(str(host.FIXTURES_DIR))
-
-
-def _ensure_nspawn_tmpfs() -> None:
-    """nspawn needs /run/systemd/nspawn on a tmpfs; /run is a plain directory here."""
-    run_fs = subprocess.run(["stat", "-f", "-c", "%T", "/run"], capture_output=True, text=True)
-    if run_fs.stdout.strip() == "tmpfs" or host.is_mounted(NSPAWN_RUN):
-        return
-    NSPAWN_RUN.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tunnelspec-lab", str(NSPAWN_RUN)], check=True)
-    TMPFS_MARKER.parent.mkdir(parents=True, exist_ok=True)
-    TMPFS_MARKER.write_text("mounted by tunnelspec lab\n")
-
-
-def _remove_nspawn_runtime(machine: str) -> None:
-    for sub in ("propagate", "unix-export", "incoming"):
-        path = NSPAWN_RUN / sub / machine
-        if path.exists():
-            host.unmount(path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _release_nspawn_tmpfs() -> None:
-    if TMPFS_MARKER.exists():
-        host.unmount(NSPAWN_RUN)
-        TMPFS_MARKER.unlink()

@@ -59,7 +59,7 @@ def parse_subnet(text: str) -> ipaddress.IPv4Network:
 
 def ip(*args: str, netns: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     argv = ["ip", *(["-n", netns] if netns else []), *args]
-    res = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    res = subprocess.run(argv, capture_output=True, text=True)
     if check and res.returncode != 0:
         raise LabError(f"{' '.join(argv)}: {res.stderr.strip()}")
     return res

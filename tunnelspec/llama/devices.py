@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunnelspec.llama.device_error import DeviceError
-from tunnelspec.llama.nvidia_smi import cuda_architectures, describe_gpus, parse_nvidia_smi
 
 # llama_backend → the prefix of the devices a build with that backend adds.
 BACKEND_PREFIX = {"cuda": "CUDA", "hip": "ROCm", "vulkan": "Vulkan", "metal": "MTL"}
@@ -378,29 +377,7 @@ def served_text(names: Sequence[str], served: list[dict] | None) -> str:
     )
 
 
-# ---- a command line for scripts (scripts/gpu-check.sh) ---------------------------------------------
-def _main(argv: list[str]) -> int:
-    usage = (
-        "usage: python -m tunnelspec.llama.devices cuda-arch        (nvidia-smi output on stdin)\n"
-        "       python -m tunnelspec.llama.devices served BACKEND   (rpc-server output on stdin)"
-    )
-    if not argv or argv[0] not in ("cuda-arch", "served"):
-        print(usage, file=sys.stderr)
-        return 2
-    text = sys.stdin.read()
-    try:
-        if argv[0] == "cuda-arch":
-            gpus = parse_nvidia_smi(text)
-            print(";".join(cuda_architectures(gpus)))
-            print(describe_gpus(gpus), file=sys.stderr)
-        else:
-            backend = argv[1] if len(argv) > 1 else "cpu"
-            print(check_served("this host", backend, tuple(argv[2:]), parse_node_log(text)))
-    except DeviceError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+if __name__ == "__main__":  # `python -m tunnelspec.llama.devices ...` (scripts/gpu-check.sh): devices_cli.py
+    from tunnelspec.llama.devices_cli import main
 
-
-if __name__ == "__main__":
-    raise SystemExit(_main(sys.argv[1:]))
+    raise SystemExit(main(sys.argv[1:]))

@@ -36,7 +36,7 @@ Version = tuple[int, int, int]
 Opener = Callable[[], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 
-class ProbeStatus(str, enum.Enum):
+class ProbeStatus(enum.StrEnum):
     OK = "ok"
     REFUSED = "refused"  # nothing listens (or the SSH server could not connect to the port)
     BUSY = "busy"  # connected, but no reply in time: another client holds the server
@@ -166,10 +166,11 @@ def _open_error(exc: BaseException) -> ProbeResult | None:
     try:
         import asyncssh  # lazy: slow import (~0.1 s), error path only
     except ImportError:  # pragma: no cover - asyncssh is a dependency
-        asyncssh = None
-    if asyncssh is not None and isinstance(exc, asyncssh.ChannelOpenError):
-        # The SSH server could not connect to the target port on its side.
-        return ProbeResult(ProbeStatus.REFUSED, detail=f"through SSH: {exc.reason}")
+        pass
+    else:
+        if isinstance(exc, asyncssh.ChannelOpenError):
+            # The SSH server could not connect to the target port on its side.
+            return ProbeResult(ProbeStatus.REFUSED, detail=f"through SSH: {exc.reason}")
     if isinstance(exc, ConnectionError):
         return ProbeResult(ProbeStatus.CLOSED, detail=f"connect failed: {exc}")
     return None
@@ -216,14 +217,16 @@ async def probe_until(
 ) -> ProbeResult:
     """Probe until the server answers (or says busy, or mismatches), polling while it is not up yet
     (it was (re)started a moment ago)."""
-    last = None
+    last: ProbeResult | None = None
 
     async def attempt():
         nonlocal last
         last = await probe(opener, timeout=busy_timeout, expected=expected)
         return last if last.status in (ProbeStatus.OK, ProbeStatus.BUSY, ProbeStatus.MISMATCH) else None
 
-    return await poll(deadline_s, attempt) or last
+    result = await poll(deadline_s, attempt) or last
+    assert result is not None  # poll calls attempt at least once
+    return result
 
 
 async def probe_tcp(

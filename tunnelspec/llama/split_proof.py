@@ -65,7 +65,7 @@ def slot_bytes(header: bytes, file_size: int) -> list[int] | None:
         return None
     data_start = (pos + align - 1) // align * align
     ends = sorted(o for o, _ in infos)[1:] + [file_size - data_start]
-    size_at = dict(zip(sorted(o for o, _ in infos), ends))
+    size_at = dict(zip(sorted(o for o, _ in infos), ends, strict=True))
     out = [0] * (n_layer + 1)
     for offset, name in infos:
         nbytes = size_at[offset] - offset
@@ -91,7 +91,7 @@ def target_load(journal: str, nodes: Mapping[str, Sequence[str]], ports: dict[st
     `nodes`: node → its RPC device names in -dev (global) naming; `ports`: node → tunnel port. None
     when the journal has no "offloaded" line yet."""
     lines = journal.splitlines()
-    start = next((i for i, l in enumerate(lines) if _OFFLOADED.search(l)), None)
+    start = next((i for i, row in enumerate(lines) if _OFFLOADED.search(row)), None)
     if start is None:
         return None
     m = _OFFLOADED.search(lines[start])
@@ -169,7 +169,8 @@ class SplitCheck:
 def check_split(journal: str, plan: ServedPlan, tolerance: float = 1.0) -> SplitCheck | None:
     """The target's layers per device against the asked proportions: each within `tolerance` slots
     (llama.cpp rounds to whole layers). None when the load lines are not in the journal yet."""
-    ports = {n: int(ep.rsplit(":", 1)[1]) for n, ep in zip(plan.nodes, plan.endpoints)}
+    # A plan handed by a playbook may pair them badly; the check then reads the nodes it can.
+    ports = {n: int(ep.rsplit(":", 1)[1]) for n, ep in zip(plan.nodes, plan.endpoints, strict=False)}
     load = target_load(journal, plan.nodes, ports)
     if load is None:
         return None
@@ -183,7 +184,9 @@ def check_split(journal: str, plan: ServedPlan, tolerance: float = 1.0) -> Split
     if not asked:
         return SplitCheck(True, [], seen, f"layers {figures} of {load.slots} (no proportions asked)")
     want = ", ".join(f"{d} {x:.1f}" for d, x in asked)
-    bad = [d for (d, x), (_, n) in zip(asked, seen) if n is not None and abs(n - x) > tolerance + 1e-9]
+    # asked comes from the plan's proportions, seen from its device list and the journal: compared
+    # as far as both go.
+    bad = [d for (d, x), (_, n) in zip(asked, seen, strict=False) if n is not None and abs(n - x) > tolerance + 1e-9]
     if bad:
         return SplitCheck(
             False,

@@ -9,6 +9,7 @@ from pathlib import Path
 from tunnelspec.core.templating import TemplateError, render_file
 from tunnelspec.facts.files import FileState, file_state, norm_mode
 from tunnelspec.facts.files import command as file_state_argv
+from tunnelspec.hostprogs import program_path
 from tunnelspec.modules.base import Arg, Change, Diff, Task, change, ok, register_task
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.reporting import events
@@ -225,12 +226,19 @@ SHIPPED_TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "templates
 OVERRIDABLE = frozenset({"tunnelspec-front.cfg.j2", "tunnelspec-rpc-wait.py"})
 
 
-def template_search_path(ctx, name: str | None = None) -> list[Path]:
-    """Where template `name` is looked for: the inventory's directory, then tunnelspec's own. A
-    file next to the inventory that replaces a shipped template is refused (root-run) or warned
-    about (OVERRIDABLE), each run."""
-    if name and (SHIPPED_TEMPLATES / name).exists() and (ctx.inventory_dir / name).exists():
-        where = ctx.inventory_dir / name
+def shipped_source(name: str) -> Path:
+    """Where tunnelspec's own file `name` lies: a program that runs on the hosts (tunnelspec/hostprogs,
+    found by the name the playbooks give it) or a template of data/templates."""
+    return program_path(name) or SHIPPED_TEMPLATES / name
+
+
+def template_search_path(ctx, name: str) -> list[Path]:
+    """The files template `name` is looked for in, in order: the inventory's directory, then
+    tunnelspec's own. A file next to the inventory that replaces a shipped one is refused (root-run)
+    or warned about (OVERRIDABLE), each run."""
+    shipped = shipped_source(name)
+    where = ctx.inventory_dir / name
+    if shipped.exists() and where.exists():
         if name not in OVERRIDABLE:
             raise TaskFailed(
                 f"{where} would replace tunnelspec's own {name}, which root runs or reads: refused. "
@@ -242,7 +250,7 @@ def template_search_path(ctx, name: str | None = None) -> list[Path]:
                 "(a file next to the inventory wins): remove it to use the shipped one"
             )
         )
-    return [ctx.inventory_dir, SHIPPED_TEMPLATES]
+    return [where, shipped]
 
 
 @register_task
@@ -264,9 +272,12 @@ class Template(_Content):
 
     async def desired(self, ctx) -> bytes:
         src = Path(self.p["src"])
-        cands = [src] if src.is_absolute() else [d / src for d in template_search_path(ctx, str(src))]
+        cands = [src] if src.is_absolute() else template_search_path(ctx, str(src))
         for c in cands:
             if c.exists():
+                if c == program_path(str(src)):
+                    # A host program is code, not a template: sent as it is (a `{{` in Python stays).
+                    return c.read_bytes()
                 try:
                     return render_file(c.read_text(), {**ctx.vars, **(self.p["vars"] or {})}, str(c)).encode()
                 except TemplateError as e:

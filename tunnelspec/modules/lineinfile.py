@@ -13,13 +13,13 @@ def edit(text: str, line: str, regexp: str | None, present: bool) -> str:
     lines = text.splitlines()
     rx = re.compile(regexp) if regexp else None
     if present:
-        idx = [i for i, l in enumerate(lines) if (rx.search(l) if rx else l == line)]
+        idx = [i for i, old in enumerate(lines) if (rx.search(old) if rx else old == line)]
         if idx:
             lines[idx[-1]] = line
         else:
             lines.append(line)
     else:
-        lines = [l for l in lines if not (rx.search(l) if rx else l == line)]
+        lines = [old for old in lines if not (rx.search(old) if rx else old == line)]
     return "\n".join(lines) + ("\n" if lines else "")
 
 

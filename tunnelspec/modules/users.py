@@ -209,15 +209,15 @@ class AuthorizedKey(Task):
         if not body:
             raise TaskFailed("authorized_key: `key` is not an OpenSSH public key line")
         want_line = key_line(self.p["options"], self.p["key"])
-        lines = [l for l in cur.splitlines() if l.strip()]
+        lines = [row for row in cur.splitlines() if row.strip()]
         if self.p["state"] == "absent":
-            kept = [l for l in lines if _key_body(l) != body]
+            kept = [row for row in lines if _key_body(row) != body]
         elif self.p["exclusive"]:
             kept = [want_line]
         else:
-            kept = [l for l in lines if _key_body(l) != body] + [want_line]
+            kept = [row for row in lines if _key_body(row) != body] + [want_line]
             # Keep the file's order when the line is already right.
-            if want_line in lines and sum(_key_body(l) == body for l in lines) == 1:
+            if want_line in lines and sum(_key_body(row) == body for row in lines) == 1:
                 kept = lines
         new = "\n".join(kept) + ("\n" if kept else "")
         if new == cur or (not kept and data is None):

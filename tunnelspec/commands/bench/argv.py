@@ -10,6 +10,7 @@ same way as long as its flags are llama-server's own.
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 import shlex
 
 from tunnelspec.core.constants import LOOPBACK
@@ -72,7 +73,7 @@ def parse_exec_start(unit_text: str) -> list[str]:
 def flag_value(argv: list[str], *names: str) -> str | None:
     """The value after the last of these flags (llama-server's last one wins), or None."""
     out = None
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in pairwise(argv):
         if flag in names:
             out = value
     return out
@@ -130,7 +131,8 @@ def baseline_argv(argv: list[str], local: str, port: int, same_placement: bool =
     are deployed. Its address is loopback: the baseline is never reachable from outside (and speaks
     plain HTTP: TLS is the front's, never llama-server's)."""
     drop = DRAFT_FLAGS if same_placement else DRAFT_FLAGS | PLACEMENT_FLAGS
-    out, skip = [], False
+    out: list[str] = []
+    skip = False
     for a in argv:
         if skip:
             skip = False

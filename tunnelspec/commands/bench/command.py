@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from tunnelspec.commands.bench import figures as figs
 from tunnelspec.components.front import model as front
@@ -39,7 +40,7 @@ from tunnelspec.commands.bench.render import render
 from tunnelspec.connection import ConnectOptions, connect
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed, UsageError
-from tunnelspec.components import isolation
+from tunnelspec.components import isolation_host
 from tunnelspec.facts import nft, port_owners
 from tunnelspec.core import http
 from tunnelspec.components.server.args import UNIT
@@ -168,7 +169,7 @@ async def _guarded_port(conn, main, hv: dict) -> int:
             f"main: bench's port {port} (bench_port) is taken: {held[0].describe()}; stop that "
             "process (and find out who started it), or set another bench_port (nothing was changed)"
         )
-    if not isolation.opted_in(hv.get(isolation.OPT_OUT, True)):
+    if not isolation_host.opted_in(hv.get(isolation_host.OPT_OUT, True)):
         return port
     seen = await nft.observe(conn, [main.users.llama])
     uid = seen.uids.get(main.users.llama)
@@ -189,7 +190,8 @@ WATCHERS = ("tunnelspec-draftwatch.service",)
 
 async def _active(conn, units: tuple[str, ...]) -> list[str]:
     res = await conn.run(["systemctl", "is-active", "--", *units])
-    return [u for u, state in zip(units, res.stdout.split()) if state == "active"]
+    # One word per unit; a failed command may print fewer: a unit without its word is not active.
+    return [u for u, state in zip(units, res.stdout.split(), strict=False) if state == "active"]
 
 
 async def _baseline(
@@ -319,7 +321,7 @@ async def run_bench(
         local = local_devices(argv, main.target_devices)
         port = await _guarded_port(conn, main, inventory.host_vars(main.name))
         base = baseline_argv(argv, local, port, same_placement)
-        baseline = {
+        baseline: dict[str, Any] = {
             "kind": "same_placement" if same_placement else "main_alone",
             "title": "same placement, no draft" if same_placement else "main alone",
             "devices": flag_value(base, "-dev", "--device") or local,

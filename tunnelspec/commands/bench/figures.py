@@ -40,9 +40,9 @@ def parse_unit_run(text: str) -> dict:
     head, _, journal = (text or "").partition("-- journal --\n")
     head, _, cmdline = head.partition("-- cmdline --\n")
     props = dict(line.split("=", 1) for line in head.splitlines() if "=" in line)
-    pid = props.get("MainPID", "0")
+    main_pid = props.get("MainPID", "0")
     start = props.get("ExecMainStartTimestampMonotonic", "0")
-    pid = int(pid) if pid.isdigit() else 0
+    pid = int(main_pid) if main_pid.isdigit() else 0
     return {
         "pid": pid,
         "invocation": props.get("InvocationID") or None,
@@ -84,7 +84,7 @@ def journal_n_ctx(journal: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _median(values: list[float]) -> float | None:
+def _median(values: list[float | None]) -> float | None:
     vals = sorted(v for v in values if v is not None)
     if not vals:
         return None

@@ -59,7 +59,7 @@ def render(r: dict) -> str:
         f"prompt {prompt!r}, {r['n_predict']} tokens per completion, median of {r['runs']} runs",
         f"{'':<{LABEL_W}} {left_title:<{width}} {b['title']}",
     ]
-    for label, lt, rt in zip(LABELS, left, right):
+    for label, lt, rt in zip(LABELS, left, right, strict=True):
         lines.append(f"{label:<{LABEL_W}} {lt:<{width}} {rt}".rstrip())
     for name, w in (
         ("as deployed", d.get("network_wait")),

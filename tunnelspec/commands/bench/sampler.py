@@ -32,6 +32,7 @@ import os
 import sys
 import threading
 import time
+from typing import Any
 
 FULL_EVERY = 50
 # Syscalls whose first argument is the file descriptor they block on, by machine (uname -m).
@@ -197,7 +198,7 @@ def run(
     proc: str = "/proc",
 ) -> dict:
     arch = arch or os.uname().machine
-    out = {
+    out: dict[str, Any] = {
         "pid": pid,
         "arch": arch,
         "ports": sorted(ports),
@@ -227,7 +228,7 @@ def run(
     threads.refresh_sockets()
     print("ready", flush=True)
     t0 = prev = time.monotonic()
-    n, by_port = 0, {}
+    n, by_port = 0, dict[str, float]()
     while True:
         if stop.is_set():
             out["stopped"] = "eof"

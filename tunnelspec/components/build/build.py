@@ -183,7 +183,8 @@ class LlamaBuild(Task):
 
     async def check(self, ctx):
         # The GPU before anything else (--check and a first run included): no driver, no build.
-        self._cuda_options, self._cuda_note = [], ""
+        self._cuda_options: list[str] = []
+        self._cuda_note = ""
         if self.p["backend"] == "cuda":
             self._cuda_options, cuda_note = await self._cuda_plan(ctx)
             self._cuda_note = f"; {cuda_note}"
@@ -219,7 +220,7 @@ class LlamaBuild(Task):
             ) from None
         self._targets = targets
         names = ", ".join(targets)
-        if bp.stamp_ok(st.stamp, key, targets, st.bins):
+        if st.stamp is not None and bp.stamp_ok(st.stamp, key, targets, st.bins):
             if st.current != self._dir:
                 return change(
                     f"switch current to the finished build {key} of {names} (no compile){note}",

@@ -18,7 +18,7 @@ class FrontHoldFree(Task):
 
     module = "front_hold_free"
     read_only = True
-    args: dict = {}
+    args = {}
 
     def probes(self) -> list[list[str]]:
         return [list(sockets.COMMAND)]

@@ -69,9 +69,9 @@ async def serving_state(conn, cluster, devices: dict | None = None) -> dict:
             conn, ["journalctl", "--no-pager", "-o", "cat", "-n", "30", "-u", tunnel_unit(state["node"])], timeout=20
         )
         said = [
-            l.strip()
-            for l in j.splitlines()
-            if l.strip().startswith("ssh:") or "Connection" in l or "Permission denied" in l or "Host key" in l
+            row.strip()
+            for row in j.splitlines()
+            if row.strip().startswith("ssh:") or "Connection" in row or "Permission denied" in row or "Host key" in row
         ]
         out["detail"] = said[-1] if said else None
     return out

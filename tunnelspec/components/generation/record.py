@@ -6,7 +6,7 @@ return only says when the file is another) — so that returning to it is one sw
 download.
 
 Pure: the record's shape, what differs between two states, numbering and pruning. The commands
-that read a host's state and restore it are in components/generation/tasks.py.
+that read a host's state and restore it are in components/generation/ (tasks.py, live.py, store.py, restore.py).
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def recorded_serve(record: dict, cluster) -> dict:
         and isinstance(serve.get("tls_name"), str)
         and (serve["tls_name"] == "" or _HOST.fullmatch(serve["tls_name"]))
     )
-    return dict(serve) if ok else serve_of(cluster)
+    return dict(serve) if ok and isinstance(serve, dict) else serve_of(cluster)
 
 
 def recorded_rpc_port(want: dict) -> int | None:

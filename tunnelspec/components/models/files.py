@@ -154,7 +154,7 @@ class ModelFile(Task):
             # Every part downloaded and verified before the first byte goes to the host.
             locals_ = await hub.download(ref, files, var, lambda msg, pct: ctx.progress(msg, percent=pct))
             await ctx.conn.run(["install", "-d", "-m", "755", "--", self.p["dest_dir"]], check=True)
-            for local, f, (_, _, _, dest) in zip(locals_, files, ch.data["hub"]):
+            for local, f, (_, _, _, dest) in zip(locals_, files, ch.data["hub"], strict=True):
                 await upload_file(
                     ctx.conn, local, dest, f.sha256, progress=lambda msg, pct: ctx.progress(msg, percent=pct)
                 )

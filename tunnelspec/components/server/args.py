@@ -229,7 +229,7 @@ def build_server_argv(
             slots = n_layer + 1  # the blocks and the output layer (the input layer stays on the CPU)
             keep = cpu_layers(cpu_w, total, slots)
             counts = layer_counts([w for _, w in split], slots - keep) if split else []
-            layers = ([("CPU", keep)] if cpu_w > 0 else []) + [(d, c) for (d, _), c in zip(split, counts)]
+            layers = ([("CPU", keep)] if cpu_w > 0 else []) + [(d, c) for (d, _), c in zip(split, counts, strict=True)]
             if cpu_w > 0:
                 ngl = slots - keep
         elif cpu_w > 0 and unknown_layers is None:

@@ -5,6 +5,7 @@ speculative type it runs. Shared by the `llama_verify` task, `tunnelspec status`
 from __future__ import annotations
 
 import asyncio
+from itertools import pairwise
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
@@ -76,7 +77,7 @@ async def journal_last_line(conn, unit: str = UNIT, lines: int = 40) -> str:
         out = (await conn.probe(argv, timeout=30)).stdout or ""
     except Exception:  # noqa: BLE001 — a report is best effort; the wait itself says what failed
         return ""
-    text = [l.strip() for l in out.splitlines() if l.strip()]
+    text = [row.strip() for row in out.splitlines() if row.strip()]
     return text[-1] if text else ""
 
 
@@ -141,7 +142,7 @@ def crash_watch(conn, report, host: str, port: int):
 def model_paths(argv: list[str]) -> list[str]:
     """The model files (-m and the draft's) of a llama-server argv."""
     out = []
-    for flag, value in zip(argv, argv[1:]):
+    for flag, value in pairwise(argv):
         if flag in ("-m", "--model", "-md", "--model-draft", "--spec-draft-model"):
             out.append(value)
     return out
@@ -231,6 +232,8 @@ async def verify_server(
             if loop.time() >= end:
                 raise
             await asyncio.sleep(0.5)
+    if placed is None:  # the tries ran out before the deadline did
+        raise TaskFailed(f"the draft model's placement did not reach the journal within {journal_timeout} s")
     tps = timings.get("predicted_per_second")
     # The type llama-server runs, in its own words (after the completion a slot carries it).
     types = await props.read_spec_types(opener, key.reveal() if key else None)

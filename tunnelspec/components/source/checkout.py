@@ -147,10 +147,11 @@ class LlamaSource(Task):
         if rec.get("fingerprint") != fp or rec.get("head") != st.head or rec.get("tree") != st.tree:
             return change(f"check out {wanted} (was {before})", Diff(before, wanted))
         self._register(ctx, commit, patches, st, pending=False)
-        return ok(f"at {commit[:12]} + {len(patches)} patch(es), tree {st.tree[:12]}")
+        return ok(f"at {commit[:12]} + {len(patches)} patch(es), tree {(st.tree or 'none')[:12]}")
 
     def _register(self, ctx, commit, patches, st: ss.SourceState, pending: bool) -> None:
-        number, source = self.p["build_number"], "inventory"
+        number = self.p["build_number"]
+        source: str | None = "inventory"
         if number is None:
             number = ss.build_number_from_describe(st.describe)
             source = f"git tag ({st.describe})" if number is not None else None
@@ -326,6 +327,7 @@ class LlamaSource(Task):
         if patch.kind == "pr":
             source, ref = "origin", f"refs/pull/{patch.pr}/head"
         else:
+            assert patch.remote and patch.ref, patch  # parse_patches requires both for a remote patch
             source, ref = patch.remote, patch.ref
         async with ctx.heartbeat(f"git fetch {source} {ref} (patch {patch.id})"):
             res = await run(_git(d, "fetch", "--quiet", "--", source, ref), timeout=3600)

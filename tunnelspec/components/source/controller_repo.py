@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from tunnelspec.cluster.fields import cluster_error
 from tunnelspec.core.gitenv import git_env
@@ -58,7 +59,15 @@ def resolve(path: Path, rev: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 else None
 
 
-def check(path: Path, commit: str, patch_commits: list[str | None] = ()) -> None:
+def _resolved(path: Path, rev: str) -> str:
+    """`rev`'s commit, which check() found in the repository before any bundle is made."""
+    sha = resolve(path, rev)
+    if sha is None:
+        raise ControllerRepoError(f"commit {rev} is not in the controller repository {path}")
+    return sha
+
+
+def check(path: Path, commit: str, patch_commits: Sequence[str | None] = ()) -> None:
     """The repository exists and holds the pinned commit and every patch commit."""
     if not path.exists():
         raise ControllerRepoError(
@@ -96,7 +105,7 @@ def nearest_tag(path: Path, commit: str) -> str | None:
     return res.stdout.strip() if res.returncode == 0 and res.stdout.strip() else None
 
 
-def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path, basis: list[str] = ()) -> list[str]:
+def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path, basis: Sequence[str] = ()) -> list[str]:
     """Write the bundle to `dest`; returns the refs it carries. `basis`: commits the host already
     has (and the controller too): left out with their history, so a bump of the pinned commit
     sends only the new commits (the bundle names them as prerequisites, which git checks)."""
@@ -105,9 +114,9 @@ def make_bundle(path: Path, commit: str, patch_commits: list[str], dest: Path, b
         scratch = Path(tmp) / "scratch.git"
         subprocess.run(["git", "init", "-q", "--bare", str(scratch)], check=True, capture_output=True, env=git_env())
         (scratch / "objects" / "info" / "alternates").write_text(objects + "\n")
-        refs = {BASE_REF: resolve(path, commit)}
+        refs = {BASE_REF: _resolved(path, commit)}
         for i, sha in enumerate(patch_commits):
-            refs[PATCH_REF.format(i)] = resolve(path, sha)
+            refs[PATCH_REF.format(i)] = _resolved(path, sha)
         tag = nearest_tag(path, commit)
         if tag:
             refs[f"refs/tags/{tag}"] = _git(path, "rev-parse", f"refs/tags/{tag}").stdout.strip()

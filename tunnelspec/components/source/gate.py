@@ -24,7 +24,7 @@ def first_difference(src: dict, ref: dict) -> str:
         a = mine[i] if i < len(mine) else None
         b = theirs[i] if i < len(theirs) else None
         if a is None or b is None:
-            extra = a or b
+            extra = a or b or {}
             return f"patch {i + 1} {extra['id']} only on {'this host' if a else 'the reference'}"
         if a.get("id") != b.get("id"):
             return f"patch {i + 1}: {a.get('id')} (reference {b.get('id')})"

@@ -17,11 +17,8 @@ Design (docs/tls.md has the reasons):
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import hashlib
 import os
-import stat
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,28 +28,26 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tunnelspec.core.errors import UsageError
 from tunnelspec.core.secrets import Secret
+from tunnelspec.components.tls.keyfiles import (
+    CertError,
+    check_private_file,
+    fsync_dir,
+    locked,
+    prepare_dir,
+    write_private,
+    write_public,
+)
 from tunnelspec.cluster.tls_names import ca_dir_for, parse_names  # noqa: F401  (part of this module's API)
 
 CA_CERT = "ca.crt"
 CA_KEY = "ca.key"
 CA_PREVIOUS = "ca.previous.crt"
-LOCK = ".lock"
 NEW = ".new"
 CA_DAYS = 3650
 SERVER_DAYS = 365
 RENEW_MARGIN_DAYS = 30
 CLOCK_SKEW = dt.timedelta(minutes=5)  # not_before is back-dated this much: hosts' clocks differ a little
-GITIGNORE = "# tunnelspec: the CA's private key stays on this controller\n*.key\n*.key.new\n.lock\n"
-
-
-class CertError(UsageError):
-    """A certificate, key or CA file that cannot be used; the message names the file."""
-
-    def __init__(self, message: str, file: str | os.PathLike | None = None):
-        self.file = str(file) if file is not None else None
-        super().__init__(f"{file}: {message}" if file is not None else message)
 
 
 @dataclass(frozen=True)
@@ -87,76 +82,6 @@ class ServerCert:
 # ---- where ----------------------------------------------------------------------------------------
 def _name_text(entry: x509.GeneralName) -> str:
     return str(entry.value)
-
-
-# ---- files ----------------------------------------------------------------------------------------
-def _create(path: Path, data: bytes, mode: int) -> None:
-    """Create `path` with `mode` (O_EXCL: never through an existing file or link) and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    _create(path, data, 0o600)
-
-
-def _write_public(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    _create(tmp, data, 0o644)
-    os.replace(tmp, path)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def check_private_file(path: Path) -> None:
-    """Refuse a private key that is not a regular file of ours, or that others may read (ssh's rule)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise CertError("missing", path) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise CertError("not a regular file (a link or something else): refused for a private key", path)
-    if st.st_mode & 0o077:
-        raise CertError(
-            f"permissions {stat.S_IMODE(st.st_mode):04o} are too open for a private key: "
-            f"others may read it; chmod 600 it (and consider it leaked if others did)",
-            path,
-        )
-    if st.st_uid != os.getuid():
-        raise CertError("owned by another user: refused for a private key", path)
-
-
-@contextmanager
-def _locked(d: Path):
-    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _prepare_dir(d: Path) -> None:
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode):
-        raise CertError("not a directory", d)
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(d, 0o700)
-    gi = d / ".gitignore"
-    if not gi.exists():
-        _write_public(gi, GITIGNORE.encode())
 
 
 # ---- the CA ---------------------------------------------------------------------------------------
@@ -232,12 +157,12 @@ def _recover(d: Path) -> None:
         if key_new.exists():
             os.replace(key_new, d / CA_KEY)  # both written: roll forward
         os.replace(cert_new, d / CA_CERT)  # key already renamed: finish
-        _fsync_dir(d)
+        fsync_dir(d)
 
 
 def load_ca(d: str | os.PathLike) -> CA:
     d = Path(d)
-    with _locked(d):
+    with locked(d):
         _recover(d)
         return _load_pair(d / CA_KEY, d / CA_CERT)
 
@@ -250,8 +175,8 @@ def ensure_ca(
     Half a CA (a key without its certificate or the reverse) is an error, not a reason to make a new one."""
     d = Path(d)
     now = now or dt.datetime.now(dt.UTC)
-    _prepare_dir(d)
-    with _locked(d):
+    prepare_dir(d)
+    with locked(d):
         _recover(d)
         key_path, cert_path = d / CA_KEY, d / CA_CERT
         if key_path.exists() or cert_path.exists():
@@ -264,9 +189,9 @@ def ensure_ca(
                 )
             return _load_pair(key_path, cert_path), False
         key, cert = _new_ca(label or d.name.removesuffix(".tls"), now, days)
-        _write_private(key_path, _key_pem(key))
-        _write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
-        _fsync_dir(d)
+        write_private(key_path, _key_pem(key))
+        write_public(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+        fsync_dir(d)
         return CA(d, cert, key), True
 
 
@@ -276,22 +201,22 @@ def rotate_ca(d: str | os.PathLike, *, now: dt.datetime | None = None, days: int
     cut, no overlap); the old certificate is kept as ca.previous.crt for display only."""
     d = Path(d)
     now = now or dt.datetime.now(dt.UTC)
-    _prepare_dir(d)
-    with _locked(d):
+    prepare_dir(d)
+    with locked(d):
         _recover(d)
         old = d / CA_CERT
         old_pem = old.read_bytes() if old.exists() else None
         key, cert = _new_ca(d.name.removesuffix(".tls"), now, days)
         for n in (CA_KEY + NEW, CA_CERT + NEW):
             (d / n).unlink(missing_ok=True)
-        _write_private(d / (CA_KEY + NEW), _key_pem(key))
-        _write_public(d / (CA_CERT + NEW), cert.public_bytes(serialization.Encoding.PEM))
-        _fsync_dir(d)
+        write_private(d / (CA_KEY + NEW), _key_pem(key))
+        write_public(d / (CA_CERT + NEW), cert.public_bytes(serialization.Encoding.PEM))
+        fsync_dir(d)
         if old_pem is not None:
-            _write_public(d / CA_PREVIOUS, old_pem)
+            write_public(d / CA_PREVIOUS, old_pem)
         os.replace(d / (CA_KEY + NEW), d / CA_KEY)
         os.replace(d / (CA_CERT + NEW), d / CA_CERT)
-        _fsync_dir(d)
+        fsync_dir(d)
         return CA(d, cert, key)
 
 

@@ -7,6 +7,7 @@ llama_server_tls_names, the one clients use."""
 from __future__ import annotations
 
 import datetime as dt
+import ssl
 from dataclasses import dataclass, field
 
 from cryptography import x509
@@ -34,7 +35,7 @@ class Seen:
     """The certificate the last TLS handshake was shown (DER), for status and verify to describe."""
 
     der: bytes | None = None
-    _ctx: object = field(default=None, repr=False)
+    _ctx: ssl.SSLContext | None = field(default=None, repr=False)
 
     def describe(self, now: dt.datetime | None = None) -> dict | None:
         if self.der is None:

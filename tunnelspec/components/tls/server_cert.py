@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
+from typing import Any
 
 from tunnelspec.core.constants import TLS_CERT, TLS_DIR
 from tunnelspec.core.errors import TaskFailed
@@ -46,7 +47,8 @@ exit 0
 
 def _parse(stdout: str) -> dict:
     head, _, cert = stdout.partition("--- cert\n")
-    out = {"dir": None, "key": None, "pending": False, "earlier": [], "cert": cert.strip() or None}
+    earlier: list[str] = []
+    out: dict[str, Any] = {"dir": None, "key": None, "pending": False, "earlier": earlier, "cert": cert.strip() or None}
     for line in head.splitlines():
         word, _, rest = line.partition(" ")
         if word in ("dir", "key"):
@@ -54,7 +56,7 @@ def _parse(stdout: str) -> dict:
         elif word == "pending":
             out["pending"] = rest == "yes"
         elif word == "earlier" and rest in EARLIER:
-            out["earlier"].append(rest)
+            earlier.append(rest)
     return out
 
 
@@ -249,7 +251,7 @@ class ServerTlsServed(Task):
             want = C.fingerprint(res.stdout)  # the first certificate: the server's (intermediates follow)
         except ValueError:
             raise TaskFailed(f"{self.p['cert']} on {ctx.host} holds no certificate: deploy installs it") from None
-        tls = ApiTls.of(main)
+        tls = ApiTls(main.tls.ca_file, main.tls.server_name)
         loop = asyncio.get_running_loop()
         end = loop.time() + self.p["timeout"]
         last = "no handshake"
@@ -260,8 +262,9 @@ class ServerTlsServed(Task):
                 writer.close()
             except (OSError, ConnectionError) as e:
                 last = str(e)
-            if seen.der is not None:
-                got = seen.describe()["sha256"]
+            shown = seen.describe()
+            if shown is not None:
+                got = shown["sha256"]
                 if got == want:
                     return ok(
                         f"the front on {main.server_host}:{main.server_port} serves {want} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+from typing import Any
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.templating import render_file
@@ -99,8 +100,7 @@ class TunnelSshdPolicy(Task):
         user = self.p["user"]
         if not USER_NAME.match(user):
             raise TaskFailed(f"tunnel user name {user!r} cannot be used in an sshd Match line")
-        for d in template_search_path(ctx, SSHD_DROPIN_TEMPLATE):
-            src = d / SSHD_DROPIN_TEMPLATE
+        for src in template_search_path(ctx, SSHD_DROPIN_TEMPLATE):
             if src.exists():
                 return render_file(src.read_text(), {"user": user, "policy": SSHD_TUNNEL_POLICY}, str(src)).encode()
         raise TaskFailed(f"template {SSHD_DROPIN_TEMPLATE} not found")
@@ -111,7 +111,8 @@ class TunnelSshdPolicy(Task):
         raw = await ctx.conn.get(self.p["config"])
         config = (raw or b"").decode(errors="replace")
         if self.p["state"] == "absent":
-            todo, data = [], {"absent": st.exists}
+            todo: list[str] = []
+            data: dict[str, Any] = {"absent": st.exists}
             if st.exists:
                 todo.append(f"remove {path}")
             if BLOCK_BEGIN in config.splitlines():

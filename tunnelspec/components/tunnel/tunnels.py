@@ -209,8 +209,9 @@ class TunnelProbe(Task):
             return str(res), res.ok or (res.status is ProbeStatus.BUSY and self.p["allow_busy"])
 
         results = await asyncio.gather(*(one(n) for n in nodes))
-        out, bad = [], []
-        for node, (text, good) in zip(nodes, results):
+        out: list[str] = []
+        bad: list[str] = []
+        for node, (text, good) in zip(nodes, results, strict=True):
             (out if good else bad).append(f"{node.name} via {LOOPBACK}:{node.tunnel_port}: {text}")
         if bad:
             raise TaskFailed(f"tunnel check (expected RPC v{format_version(expected)}): " + "; ".join(bad))

@@ -35,9 +35,9 @@ def hello(host, port, legacy, timeout):
         want = 3 if legacy else 4 + CAPS
         (size,) = struct.unpack("<Q", recv_exact(s, 8))
         if size != want:
-            raise ConnectionError("unexpected HELLO reply size %d" % size)
+            raise ConnectionError(f"unexpected HELLO reply size {size}")
         reply = recv_exact(s, size)
-        return "%d.%d.%d" % (reply[0], reply[1], reply[2])
+        return f"{reply[0]}.{reply[1]}.{reply[2]}"
 
 
 def probe(endpoint, timeout):
@@ -50,7 +50,7 @@ def probe(endpoint, timeout):
         # A pre-4.0 server closes on the 24-byte HELLO: try the legacy empty one.
         return hello(host, int(port), True, timeout), ""
     except (ConnectionError, socket.timeout, OSError) as e:
-        return None, "%s / legacy: %s" % (first, str(e) or type(e).__name__)
+        return None, f"{first} / legacy: {str(e) or type(e).__name__}"
 
 
 def main(argv=None):
@@ -70,10 +70,10 @@ def main(argv=None):
                 state[ep] = err
             elif a.expect and version != a.expect:
                 # A different protocol makes llama-server abort: waiting will not fix it.
-                print("%s: RPC v%s, expected v%s" % (ep, version, a.expect), file=sys.stderr)
+                print(f"{ep}: RPC v{version}, expected v{a.expect}", file=sys.stderr)
                 return 2
             else:
-                print("%s: RPC v%s ready" % (ep, version))
+                print(f"{ep}: RPC v{version} ready")
                 pending.remove(ep)
         if not pending:
             return 0
@@ -81,7 +81,7 @@ def main(argv=None):
             break
         time.sleep(a.interval)
     for ep in pending:
-        print("%s: not ready after %gs (%s)" % (ep, a.timeout, state.get(ep, "?")), file=sys.stderr)
+        print("{}: not ready after {:g}s ({})".format(ep, a.timeout, state.get(ep, "?")), file=sys.stderr)
     return 1
 
 

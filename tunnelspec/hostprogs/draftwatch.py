@@ -38,9 +38,11 @@ def _rpc_wait():
     """The HELLO probe of the rpc-wait helper installed next to this file (one implementation)."""
     path = os.path.join(HERE, "tunnelspec-rpc-wait")
     if not os.path.exists(path):
-        path += ".py"  # running from the source tree (tests)
+        path = os.path.join(HERE, "rpc_wait.py")  # running from tunnelspec's source (tests)
     loader = importlib.machinery.SourceFileLoader("tunnelspec_rpc_wait", path)
     spec = importlib.util.spec_from_loader(loader.name, loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path}")
     mod = importlib.util.module_from_spec(spec)
     loader.exec_module(mod)
     return mod
@@ -110,7 +112,13 @@ def write_state(cfg, state, prev=None, hello=None, start=False):
         nodes = dict(prev.get("nodes") or {})
         for node, (version, reason) in (hello or {}).items():
             nodes[node] = {"ok": reason == "", "version": version or "", "at": round(now, 3)}
-        state = dict(state, seconds=seconds, entered=entered, starts=int(prev.get("starts", 0)) + (1 if start else 0), nodes=nodes)
+        state = dict(
+            state,
+            seconds=seconds,
+            entered=entered,
+            starts=int(prev.get("starts", 0)) + (1 if start else 0),
+            nodes=nodes,
+        )
     path = cfg["state"]
     tmp = path + ".tmp"
     # 0644: the exporter (the front's user) reads it; it holds modes, node names and reasons, no secret.
@@ -125,11 +133,15 @@ def write_state(cfg, state, prev=None, hello=None, start=False):
 def unit_state(unit):
     """ActiveState/SubState of a unit (readable by any user over systemd's bus)."""
     try:
-        res = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "--", unit],
-                             capture_output=True, text=True, timeout=10)
+        res = subprocess.run(
+            ["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "--", unit],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown", ""
-    props = dict(l.split("=", 1) for l in res.stdout.splitlines() if "=" in l)
+    props = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
     return props.get("ActiveState", "unknown"), props.get("SubState", "")
 
 
@@ -140,14 +152,14 @@ def probe_draft(cfg, timeout):
     if version is not None:
         if cfg.get("expect") and version != cfg["expect"]:
             HELLO[d["node"]] = (version, "protocol mismatch")
-            return False, "protocol mismatch (%s speaks RPC v%s, main v%s)" % (d["node"], version, cfg["expect"])
+            return False, "protocol mismatch ({} speaks RPC v{}, main v{})".format(d["node"], version, cfg["expect"])
         HELLO[d["node"]] = (version, "")
-        return True, "RPC v%s" % version
+        return True, f"RPC v{version}"
     HELLO[d["node"]] = (None, err or "no answer")
     active, sub = unit_state(d["tunnel_unit"])
     if active != "active":
-        return False, "tunnel down (%s %s/%s)" % (d["tunnel_unit"], active, sub)
-    return False, "no RPC answer through the tunnel (%s)" % err
+        return False, "tunnel down ({} {}/{})".format(d["tunnel_unit"], active, sub)
+    return False, f"no RPC answer through the tunnel ({err})"
 
 
 # ---- launch ----------------------------------------------------------------------------------------
@@ -174,7 +186,7 @@ def wait_required(cfg, prev):
             if version is None:
                 last[node] = err
             elif cfg.get("expect") and version != cfg["expect"]:
-                last[node] = "protocol mismatch (%s speaks RPC v%s, main v%s)" % (node, version, cfg["expect"])
+                last[node] = "protocol mismatch ({} speaks RPC v{}, main v{})".format(node, version, cfg["expect"])
             else:
                 pending.remove((node, ep))
                 last.pop(node, None)
@@ -227,7 +239,7 @@ def _split_lost(cfg, prev, node):
 
 
 # This start's HELLO results, {node: (version or None, reason or "")}, for the mode file's figures.
-HELLO = {}
+HELLO: dict = {}
 
 
 def _waiting(cfg, prev, node, why):
@@ -236,7 +248,7 @@ def _waiting(cfg, prev, node, why):
     since = prev.get("since") if same else now
     write_state(cfg, {"mode": WAITING, "node": node, "reason": why, "since": since, "at": now}, prev, HELLO)
     if not same:
-        log("serving waits for %s (it holds target layers) since %s: %s" % (node, _iso(since), why))
+        log(f"serving waits for {node} (it holds target layers) since {_iso(since)}: {why}")
 
 
 def choose(cfg, prev):
@@ -320,19 +332,24 @@ def launch(cfg_path):
     now = time.time()
     same = prev.get("mode") == mode and (mode != SPLIT_DEGRADED or prev.get("node") == node)
     since = prev.get("since", now) if same else now
-    state = {"mode": mode, "node": node, "reason": why if mode in (DEGRADED, SPLIT_DEGRADED) else "",
-             "since": since, "at": now}
+    state = {
+        "mode": mode,
+        "node": node,
+        "reason": why if mode in (DEGRADED, SPLIT_DEGRADED) else "",
+        "since": since,
+        "at": now,
+    }
     last = read_state(cfg)  # counters as _waiting may have advanced them during this start
     write_state(cfg, state, last, HELLO, start=True)  # llama-server is exec'd below
     if not same:
         if mode == SPLIT_DEGRADED:
-            log("mode split-degraded: serving from the other devices, without %s: %s" % (node, why))
+            log(f"mode split-degraded: serving from the other devices, without {node}: {why}")
         elif prev.get("mode") == SPLIT_DEGRADED and mode == PLAIN:
-            log("serving the full split again: %s is back" % prev.get("node"))
+            log("serving the full split again: {} is back".format(prev.get("node")))
         elif mode == SPECULATIVE:
-            log("mode speculative: draft on %s (%s)" % (",".join(cfg["draft"]["devices"]), node))
+            log("mode speculative: draft on {} ({})".format(",".join(cfg["draft"]["devices"]), node))
         elif mode == DEGRADED:
-            log("mode degraded: serving the target alone, without the draft on %s: %s" % (node, why))
+            log(f"mode degraded: serving the target alone, without the draft on {node}: {why}")
         elif mode == PLAIN:
             log("serving without a draft model")
     sys.stdout.flush()
@@ -348,7 +365,7 @@ def tunnel_sockets(port):
     """(listening, close_wait) for 127.0.0.1:port from /proc/net/tcp: whether the tunnel's ssh listens
     there (it stops when ssh exits), and how many connections to it the other end has closed
     (CLOSE-WAIT: the node's RPC server went away). Read four times a second: no process is started."""
-    want = "0100007F:%04X" % port
+    want = f"0100007F:{port:04X}"
     listening, close_wait = False, 0
     try:
         with open("/proc/net/tcp") as f:
@@ -373,8 +390,8 @@ def connect_unix_nofollow(s, path):
         st = os.fstat(fd)
         owner = os.stat(os.path.dirname(path)).st_uid
         if not stat.S_ISSOCK(st.st_mode) or st.st_uid not in (0, owner):
-            raise OSError("%s is not the front's socket" % path)
-        s.connect("/proc/self/fd/%d" % fd)
+            raise OSError(f"{path} is not the front's socket")
+        s.connect(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
 
@@ -438,7 +455,7 @@ def draft_lost(d, slow):
     t_active, t_sub = unit_state(d["tunnel_unit"])
     if listening and t_active == "active":
         return None, None
-    why = "tunnel down (%s %s/%s)" % (d["tunnel_unit"], t_active, t_sub)
+    why = "tunnel down ({} {}/{})".format(d["tunnel_unit"], t_active, t_sub)
     failed = t_active == "failed" or (t_active == "activating" and t_sub == "auto-restart")
     if failed or t_active == "inactive":
         result = _unit_prop(d["tunnel_unit"], "Result")
@@ -463,8 +480,11 @@ def _replace_llama(cfg, state, why, grace, message, node=None):
     if read_state(cfg).get("at") != state.get("at"):
         return False  # llama-server was started again meanwhile (it aborted, systemd restarted it)
     log(message)
-    subprocess.run(["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "--", cfg["unit"]],
-                   capture_output=True, timeout=30)
+    subprocess.run(
+        ["systemctl", "kill", "--kill-whom=main", "--signal=SIGKILL", "--", cfg["unit"]],
+        capture_output=True,
+        timeout=30,
+    )
     subprocess.run(["systemctl", "restart", "--no-block", "--", cfg["unit"]], timeout=30)
     return True
 
@@ -472,9 +492,19 @@ def _replace_llama(cfg, state, why, grace, message, node=None):
 def lose_draft(cfg, d, state, why, grace):
     """The draft is gone: llama-server restarts with the draft if it is back within `grace`, else
     serves the target alone."""
-    return _replace_llama(cfg, state, why, grace, "draft on %s lost: %s; restarting llama-server %s" % (
-        d["node"], why, "with the draft if it is back within %gs, else the target alone" % grace if grace
-        else "to serve the target alone"))
+    return _replace_llama(
+        cfg,
+        state,
+        why,
+        grace,
+        "draft on {} lost: {}; restarting llama-server {}".format(
+            d["node"],
+            why,
+            f"with the draft if it is back within {grace:g}s, else the target alone"
+            if grace
+            else "to serve the target alone",
+        ),
+    )
 
 
 def _write_lost(cfg, why, grace, node=None):
@@ -497,8 +527,9 @@ def _lost_at(cfg):
 
 def _unit_prop(unit, prop):
     try:
-        res = subprocess.run(["systemctl", "show", "-p", prop, "--value", "--", unit],
-                             capture_output=True, text=True, timeout=10)
+        res = subprocess.run(
+            ["systemctl", "show", "-p", prop, "--value", "--", unit], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return res.stdout.strip()
@@ -515,9 +546,13 @@ def watch(cfg_path):
     rejoin_after = float(cfg.get("rejoin_after", 20))
     steady_since = None
     flaps = Flaps(rejoin_after)  # a link that flaps waits longer before the next rejoin
-    log("watching %s (draft on %s); switching back after %gs of steady answers" % (d["node"], d["endpoint"], rejoin_after))
+    log(
+        "watching {} (draft on {}); switching back after {:g}s of steady answers".format(
+            d["node"], d["endpoint"], rejoin_after
+        )
+    )
     handled = None  # the llama-server start (its mode file's `at`) whose loss was dealt with
-    for tick in range(1, 10 ** 12):  # until systemd stops it
+    for tick in range(1, 10**12):  # until systemd stops it
         if tick % TICKS_PER_SECOND:
             # Between the once-a-second rounds only the speculative mode's /proc checks run.
             state = read_state(cfg)
@@ -549,8 +584,10 @@ def watch(cfg_path):
                 # away (an RPC error aborts llama.cpp's client before any CLOSE-WAIT can be seen). The
                 # launcher waits 3 s for it rather than its fresh start's 10.
                 _write_lost(cfg, "llama-server ended while speculative (the node's RPC server?)", 3.0)
-                log("llama-server ended while drafting on %s (its RPC server gone?); the draft gets 3s to "
-                    "answer at its next start" % d["node"])
+                log(
+                    "llama-server ended while drafting on {} (its RPC server gone?); the draft gets 3s to "
+                    "answer at its next start".format(d["node"])
+                )
         elif active != "active":
             steady_since = None
         elif mode == DEGRADED:
@@ -558,19 +595,26 @@ def watch(cfg_path):
             _record_hello(cfg)
             if not ok:
                 if steady_since is not None:
-                    log("%s stopped answering again (%s)" % (d["node"], why))
+                    log("{} stopped answering again ({})".format(d["node"], why))
                 steady_since = None
             else:
                 if steady_since is None:
                     steady_since = time.monotonic()
                     wait = flaps.wait()
-                    log("%s answers again (%s); the draft comes back after %gs of steady answers, when idle"
-                        % (d["node"], why, wait))
+                    log(
+                        "{} answers again ({}); the draft comes back after {:g}s of steady answers, when idle".format(
+                            d["node"], why, wait
+                        )
+                    )
                 wait = flaps.wait()
                 if time.monotonic() - steady_since >= wait and front_busy(cfg) is False:
                     _set_rejoin_flag(cfg)
-                    restart_llama(cfg, "%s steady for %gs and llama-server idle: restarting it with the draft on %s"
-                                  % (d["node"], wait, ",".join(d["devices"])))
+                    restart_llama(
+                        cfg,
+                        "{} steady for {:g}s and llama-server idle: restarting it with the draft on {}".format(
+                            d["node"], wait, ",".join(d["devices"])
+                        ),
+                    )
                     steady_since = None
                     _sleep_until_restarted(cfg)
                     flaps.rejoin()
@@ -581,8 +625,14 @@ def watch(cfg_path):
 def lose_node(cfg, node, state, why, grace):
     """A target node the split can be served without is gone (full split): llama-server restarts
     without it unless it answers within `grace` (none when the tunnel's ssh gave up on the node)."""
-    return _replace_llama(cfg, state, why, grace, "%s lost: %s; restarting llama-server without it unless it "
-                          "answers within %gs" % (node, why, grace), node)
+    return _replace_llama(
+        cfg,
+        state,
+        why,
+        grace,
+        f"{node} lost: {why}; restarting llama-server without it unless it answers within {grace:g}s",
+        node,
+    )
 
 
 def _closed_on_purpose(unit):
@@ -608,9 +658,11 @@ def split_watch(cfg_path):
     cfg = load_config(cfg_path)
     rejoin_after = float(cfg.get("rejoin_after", 20))
     steady_since, handled, flaps = None, None, Flaps(rejoin_after)
-    log("watching %s (the split is served without any one of them while it is away); back to the full "
-        "split after %gs of steady answers" % (", ".join(sorted(cfg["without"])), rejoin_after))
-    for tick in range(1, 10 ** 12):  # until systemd stops it
+    log(
+        "watching {} (the split is served without any one of them while it is away); back to the full "
+        "split after {:g}s of steady answers".format(", ".join(sorted(cfg["without"])), rejoin_after)
+    )
+    for tick in range(1, 10**12):  # until systemd stops it
         slow = tick % TICKS_PER_SECOND == 0
         if slow:
             cfg = load_config(cfg_path)  # a deploy may have changed it
@@ -625,7 +677,7 @@ def split_watch(cfg_path):
                     continue
                 handled = state.get("at")
                 if _closed_on_purpose(w["tunnel_unit"]):
-                    log("%s closed: stopping llama-server (it holds target layers there)" % w["tunnel_unit"])
+                    log("{} closed: stopping llama-server (it holds target layers there)".format(w["tunnel_unit"]))
                     subprocess.run(["systemctl", "stop", "--no-block", "--", cfg["unit"]], timeout=30)
                 elif lose_node(cfg, node, state, why, min(grace, float(cfg.get("split_wait", 5)))):
                     flaps.lost()
@@ -640,24 +692,27 @@ def split_watch(cfg_path):
             else:
                 version, err = RPC.probe(w["endpoint"], 2.0)
                 if version is not None and cfg.get("expect") and version != cfg["expect"]:
-                    err = "protocol mismatch (%s speaks RPC v%s, main v%s)" % (node, version, cfg["expect"])
+                    err = "protocol mismatch ({} speaks RPC v{}, main v{})".format(node, version, cfg["expect"])
                     version = None
                 HELLO[node] = (version, "" if version is not None else (err or "no answer"))
                 _record_hello(cfg)
                 if version is None:
                     if steady_since is not None:
-                        log("%s stopped answering again (%s)" % (node, err))
+                        log(f"{node} stopped answering again ({err})")
                     steady_since = None
                 else:
                     wait = flaps.wait()
                     if steady_since is None:
                         steady_since = time.monotonic()
-                        log("%s answers again (RPC v%s); the full split comes back after %gs of steady answers, "
-                            "when idle" % (node, version, wait))
+                        log(
+                            f"{node} answers again (RPC v{version}); the full split comes back after {wait:g}s of steady answers, "
+                            "when idle"
+                        )
                     if time.monotonic() - steady_since >= wait and front_busy(cfg) is False:
                         _set_rejoin_flag(cfg)
-                        restart_llama(cfg, "%s steady for %gs and llama-server idle: restarting it with the full split"
-                                      % (node, wait))
+                        restart_llama(
+                            cfg, f"{node} steady for {wait:g}s and llama-server idle: restarting it with the full split"
+                        )
                         steady_since = None
                         _sleep_until_restarted(cfg)
                         flaps.rejoin()
@@ -689,7 +744,7 @@ def _rejoin_flag(cfg):
 def _set_rejoin_flag(cfg):
     path = cfg["rejoin_flag"]
     with open(path + ".tmp", "w") as f:
-        f.write("%f\n" % time.time())
+        f.write(f"{time.time():f}\n")
     os.replace(path + ".tmp", path)
 
 
@@ -703,7 +758,7 @@ class Flaps:
         self.base, self.now, self.count, self.rejoined = base, now, 0, None  # rejoined: (when, wait)
 
     def wait(self):
-        return min(self.base * (2 ** self.count), 600.0)
+        return min(self.base * (2**self.count), 600.0)
 
     def rejoin(self):
         self.rejoined = (self.now(), self.wait())

@@ -37,23 +37,47 @@ MODES = ("speculative", "degraded", "split-degraded", "waiting", "plain")
 
 # The documented set (docs/metrics.md; the alert rules and the dashboard use only these and llama-server's).
 METRICS = {
-    "tunnelspec_serving_mode": ("gauge", "1 for the mode llama-server was last launched in (speculative, degraded, split-degraded, waiting, plain), else 0"),
+    "tunnelspec_serving_mode": (
+        "gauge",
+        "1 for the mode llama-server was last launched in (speculative, degraded, split-degraded, waiting, plain), else 0",
+    ),
     "tunnelspec_serving_mode_seconds_total": ("counter", "Seconds spent in each serving mode since main booted"),
     "tunnelspec_serving_mode_entered_total": ("counter", "Times serving switched into each mode since main booted"),
     "tunnelspec_serving_mode_since_timestamp_seconds": ("gauge", "Unix time the current serving mode began"),
-    "tunnelspec_llama_server_starts_total": ("counter", "llama-server starts by the launcher since main booted (mode switches, crashes, deploys)"),
+    "tunnelspec_llama_server_starts_total": (
+        "counter",
+        "llama-server starts by the launcher since main booted (mode switches, crashes, deploys)",
+    ),
     "tunnelspec_llama_server_up": ("gauge", "1 while tunnelspec-llama-server.service is active"),
     "tunnelspec_tunnel_up": ("gauge", "1 while the node's tunnel unit is active"),
-    "tunnelspec_tunnel_restarts_total": ("counter", "Automatic restarts of the node's tunnel unit (systemd NRestarts: reconnects)"),
-    "tunnelspec_node_rpc_hello_ok": ("gauge", "1 when the node's RPC server last answered the HELLO through its tunnel with main's protocol version"),
+    "tunnelspec_tunnel_restarts_total": (
+        "counter",
+        "Automatic restarts of the node's tunnel unit (systemd NRestarts: reconnects)",
+    ),
+    "tunnelspec_node_rpc_hello_ok": (
+        "gauge",
+        "1 when the node's RPC server last answered the HELLO through its tunnel with main's protocol version",
+    ),
     "tunnelspec_node_rpc_hello_timestamp_seconds": ("gauge", "Unix time of the node's last HELLO probe"),
     "tunnelspec_node_rpc_info": ("gauge", "The RPC protocol version the node last answered (always 1)"),
-    "tunnelspec_tls_certificate_expiry_timestamp_seconds": ("gauge", "Unix time the front's certificate ends (public bind only)"),
-    "tunnelspec_generation": ("gauge", "The generation main serves (the last verified deploy, or the one a rollback returned to)"),
+    "tunnelspec_tls_certificate_expiry_timestamp_seconds": (
+        "gauge",
+        "Unix time the front's certificate ends (public bind only)",
+    ),
+    "tunnelspec_generation": (
+        "gauge",
+        "The generation main serves (the last verified deploy, or the one a rollback returned to)",
+    ),
     "tunnelspec_generation_since_timestamp_seconds": ("gauge", "Unix time that generation became the current one"),
-    "tunnelspec_rollbacks_total": ("counter", "Returns to a kept generation: a failed deploy's automatic rollback, or `tunnelspec rollback` to another generation"),
+    "tunnelspec_rollbacks_total": (
+        "counter",
+        "Returns to a kept generation: a failed deploy's automatic rollback, or `tunnelspec rollback` to another generation",
+    ),
     "tunnelspec_last_rollback_timestamp_seconds": ("gauge", "Unix time of the last return to a kept generation"),
-    "tunnelspec_exporter_source_up": ("gauge", "1 when the exporter could read this source at this scrape (state, generation, systemd, llama_server, front, certificate)"),
+    "tunnelspec_exporter_source_up": (
+        "gauge",
+        "1 when the exporter could read this source at this scrape (state, generation, systemd, llama_server, front, certificate)",
+    ),
 }
 SOURCES = ("state", "generation", "systemd", "llama_server", "front", "certificate")
 
@@ -91,8 +115,8 @@ def connect_unix_nofollow(s, path):
     fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            raise OSError("%s is not a socket" % path)
-        s.connect("/proc/self/fd/%d" % fd)
+            raise OSError(f"{path} is not a socket")
+        s.connect(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
 
@@ -116,16 +140,16 @@ class Out:
             if name not in self.samples:
                 continue
             kind, help_ = METRICS[name]
-            lines += ["# HELP %s %s" % (name, help_), "# TYPE %s %s" % (name, kind)]
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
             for labels, value in self.samples[name]:
-                ls = ",".join('%s="%s"' % (k, _label(v)) for k, v in sorted(labels.items()))
-                lines.append("%s%s %s" % (name, "{" + ls + "}" if ls else "", _num(value)))
+                ls = ",".join(f'{k}="{_label(v)}"' for k, v in sorted(labels.items()))
+                lines.append("{}{} {}".format(name, "{" + ls + "}" if ls else "", _num(value)))
         return "\n".join(lines) + "\n"
 
 
 def _num(v):
     v = float(v)
-    return repr(int(v)) if v.is_integer() and abs(v) < 2 ** 53 else repr(v)
+    return repr(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
 
 
 # ---- sources ---------------------------------------------------------------------------------------
@@ -164,11 +188,16 @@ def unit_props(units):
     """{unit: {ActiveState, NRestarts}} in one systemctl call (readable by any user over the bus)."""
     if not units:
         return {}
-    res = subprocess.run(["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "NRestarts", "--"] + list(units),
-                         capture_output=True, text=True, timeout=5)
+    res = subprocess.run(
+        ["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "NRestarts", "--"] + list(units),
+        capture_output=True,
+        text=True,
+        timeout=5,
+    )
     if res.returncode != 0:
         raise OSError(res.stderr.strip() or "systemctl show failed")
-    found, cur = {}, {}
+    found: dict = {}
+    cur: dict = {}
     for line in res.stdout.splitlines() + [""]:
         if not line.strip():
             if cur.get("Id"):
@@ -199,12 +228,14 @@ def node_figures(out, cfg, state, watch):
 def cert_end(path):
     """Unix time the certificate ends; stdlib first, openssl as a fallback."""
     try:
-        info = ssl._ssl._test_decode_cert(path)  # noqa: SLF001 (the stdlib's only X.509 reader)
+        # The stdlib's only X.509 reader is private: typeshed does not list ssl._ssl (mypy is wrong here).
+        info = ssl._ssl._test_decode_cert(path)  # type: ignore[attr-defined]
         return float(ssl.cert_time_to_seconds(info["notAfter"]))
     except (AttributeError, KeyError, ValueError, ssl.SSLError):
         pass
-    res = subprocess.run(["openssl", "x509", "-noout", "-enddate", "-in", path], capture_output=True, text=True,
-                         timeout=10)
+    res = subprocess.run(
+        ["openssl", "x509", "-noout", "-enddate", "-in", path], capture_output=True, text=True, timeout=10
+    )
     if res.returncode != 0 or "=" not in res.stdout:
         raise OSError("cannot read the certificate's end date")
     return float(ssl.cert_time_to_seconds(res.stdout.split("=", 1)[1].strip()))
@@ -222,15 +253,15 @@ def _http_get(connect, host, path, headers=None, timeout=SOURCE_TIMEOUT):
     s = connect()
     try:
         s.settimeout(timeout)
-        req = "GET %s HTTP/1.0\r\nHost: %s\r\n" % (path, host)
+        req = f"GET {path} HTTP/1.0\r\nHost: {host}\r\n"
         for k, v in (headers or {}).items():
-            req += "%s: %s\r\n" % (k, v)
+            req += f"{k}: {v}\r\n"
         s.sendall((req + "\r\n").encode())
         data = b""
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise OSError("no complete answer within %gs" % timeout)
+                raise OSError(f"no complete answer within {timeout:g}s")
             s.settimeout(left)
             chunk = s.recv(65536)
             if not chunk:
@@ -248,15 +279,16 @@ def _http_get(connect, host, path, headers=None, timeout=SOURCE_TIMEOUT):
 
 
 def llama_metrics(cfg):
-    l = cfg.get("llama_server") or {}
+    server = cfg.get("llama_server") or {}
     headers = {}
-    key_path = os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", ""), "api-key") if l.get("api_key") else None
+    key_path = os.path.join(os.environ.get("CREDENTIALS_DIRECTORY", ""), "api-key") if server.get("api_key") else None
     if key_path:
         with open(key_path) as f:
             headers["Authorization"] = "Bearer " + f.read().strip()
-    host, port = l["address"].rsplit(":", 1)
-    return _http_get(lambda: socket.create_connection((host, int(port)), timeout=SOURCE_TIMEOUT), host, "/metrics",
-                     headers)
+    host, port = server["address"].rsplit(":", 1)
+    return _http_get(
+        lambda: socket.create_connection((host, int(port)), timeout=SOURCE_TIMEOUT), host, "/metrics", headers
+    )
 
 
 def front_metrics(cfg):
@@ -267,6 +299,7 @@ def front_metrics(cfg):
         s.settimeout(SOURCE_TIMEOUT)
         connect_unix_nofollow(s, path)
         return s
+
     return _http_get(connect, "front", "/metrics?scope=frontend&scope=backend&scope=server")
 
 
@@ -300,7 +333,9 @@ def scrape(cfg, now=None):
     except (OSError, subprocess.SubprocessError):
         props, up["systemd"] = {}, False
     if props:
-        out.add("tunnelspec_llama_server_up", 1 if props.get(cfg["llama_unit"], {}).get("ActiveState") == "active" else 0)
+        out.add(
+            "tunnelspec_llama_server_up", 1 if props.get(cfg["llama_unit"], {}).get("ActiveState") == "active" else 0
+        )
         for node, unit in sorted(units.items()):
             p = props.get(unit, {})
             out.add("tunnelspec_tunnel_up", 1 if p.get("ActiveState") == "active" else 0, node=node)
@@ -335,15 +370,16 @@ def scrape(cfg, now=None):
 # connection waits in one selector, with no thread, until its request's head is complete (request line
 # and headers: a GET has no body); only then does a thread answer it. Connections that send nothing, or
 # too slowly, cost a file descriptor for CLIENT_TIMEOUT at most and never keep a scrape out.
-MAX_CLIENTS = 8        # requests answered at once (a thread each); a request past them is closed unanswered
-MAX_WAITING = 128      # connections whose head is not complete yet; past them the oldest is closed
-CLIENT_TIMEOUT = 5.0   # seconds from the connect to the head's end; and for each write of the answer
-MAX_HEAD = 8192        # bytes of request line and headers (HAProxy's GET of /metrics takes a few hundred)
+MAX_CLIENTS = 8  # requests answered at once (a thread each); a request past them is closed unanswered
+MAX_WAITING = 128  # connections whose head is not complete yet; past them the oldest is closed
+CLIENT_TIMEOUT = 5.0  # seconds from the connect to the head's end; and for each write of the answer
+MAX_HEAD = 8192  # bytes of request line and headers (HAProxy's GET of /metrics takes a few hundred)
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     """One request whose head the server has read already (Server.heads): GET or HEAD of /metrics."""
 
+    server: "Server"  # the Server below (its heads), not any socketserver
     cfg_path = None
     server_version = "tunnelspec-metrics"
     sys_version = ""
@@ -391,7 +427,7 @@ class Server(http.server.HTTPServer):
         self.socket.setblocking(False)
         self.slots = threading.BoundedSemaphore(MAX_CLIENTS)
         self.waiting = {}  # socket -> [head so far, deadline, address], oldest first
-        self.heads = {}    # socket -> its whole head, for the Handler
+        self.heads = {}  # socket -> its whole head, for the Handler
         self._stopping = threading.Event()
 
     def stop(self):
@@ -483,11 +519,11 @@ def serve(cfg_path):
     cfg = load_config(cfg_path)
     host, port = cfg["listen"]
     if host != "127.0.0.1":
-        print("tunnelspec-metrics: listens on 127.0.0.1 only, not %r" % host, file=sys.stderr)
+        print(f"tunnelspec-metrics: listens on 127.0.0.1 only, not {host!r}", file=sys.stderr)
         return 2
     Handler.cfg_path = cfg_path
     srv = Server((host, int(port)), Handler)
-    print("tunnelspec: metrics on http://%s:%d/metrics" % (host, int(port)), flush=True)
+    print(f"tunnelspec: metrics on http://{host}:{int(port)}/metrics", flush=True)
     srv.serve()
     return 0
 
