@@ -226,7 +226,7 @@ def test_public_bind_without_key_file_is_refused(tmp_path):
         ("llama_patches=fix.patch", "llama_patches", "must be a list literal"),
         ('llama_patches=[{"pr": 1}]', "llama_patches", "use one of {pr, commit}"),
         ('llama_patches=[{"pr": "abc", "commit": "%s"}]' % PR_SHA, "llama_patches", "positive PR number"),
-        ('llama_patches=[{"pr": 5, "commit": "zzz"}]', "llama_patches", "must be a full 40-hex commit SHA"),
+        ('llama_patches=[{"pr": 5, "commit": "zzz"}]', "llama_patches", "is not a full 40-hex commit SHA"),
         ('llama_patches=[{"pr": 5, "commit": "1a6fee5"}]', "llama_patches", "is a short SHA"),
         ('llama_patches=[{"pr": 5, "head": "1a6fee5"}]', "llama_patches", "is a short SHA"),
         ('llama_patches=[{"pr": 5, "head": "%s", "commit": "%s"}]' % (PR_SHA, PR_SHA), "llama_patches", "{pr, head}"),

@@ -18,8 +18,12 @@ import re
 from dataclasses import dataclass
 
 from tunnelspec.cluster.fields import cluster_error, HostVars
+from tunnelspec.cluster.vars_main import SPLIT_MODES
+from tunnelspec.core import vartypes
+from tunnelspec.core.vartypes import VarValueError
 
-SPLIT_MODES = ("none", "layer", "row", "tensor")
+__all__ = ["SPLIT_MODES"]
+
 # llama-server's -ngl, every spelling: set by tunnelspec when main's CPU keeps a share.
 NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
 _PAIR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*$")
@@ -36,29 +40,21 @@ class TargetPlacement:
 
 
 def _number(hv: HostVars, var: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise hv.fail(var, f"must be a number (0 or more), got {value!r}")
     try:
-        out = float(value)
-    except ValueError:
-        raise hv.fail(var, f"must be a number (0 or more), got {value!r}") from None
-    if out < 0 or out != out or out == float("inf"):
-        raise hv.fail(var, f"must be a number (0 or more), got {value!r}")
-    return out
+        return vartypes.fraction(value, 0.0, None, "a number (0 or more)")
+    except VarValueError as err:
+        raise hv.fail(var, str(err)) from None
 
 
 def node_share(hv: HostVars) -> float | None:
-    value = hv.raw("rpc_target_share", None)
-    return None if value is None else _number(hv, "rpc_target_share", value)
+    return hv.get("rpc_target_share")
 
 
 def parse_placement(
     main: HostVars, nodes: list[tuple[HostVars, str, float | None]], local_devices: tuple[str, ...]
 ) -> TargetPlacement:
     """`nodes`: (node vars, role, rpc_target_share) in [rpc] order."""
-    mode = main.string("llama_split_mode", None)
-    if mode is not None and mode not in SPLIT_MODES:
-        raise main.fail("llama_split_mode", f"must be one of {', '.join(SPLIT_MODES)}; got {mode!r}")
+    mode = main.get("llama_split_mode")
     shared = [(hv, share) for hv, _, share in nodes if share is not None]
     pairs = _pairs(main)
     names = {hv.host for hv, _, _ in nodes}
@@ -103,7 +99,7 @@ def parse_placement(
                 if weight > 0:
                     weights.append((name, weight))  # main's CPU keeps this share: -ngl, not -ts
                     ngl = next(
-                        (a for a in main.words("llama_server_extra_args") if a.split("=", 1)[0] in NGL_FLAGS), None
+                        (a for a in main.get("llama_server_extra_args") if a.split("=", 1)[0] in NGL_FLAGS), None
                     )
                     if ngl is not None:
                         raise main.fail(
@@ -133,7 +129,7 @@ def parse_placement(
 
 
 def _pairs(main: HostVars) -> list[tuple[str, float]] | None:
-    value = main.raw("llama_tensor_split", None)
+    value = main.get("llama_tensor_split")
     if value is None:
         return None
     if isinstance(value, dict):
