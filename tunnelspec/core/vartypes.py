@@ -28,9 +28,9 @@ def integer(value: Any, minimum: int | None = None, maximum: int | None = None) 
     elif isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
         number = int(value)
     if number is None:
-        raise VarValueError(f"must be an integer (a whole number), got {value!r}")
+        raise VarValueError(f"must be a whole number, got {value!r}")
     if maximum is None and minimum is not None and number < minimum:
-        raise VarValueError(f"must be at least {minimum}, got {number}")
+        raise VarValueError(f"must be in {minimum}.. (at least {minimum}), got {number}")
     if minimum is not None and number < minimum or maximum is not None and number > maximum:
         low = "" if minimum is None else str(minimum)
         high = "" if maximum is None else str(maximum)
@@ -94,8 +94,8 @@ def full_sha(value: Any, what: str = "") -> str:
     name = f"{what} " if what else ""
     if re.fullmatch(r"[0-9a-f]{4,39}", text):
         raise VarValueError(
-            f"{name}{value!r} is a short SHA; give the full 40-hex SHA, quoted (short SHAs can come to name "
-            f"another commit, or several); resolve it in a clone that has the commit: "
+            f"{name}{value!r} is not a full 40-hex commit SHA; a short SHA can come to name another commit, or "
+            f"several: give the full SHA, quoted; resolve it in a clone that has the commit: "
             f"git rev-parse '{text}^{{commit}}' (for a PR, git fetch origin refs/pull/<N>/head first)"
         )
     raise VarValueError(
