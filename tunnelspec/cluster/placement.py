@@ -14,19 +14,15 @@ then share its rpc-server). With proportions given, every target device needs on
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from tunnelspec.cluster.fields import cluster_error, HostVars
 from tunnelspec.cluster.vars_main import SPLIT_MODES
-from tunnelspec.core import vartypes
-from tunnelspec.core.vartypes import VarValueError
 
 __all__ = ["SPLIT_MODES"]
 
 # llama-server's -ngl, every spelling: set by tunnelspec when main's CPU keeps a share.
 NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
-_PAIR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -37,13 +33,6 @@ class TargetPlacement:
 
     def weight_of(self, name: str) -> float | None:
         return dict(self.weights).get(name) if self.weights is not None else None
-
-
-def _number(hv: HostVars, var: str, value) -> float:
-    try:
-        return vartypes.fraction(value, 0.0, None, "a number (0 or more)")
-    except VarValueError as err:
-        raise hv.fail(var, str(err)) from None
 
 
 def node_share(hv: HostVars) -> float | None:
@@ -129,30 +118,4 @@ def parse_placement(
 
 
 def _pairs(main: HostVars) -> list[tuple[str, float]] | None:
-    value = main.get("llama_tensor_split")
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
-    elif isinstance(value, str):
-        items = []
-        for part in value.split(","):
-            if not part.strip():
-                continue
-            m = _PAIR.match(part)
-            if not m:
-                raise main.fail(
-                    "llama_tensor_split",
-                    f"{part.strip()!r} is not NAME=WEIGHT (e.g. rpc-a=1,rpc-b=3): "
-                    "proportions are given by node or device name, not by position",
-                )
-            items.append((m.group(1), m.group(2)))
-    else:
-        raise main.fail(
-            "llama_tensor_split",
-            f'must be NAME=WEIGHT pairs like "rpc-a=1,rpc-b=3" (by node or '
-            f"device name, not by position), got {value!r}",
-        )
-    if not items:
-        raise main.fail("llama_tensor_split", "is empty; give NAME=WEIGHT pairs or remove the line")
-    return [(n, _number(main, "llama_tensor_split", v)) for n, v in items]
+    return main.get("llama_tensor_split")

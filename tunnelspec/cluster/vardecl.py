@@ -173,13 +173,33 @@ def _sha(var: Var, value: Any, base_dir) -> str:
         raise VarValueError(f'{err}: {var.name}="<sha>"') from None
 
 
-def _tensor_split(var: Var, value: Any, base_dir) -> Any:
-    # NAME=WEIGHT pairs: their names are checked against the cluster's nodes by placement.py.
-    if not isinstance(value, (str, dict)):
+_PAIR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*$")
+
+
+def _tensor_split(var: Var, value: Any, base_dir) -> list[tuple[str, float]]:
+    """`rpc-a=1,rpc-b=3` (or a mapping) -> [("rpc-a", 1.0), ("rpc-b", 3.0)]; whether each name is a
+    node or a device of main's is the cluster's question (placement.py)."""
+    if isinstance(value, dict):
+        items = [(str(k), v) for k, v in value.items()]
+    elif isinstance(value, str):
+        items = []
+        for part in value.split(","):
+            if not part.strip():
+                continue
+            m = _PAIR.match(part)
+            if not m:
+                raise VarValueError(
+                    f"{part.strip()!r} is not NAME=WEIGHT (e.g. rpc-a=1,rpc-b=3): "
+                    "proportions are given by node or device name, not by position"
+                )
+            items.append((m.group(1), m.group(2)))
+    else:
         raise VarValueError(
             f'must be NAME=WEIGHT pairs like "rpc-a=1,rpc-b=3" (by node or device name, not by position), got {value!r}'
         )
-    return value
+    if not items:
+        raise VarValueError("is empty; give NAME=WEIGHT pairs or remove the line")
+    return [(name, vartypes.fraction(weight, 0.0, None, "a number (0 or more)")) for name, weight in items]
 
 
 def _refused(var: Var, value: Any, base_dir) -> Any:
