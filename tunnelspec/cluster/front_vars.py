@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunnelspec.cluster.vars_main import DEFAULT_INTERNAL_PORT, DEFAULT_METRICS_PORT
-from tunnelspec.core import writable
 
 # bench's baseline llama-server (commands/bench): a registered, guarded port of its own (cluster/ports.py),
 # never the first free one on the host (a local user who bound that first would get the API key of its
@@ -107,20 +106,6 @@ def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
                 "metrics_token_file",
                 "only used with llama_server_public_bind=true (on loopback the "
                 "metrics are scraped through SSH); remove it",
-            )
-        if token.startswith(("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")):
-            raise hv.fail(
-                "metrics_token_file",
-                f"{token!r} is hidden by the front's sandbox (ProtectHome=yes, "
-                "PrivateTmp=yes); use e.g. /etc/tunnelspec/metrics-token",
-            )
-        place = writable.place_of(token)
-        if place is not None:
-            raise hv.fail(
-                "metrics_token_file",
-                f"{token!r} is in {place.path}, which a service user can write: root makes the file "
-                "private and compares it with the API key there, and would follow a link put in its "
-                "place (SECURITY.md, invariant A); use e.g. /etc/tunnelspec/metrics-token",
             )
         if token == hv.get("llama_server_api_key_file"):
             raise hv.fail(

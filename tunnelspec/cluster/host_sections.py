@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunnelspec.core import writable
 from tunnelspec.core.constants import DEFAULT_TUNNEL_PORT, LOOPBACK
 from tunnelspec.cluster.fields import HostVars
 from tunnelspec.cluster.front_vars import FrontSettings, front_of
@@ -224,11 +223,6 @@ def rpc_node_of(hv: HostVars, index: int) -> RpcNode:
     )
 
 
-# The llama-server unit runs with ProtectHome=yes and PrivateTmp=yes: a key file below these is
-# invisible to it (the server would fail to start, seen only as "not healthy" minutes later).
-SANDBOX_HIDDEN_DIRS = ("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")
-
-
 def main_host_of(hv: HostVars) -> MainHost:
     host, public = hv.get("llama_server_host"), hv.get("llama_server_public_bind")
     key_file = hv.get("llama_server_api_key_file")
@@ -238,21 +232,6 @@ def main_host_of(hv: HostVars) -> MainHost:
             f"{host!r} refused: the API (the front of llama-server) listens on {LOOPBACK} unless you opt out with both "
             "llama_server_public_bind=true and llama_server_api_key_file=<path of a 0600 key file> "
             "(the API is then served over TLS only: docs/tls.md)",
-        )
-    hidden = next((d for d in SANDBOX_HIDDEN_DIRS if key_file and key_file.startswith(d)), None)
-    if hidden:
-        raise hv.fail(
-            "llama_server_api_key_file",
-            f"{key_file!r} is under {hidden}, which llama-server's sandbox hides (ProtectHome=yes, "
-            "PrivateTmp=yes): it could not read the key; use e.g. /etc/tunnelspec/llama-api-key",
-        )
-    place = writable.place_of(key_file) if key_file else None
-    if place is not None:
-        raise hv.fail(
-            "llama_server_api_key_file",
-            f"{key_file!r} is in {place.path}, which a service user can write: root reads the key there "
-            "(systemd's LoadCredential=, verify) and would follow a link put in its place (SECURITY.md, "
-            "invariant A); use e.g. /etc/tunnelspec/llama-api-key",
         )
     extra = tuple(hv.get("llama_server_extra_args"))
     p_min = hv.get("spec_draft_p_min")

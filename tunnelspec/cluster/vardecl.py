@@ -17,7 +17,7 @@ from typing import Any
 
 from tunnelspec.cluster import host_kinds
 from tunnelspec.cluster import hub_ref as hub
-from tunnelspec.core import vartypes
+from tunnelspec.core import vartypes, writable
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.vartypes import VarValueError
 from tunnelspec.inventory.values import USER_NAME
@@ -166,6 +166,44 @@ def _abspath(var: Var, value: Any, base_dir) -> str:
     return text
 
 
+# The services that read these files run with ProtectHome=yes and PrivateTmp=yes: a file below these
+# is invisible to them (llama-server would fail to start, seen only as "not healthy" minutes later).
+SANDBOX_HIDDEN_DIRS = ("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")
+# Per file on main that holds a credential: (whose sandbox, what root does with it, an example path).
+_CREDENTIAL_FILES = {
+    "llama_server_api_key_file": (
+        "llama-server's",
+        "root reads the key there (systemd's LoadCredential=, verify)",
+        "/etc/tunnelspec/llama-api-key",
+    ),
+    "metrics_token_file": (
+        "the front's",
+        "root makes the file private and compares it with the API key there",
+        "/etc/tunnelspec/metrics-token",
+    ),
+}
+
+
+def _credential_file(var: Var, value: Any, base_dir) -> str:
+    """A file on main holding a key or token: absolute, visible to the service's sandbox, and out of
+    every place a service user can write (SECURITY.md, invariant A)."""
+    path = _abspath(var, value, base_dir)
+    who, root_does, example = _CREDENTIAL_FILES[var.name]
+    hidden = next((d for d in SANDBOX_HIDDEN_DIRS if path.startswith(d)), None)
+    if hidden:
+        raise VarValueError(
+            f"{path!r} is under {hidden}, which {who} sandbox hides (ProtectHome=yes, PrivateTmp=yes): "
+            f"it could not read the file; use e.g. {example}"
+        )
+    place = writable.place_of(path)
+    if place is not None:
+        raise VarValueError(
+            f"{path!r} is in {place.path}, which a service user can write: {root_does} and would follow "
+            f"a link put in its place (SECURITY.md, invariant A); use e.g. {example}"
+        )
+    return path
+
+
 def _sha(var: Var, value: Any, base_dir) -> str:
     try:
         return vartypes.full_sha(value)
@@ -238,6 +276,7 @@ PARSERS: dict[str, Parser] = {
     "share": _share,
     "model": _model,
     "abspath": _abspath,
+    "credential_file": _credential_file,
     "tensor_split": _tensor_split,
     "root": _kind(host_kinds.root_dir),
     "backend": _kind(host_kinds.backend),

@@ -32,7 +32,7 @@ MAIN_VARS: tuple[Var, ...] = (
     ),
     _main("llama_server_port", "service_port", "The API's port (the front listens there).", default=DEFAULT_HTTP_PORT),
     _main("llama_server_public_bind", "bool", "Serve the API on llama_server_host, over TLS.", default=False),
-    _main("llama_server_api_key_file", "abspath", "A 0600 file on main holding the API key (one line)."),
+    _main("llama_server_api_key_file", "credential_file", "A 0600 file on main holding the API key (one line)."),
     _main("llama_server_extra_args", "words", "Extra llama-server arguments (a shell line or a list).", default=[]),
     _main(
         "llama_server_start_timeout",
@@ -120,6 +120,6 @@ MAIN_VARS: tuple[Var, ...] = (
     ),
     _main("metrics", "bool", "Run the Prometheus exporter.", default=False),
     _main("metrics_port", "service_port", "The exporter's port on 127.0.0.1.", default=DEFAULT_METRICS_PORT),
-    _main("metrics_token_file", "abspath", "With public bind: a file on main holding the scrape token."),
+    _main("metrics_token_file", "credential_file", "With public bind: a file on main holding the scrape token."),
     _main("metrics_readers", "users", "Users besides root and the front that may connect to metrics_port.", default=[]),
 )
