@@ -1,5 +1,6 @@
-"""How the structured values of a host's build and RPC server are read, one value alone: the
-tunnelspec root, the backend, the CUDA architectures, the RPC server's environment. Each raises
+"""How the structured values of a host's build, its RPC server and llama-server are read, one value
+alone: the tunnelspec root, the backend, CMake's and llama-server's extra arguments, the CUDA
+architectures, the RPC server's environment. Each raises
 VarValueError with the reason; the declaration table (vardecl.py) calls them, and the model
 (host_sections.py) keeps what relates two variables."""
 
@@ -8,9 +9,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tunnelspec.cluster import hub_ref as hub
 from tunnelspec.core import vartypes
 from tunnelspec.core.constants import OPT_DIR
 from tunnelspec.core.vartypes import VarValueError
+from tunnelspec.llama.speculative import OWNED_FLAGS, owned_variable
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 # Names people write for a backend that llama.cpp calls otherwise (its CMake switch and device names).
@@ -122,3 +125,75 @@ def rpc_env(raw: Any) -> list[tuple[str, str]]:
             raise VarValueError(f"{key}: the value {value!r} may hold letters, digits and _ . , : / + - only")
         out.append((key, value))
     return out
+
+
+# Flags tunnelspec sets itself in the llama-server unit (llama/speculative.py OWNED_FLAGS, with the
+# variable to use instead); letting extra args repeat them would silently move the model, the draft
+# or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
+# --spec-draft-type-k, ...) are allowed and checked against the built --help at plan time.
+OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
+# llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
+# hf:// form of llama_model / llama_draft_model replaces them.
+DOWNLOAD_SERVER_FLAGS = (
+    "-hf",
+    "-hfr",
+    "--hf-repo",
+    "-hfd",
+    "-hfrd",
+    "--hf-repo-draft",
+    "-hff",
+    "--hf-file",
+    "-hfv",
+    "-hfrv",
+    "--hf-repo-v",
+    "-hffv",
+    "--hf-file-v",
+    "-hft",
+    "--hf-token",
+    "-mu",
+    "--model-url",
+    "-dr",
+    "--docker-repo",
+    "--spec-draft-hf",
+    "--spec-draft-hf-repo",
+    "--spec-draft-hf-file",
+)
+# CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
+# a CVE), the build identity, and the backend (chosen with llama_backend).
+OWNED_CMAKE_VARS = (
+    "GGML_RPC",
+    "GGML_RPC_RDMA",
+    "LLAMA_BUILD_NUMBER",
+    "LLAMA_BUILD_COMMIT",
+    "GGML_CUDA",
+    "GGML_HIP",
+    "GGML_VULKAN",
+    "GGML_METAL",
+)
+
+
+def cmake_args(args: list[str]) -> list[str]:
+    """llama_cmake_args, split: -DNAME=VALUE cache entries only, none of those tunnelspec sets."""
+    for arg in args:
+        if not arg.startswith("-D"):
+            raise VarValueError(f"{arg!r} is not a -D cache entry; only -DNAME=VALUE flags are allowed")
+        name = arg[2:].split("=", 1)[0].split(":", 1)[0]
+        if name in OWNED_CMAKE_VARS:
+            raise VarValueError(f"{arg!r} is set by tunnelspec (use llama_backend for the backend); remove it")
+    return args
+
+
+def server_args(args: list[str]) -> list[str]:
+    """llama_server_extra_args, split: no downloader flag and no flag tunnelspec sets itself."""
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):
+            raise VarValueError(
+                f"{flag} makes llama-server download a model at every start, unpinned and unverified; "
+                f"name the model as llama_model / llama_draft_model = {hub.FORM} instead (downloaded and "
+                "checked on the controller, uploaded once)"
+            )
+        var = owned_variable(None, flag)
+        if var is not None:
+            raise VarValueError(f"{flag} is set by tunnelspec; use {var} instead (remove it here)")
+    return args

@@ -12,54 +12,8 @@ from tunnelspec.cluster.front_vars import FrontSettings, front_of
 from tunnelspec.cluster.patches import Patch, patches_of
 from tunnelspec.cluster.tls_vars import TlsSettings, tls_of
 from tunnelspec.llama.devices import static_target_default
-from tunnelspec.llama.speculative import OWNED_FLAGS, owned_variable
-from tunnelspec.cluster import hub_ref as hub
 
 __all__ = ["Patch"]
-
-# Flags tunnelspec sets itself in the llama-server unit (llama/speculative.py OWNED_FLAGS, with the
-# variable to use instead); letting extra args repeat them would silently move the model, the draft
-# or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
-# --spec-draft-type-k, ...) are allowed and checked against the built --help at plan time.
-OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
-# llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
-# hf:// form of llama_model / llama_draft_model replaces them.
-DOWNLOAD_SERVER_FLAGS = (
-    "-hf",
-    "-hfr",
-    "--hf-repo",
-    "-hfd",
-    "-hfrd",
-    "--hf-repo-draft",
-    "-hff",
-    "--hf-file",
-    "-hfv",
-    "-hfrv",
-    "--hf-repo-v",
-    "-hffv",
-    "--hf-file-v",
-    "-hft",
-    "--hf-token",
-    "-mu",
-    "--model-url",
-    "-dr",
-    "--docker-repo",
-    "--spec-draft-hf",
-    "--spec-draft-hf-repo",
-    "--spec-draft-hf-file",
-)
-# CMake cache entries tunnelspec owns: RPC on, RDMA off (it never works through a tunnel and had
-# a CVE), the build identity, and the backend (chosen with llama_backend).
-OWNED_CMAKE_VARS = (
-    "GGML_RPC",
-    "GGML_RPC_RDMA",
-    "LLAMA_BUILD_NUMBER",
-    "LLAMA_BUILD_COMMIT",
-    "GGML_CUDA",
-    "GGML_HIP",
-    "GGML_VULKAN",
-    "GGML_METAL",
-)
 
 
 @dataclass(frozen=True)
@@ -159,15 +113,6 @@ def root_of(hv: HostVars) -> str:
 
 def build_of(hv: HostVars) -> BuildSettings:
     args = tuple(hv.get("llama_cmake_args"))
-    for arg in args:
-        if not arg.startswith("-D"):
-            raise hv.fail("llama_cmake_args", f"{arg!r} is not a -D cache entry; only -DNAME=VALUE flags are allowed")
-        name = arg[2:].split("=", 1)[0].split(":", 1)[0]
-        if name in OWNED_CMAKE_VARS:
-            raise hv.fail(
-                "llama_cmake_args",
-                f"{arg!r} is set by tunnelspec (use llama_backend for the backend); remove it",
-            )
     return BuildSettings(
         backend=hv.get("llama_backend"),
         cmake_args=args,
@@ -235,18 +180,7 @@ def main_host_of(hv: HostVars) -> MainHost:
         )
     extra = tuple(hv.get("llama_server_extra_args"))
     p_min = hv.get("spec_draft_p_min")
-    for arg in extra:
-        flag = arg.split("=", 1)[0]
-        if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):
-            raise hv.fail(
-                "llama_server_extra_args",
-                f"{flag} makes llama-server download a model at every start, unpinned and unverified; "
-                f"name the model as llama_model / llama_draft_model = {hub.FORM} instead (downloaded and "
-                "checked on the controller, uploaded once)",
-            )
-        var = owned_variable(None, flag)
-        if var is not None:
-            raise hv.fail("llama_server_extra_args", f"{flag} is set by tunnelspec; use {var} instead (remove it here)")
+    for flag in (arg.split("=", 1)[0] for arg in extra):
         if p_min is not None and flag in ("--spec-draft-p-min", "--draft-p-min"):
             raise hv.fail("llama_server_extra_args", f"{flag} is also set by spec_draft_p_min; keep one of the two")
     spec_type = hv.get("spec_type")

@@ -269,6 +269,8 @@ PARSERS: dict[str, Parser] = {
     "list": _csv,
     "devices": _devices,
     "words": _words,
+    "cmake_args": lambda var, value, base_dir: host_kinds.cmake_args(_words(var, value, base_dir)),
+    "server_args": lambda var, value, base_dir: host_kinds.server_args(_words(var, value, base_dir)),
     "patches": _patches,
     "loopback": _loopback,
     "layers": _ngl,

@@ -26,7 +26,9 @@ HOST_VARS: tuple[Var, ...] = (
     Var("llama_build_number", "int", "The build number (bNNNN) to stamp.", minimum=0, derived="from the source"),
     # ---- the build -----------------------------------------------------------------------------------
     Var("llama_backend", "backend", "The GPU backend: cpu, cuda, hip, vulkan or metal.", default="cpu"),
-    Var("llama_cmake_args", "words", "Extra -DNAME=VALUE CMake cache entries (a shell line or a list).", default=[]),
+    Var(
+        "llama_cmake_args", "cmake_args", "Extra -DNAME=VALUE CMake cache entries (a shell line or a list).", default=[]
+    ),
     Var("llama_build_jobs", "int", "Parallel build jobs.", minimum=1, derived="the host's cores"),
     Var("llama_force_clean", "bool", "Reset a modified llama.cpp checkout instead of stopping.", default=False),
     Var(

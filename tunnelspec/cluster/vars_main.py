@@ -33,7 +33,9 @@ MAIN_VARS: tuple[Var, ...] = (
     _main("llama_server_port", "service_port", "The API's port (the front listens there).", default=DEFAULT_HTTP_PORT),
     _main("llama_server_public_bind", "bool", "Serve the API on llama_server_host, over TLS.", default=False),
     _main("llama_server_api_key_file", "credential_file", "A 0600 file on main holding the API key (one line)."),
-    _main("llama_server_extra_args", "words", "Extra llama-server arguments (a shell line or a list).", default=[]),
+    _main(
+        "llama_server_extra_args", "server_args", "Extra llama-server arguments (a shell line or a list).", default=[]
+    ),
     _main(
         "llama_server_start_timeout",
         "int",
