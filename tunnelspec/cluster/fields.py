@@ -1,5 +1,6 @@
-"""Reading one cluster variable of one host: type checks, defaults, and errors that point at the
-line where the value was written. Used by cluster.py; knows nothing about the cluster's shape."""
+"""Reading one cluster variable of one host: its value by its declared type or its declared default
+(`HostVars.get`, cluster/declared.py), and errors that point at the line where the value was
+written. Used by the model's readers; knows nothing about the cluster's shape."""
 
 from __future__ import annotations
 
