@@ -126,3 +126,18 @@ def test_refused_and_choices():
     assert schema.parse(schema.DECLARED["ansible_ssh_timeout"], "30") == 30.0
     with pytest.raises(VarValueError):
         schema.parse(schema.DECLARED["ansible_ssh_timeout"], "0")
+
+
+def test_one_rule_for_a_full_sha():
+    """A pinned commit is judged in one place (core/vartypes.py full_sha, is_full_sha, FULL_SHA): no
+    other module writes its own 40-hex pattern (generation records name git objects, sha1 or sha256)."""
+    from pathlib import Path
+
+    root = Path(schema.__file__).parents[1]
+    own = [str(p.relative_to(root)) for p in root.rglob("*.py")
+           if "{40}" in p.read_text() and p.name != "vartypes.py" and "{64}" not in p.read_text()]
+    assert own == []
+    for value, why in (("0123456", "short SHA"), ("v1.2", "tags and branches move"), (True, "not a full")):
+        with pytest.raises(VarValueError, match=why):
+            vartypes.full_sha(value)
+    assert vartypes.full_sha(" " + "AB" * 20 + " ") == "ab" * 20
