@@ -24,6 +24,7 @@ import pytest
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory import load_inventory
 from tunnelspec.cluster.model import Cluster
+from tunnelspec.cluster.declared import DECLARED
 from tunnelspec.cluster.fields import KNOWN_VARS
 from tunnelspec.llama import flags
 from tunnelspec.components.server.args import build_server_argv
@@ -33,8 +34,8 @@ EXAMPLE_INI = REPO / "inventory.example.ini"
 HELP = REPO / "tests/server/data/llama-server-help.txt"
 JSON_ARG = ["--chat-template-kwargs", '{"preserve_thinking": true}']
 
-# Variables only tunnelspec's own commands set (with -e, cli/main.py): not for an inventory to hold.
-SET_BY_COMMANDS = {"tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge"}
+# Variables only tunnelspec's own commands set (with -e): not for an inventory to hold.
+SET_BY_COMMANDS = {name for name, var in DECLARED.items() if var.by_command}
 
 
 def documented_vars(text: str) -> set[str]:

@@ -95,7 +95,8 @@ NOT_IN_THE_MODEL = {"tunnelspec_known_hosts", "tunnelspec_lock_dir", "tunnelspec
                     "tunnel_ssh_host", "tunnel_ssh_port",  # read by inventory/addresses.py
                     "llama_keep_builds", "tunnel_from",  # read by playbooks/build.yml, tunnel.yml
                     "tunnelspec_keep_generations",  # read by playbooks/server.yml (generation_record)
-                    "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge"}  # set by commands (-e)
+                    "tunnel_nodes", "tunnel_key_rotation", "tunnelspec_purge",  # set by commands (-e)
+                    "rollback_to", "rollback_after_failed_deploy", "rollback_event"}
 # rpc_bind has one allowed value: -e with another one is refused, naming -e (test below).
 REFUSED_OTHERWISE = {"rpc_bind"}
 

@@ -1,7 +1,6 @@
 """The declaration table (cluster/schema.py) against the variables tunnelspec reads
-(cluster/fields.py KNOWN_VARS): every name is declared with a type and a doc, or is in the explicit
-NOT_YET_DECLARED set that later work shrinks; and the types read values as `check` and the
-connection layer do."""
+(cluster/fields.py KNOWN_VARS, derived from it): every name is declared with a type and a doc; and
+the types read values as `check` and the connection layer do."""
 
 from __future__ import annotations
 
@@ -14,14 +13,21 @@ from tunnelspec.core.vartypes import VarValueError
 from tunnelspec.inventory.addresses import ssh_address
 
 
-def test_every_known_variable_is_declared_or_listed_as_not_yet():
-    missing = sorted(KNOWN_VARS - set(schema.DECLARED) - schema.NOT_YET_DECLARED)
-    assert not missing, f"declare these in cluster/schema.py (or list them in NOT_YET_DECLARED): {missing}"
+def test_known_variables_are_the_declared_ones():
+    """KNOWN_VARS is derived from the declarations: a variable cannot be read without one."""
+    assert set(KNOWN_VARS) == {n for n in schema.DECLARED if not n.startswith("ansible_")}
 
 
-def test_not_yet_declared_holds_no_declared_or_stale_name():
-    assert not schema.NOT_YET_DECLARED & set(schema.DECLARED), "declared: remove it from NOT_YET_DECLARED"
-    assert schema.NOT_YET_DECLARED <= KNOWN_VARS, sorted(schema.NOT_YET_DECLARED - KNOWN_VARS)
+def test_every_variable_the_code_reads_is_declared():
+    """A name the model reads (`hv.get`, `hv.raw`) or a playbook renders is declared."""
+    import re
+    from pathlib import Path
+
+    root = Path(schema.__file__).parents[1]
+    read = set()
+    for path in (root / "cluster").glob("*.py"):
+        read |= set(re.findall(r"\bhv\.(?:get|raw|has)\(\"([a-z_]+)\"", path.read_text()))
+    assert read and sorted(read - set(schema.DECLARED)) == []
 
 
 @pytest.mark.parametrize("name", sorted(schema.DECLARED))
@@ -33,6 +39,10 @@ def test_each_declaration_has_a_type_and_a_doc(name):
     assert var.hosts in ("all", "main", "rpc")
     if var.type == "choice":
         assert var.choices
+    if var.derived:
+        assert var.default is None, "a derived default is settled by the model, not written here"
+    if var.minimum is not None and var.maximum is not None:
+        assert var.minimum <= var.maximum
     if var.type == "refused":
         assert var.reason, "a refusal says why and what to write instead"
     if var.name.endswith(("_password", "_pass")):
@@ -116,3 +126,18 @@ def test_refused_and_choices():
     assert schema.parse(schema.DECLARED["ansible_ssh_timeout"], "30") == 30.0
     with pytest.raises(VarValueError):
         schema.parse(schema.DECLARED["ansible_ssh_timeout"], "0")
+
+
+def test_one_rule_for_a_full_sha():
+    """A pinned commit is judged in one place (core/vartypes.py full_sha, is_full_sha, FULL_SHA): no
+    other module writes its own 40-hex pattern (generation records name git objects, sha1 or sha256)."""
+    from pathlib import Path
+
+    root = Path(schema.__file__).parents[1]
+    own = [str(p.relative_to(root)) for p in root.rglob("*.py")
+           if "{40}" in p.read_text() and p.name != "vartypes.py" and "{64}" not in p.read_text()]
+    assert own == []
+    for value, why in (("0123456", "short SHA"), ("v1.2", "tags and branches move"), (True, "not a full")):
+        with pytest.raises(VarValueError, match=why):
+            vartypes.full_sha(value)
+    assert vartypes.full_sha(" " + "AB" * 20 + " ") == "ab" * 20

@@ -350,8 +350,9 @@ def test_rollback_refuses_a_known_vulnerable_build_unless_allowed(tmp_path, monk
 def test_the_playbook_warns_only_in_a_failed_deploys_own_return():
     pick = next(t for t in load_playbook(builtin_playbook("rollback.yml")).plays[0].tasks
                 if t.module == "generation_pick")
-    assert render_value(pick.args, {"rollback_to": 2})["vulnerable"] == "refuse"
-    assert render_value(pick.args, {"rollback_after_failed_deploy": True})["vulnerable"] == "warn"
+    # The engine gives both their settled value (cluster/schema.py settled): false and 0 when unset.
+    assert render_value(pick.args, {"rollback_to": 2, "rollback_after_failed_deploy": False})["vulnerable"] == "refuse"
+    assert render_value(pick.args, {"rollback_to": 0, "rollback_after_failed_deploy": True})["vulnerable"] == "warn"
 
 
 def test_a_failed_deploys_return_says_so_to_the_playbook(monkeypatch):

@@ -20,6 +20,7 @@ from tunnelspec.cluster.model import Cluster
 from tunnelspec.components.tunnel.units import selected_nodes
 from tunnelspec.core.templating import evaluate, render_value
 from tunnelspec.engine.context import HostContext, RunOptions
+from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import builtin_playbook, load_playbook
 from tunnelspec.facts import nft
 from tunnelspec.inventory import load_inventory
@@ -150,14 +151,15 @@ async def _render(name: str, path: Path) -> Deploy:
     groups = {g: list(inv.match(g)) for g in inv.groups}
     groups.setdefault("all", list(inv.hosts))
     out: list[Rendered] = []
+    run = Run(inv, RunOptions(), lambda e: None, cluster=cluster)  # the engine's template context
     for play in load_playbook(builtin_playbook("deploy.yml")).plays:
         for host in inv.match(play.hosts):
             for spec in play.tasks:
                 if spec.module not in RENDERING:
                     continue
                 hostvars[host].update(facts.setdefault(host, {}))
-                v = {**inv.host_vars(host), **play.vars, **facts[host], "inventory_hostname": host,
-                     "hostvars": hostvars, "groups": groups, "check_mode": False, "cluster": cluster}
+                v = {**run.template_vars(host, play), **facts[host], "hostvars": hostvars, "groups": groups,
+                     "check_mode": False}
                 if not all(evaluate(c, v) for c in spec.when):
                     continue
                 task = TASKS[spec.module].build(render_value(spec.args, v))

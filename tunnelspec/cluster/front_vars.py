@@ -12,14 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunnelspec.core import writable
-from tunnelspec.inventory.values import USER_NAME
+from tunnelspec.cluster.vars_main import DEFAULT_INTERNAL_PORT, DEFAULT_METRICS_PORT
 
-DEFAULT_INTERNAL_PORT = 18080
-DEFAULT_HOLD_TIMEOUT = 180
-DEFAULT_REJOIN_AFTER = 20
-DEFAULT_FRONT_USER = "tunnelspec-front"
-DEFAULT_METRICS_PORT = 9466
 # bench's baseline llama-server (commands/bench): a registered, guarded port of its own (cluster/ports.py),
 # never the first free one on the host (a local user who bound that first would get the API key of its
 # requests). Default: the first port above llama_server_internal_port that no other port of the front
@@ -61,48 +55,44 @@ class FrontSettings:
 
 
 def front_of(hv, server_port: int) -> FrontSettings:
-    internal = hv.port("llama_server_internal_port", DEFAULT_INTERNAL_PORT)
+    internal = hv.get("llama_server_internal_port")
     if internal == server_port:
         raise hv.fail(
             "llama_server_internal_port",
             f"{internal} is llama_server_port too: llama-server listens behind the front on its own "
             f"port (default {DEFAULT_INTERNAL_PORT})",
         )
-    user = hv.string("front_user", DEFAULT_FRONT_USER)
-    if not USER_NAME.match(user) or user == "root":
-        raise hv.fail(
-            "front_user", f"{user!r} is not a valid unprivileged system user name (e.g. {DEFAULT_FRONT_USER})"
-        )
     metrics = metrics_of(hv, (server_port, internal))
     taken = {server_port, internal, *((metrics.port,) if metrics else ())}
-    derived = internal + 1
-    while derived in taken and derived < 65535:
-        derived += 1
-    bench = hv.port("bench_port", derived)
+    bench = hv.get("bench_port")
+    if bench is None:
+        bench = internal + 1
+        while bench in taken and bench < 65535:
+            bench += 1
     return FrontSettings(
         internal_port=internal,
         bench_port=bench,
-        hold_timeout=hv.integer("llama_server_hold_timeout", DEFAULT_HOLD_TIMEOUT, minimum=5),
-        rejoin_after=hv.integer("draft_rejoin_after", DEFAULT_REJOIN_AFTER, minimum=1),
-        user=user,
+        hold_timeout=hv.get("llama_server_hold_timeout"),
+        rejoin_after=hv.get("draft_rejoin_after"),
+        user=hv.get("front_user"),
         metrics=metrics,
     )
 
 
 def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
-    if not hv.boolean("metrics", False):
+    if not hv.get("metrics"):
         for var in ("metrics_port", "metrics_token_file", "metrics_readers"):
             if hv.raw(var, None) is not None:
                 raise hv.fail(var, "is set but metrics is not: add metrics=true (docs/metrics.md), or remove it")
         return None
-    port = hv.port("metrics_port", DEFAULT_METRICS_PORT)
+    port = hv.get("metrics_port")
     if port in taken:
         raise hv.fail(
             "metrics_port",
             f"{port} is already llama-server's or the front's port; pick another (default {DEFAULT_METRICS_PORT})",
         )
-    token = hv.string("metrics_token_file", None)
-    public = hv.boolean("llama_server_public_bind", False)
+    token = hv.get("metrics_token_file")
+    public = hv.get("llama_server_public_bind")
     if public and token is None:
         raise hv.fail(
             "metrics",
@@ -117,30 +107,10 @@ def metrics_of(hv, taken: tuple[int, ...]) -> MetricsSettings | None:
                 "only used with llama_server_public_bind=true (on loopback the "
                 "metrics are scraped through SSH); remove it",
             )
-        if not token.startswith("/"):
-            raise hv.fail("metrics_token_file", f"must be an absolute path on the main host, got {token!r}")
-        if token.startswith(("/home/", "/root/", "/run/user/", "/tmp/", "/var/tmp/")):
-            raise hv.fail(
-                "metrics_token_file",
-                f"{token!r} is hidden by the front's sandbox (ProtectHome=yes, "
-                "PrivateTmp=yes); use e.g. /etc/tunnelspec/metrics-token",
-            )
-        place = writable.place_of(token)
-        if place is not None:
-            raise hv.fail(
-                "metrics_token_file",
-                f"{token!r} is in {place.path}, which a service user can write: root makes the file "
-                "private and compares it with the API key there, and would follow a link put in its "
-                "place (SECURITY.md, invariant A); use e.g. /etc/tunnelspec/metrics-token",
-            )
-        if token == hv.string("llama_server_api_key_file", None):
+        if token == hv.get("llama_server_api_key_file"):
             raise hv.fail(
                 "metrics_token_file",
                 "is the API key's file: the scrape token is a credential of its "
                 "own (a leaked scrape config must not give the API); write another file",
             )
-    readers = hv.csv("metrics_readers")
-    for user in readers:
-        if not USER_NAME.match(user) or user == "root":
-            raise hv.fail("metrics_readers", f"{user!r} is not a user name (root may connect anyway)")
-    return MetricsSettings(port=port, token_file=token, readers=readers)
+    return MetricsSettings(port=port, token_file=token, readers=tuple(hv.get("metrics_readers")))

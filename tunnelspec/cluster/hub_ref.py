@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tunnelspec.core.vartypes import is_full_sha
+
 SCHEME = "hf://"
-_SHA = re.compile(r"^[0-9a-f]{40}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SPLIT = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 FORM = "hf://ORG/REPO/PATH/IN/REPO.gguf@<40-hex commit>"
@@ -59,7 +60,7 @@ def parse_ref(text: str) -> HubRef:
             "repo's 'Files and versions' history, or `hf download ... --revision`)"
         )
     revision = revision.strip().lower()
-    if not _SHA.match(revision):
+    if not is_full_sha(revision):
         raise HubRefError(
             f"revision {revision!r} of {text!r} is not a full 40-hex commit SHA; branches and "
             f"tags (main, v1) move: pin the commit, {FORM}"

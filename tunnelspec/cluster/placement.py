@@ -14,15 +14,15 @@ then share its rpc-server). With proportions given, every target device needs on
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from tunnelspec.cluster.fields import cluster_error, HostVars
+from tunnelspec.cluster.vars_main import SPLIT_MODES
 
-SPLIT_MODES = ("none", "layer", "row", "tensor")
+__all__ = ["SPLIT_MODES"]
+
 # llama-server's -ngl, every spelling: set by tunnelspec when main's CPU keeps a share.
 NGL_FLAGS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
-_PAIR = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9_.-]*)\s*=\s*([0-9]+(?:\.[0-9]+)?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -35,30 +35,15 @@ class TargetPlacement:
         return dict(self.weights).get(name) if self.weights is not None else None
 
 
-def _number(hv: HostVars, var: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise hv.fail(var, f"must be a number (0 or more), got {value!r}")
-    try:
-        out = float(value)
-    except ValueError:
-        raise hv.fail(var, f"must be a number (0 or more), got {value!r}") from None
-    if out < 0 or out != out or out == float("inf"):
-        raise hv.fail(var, f"must be a number (0 or more), got {value!r}")
-    return out
-
-
 def node_share(hv: HostVars) -> float | None:
-    value = hv.raw("rpc_target_share", None)
-    return None if value is None else _number(hv, "rpc_target_share", value)
+    return hv.get("rpc_target_share")
 
 
 def parse_placement(
     main: HostVars, nodes: list[tuple[HostVars, str, float | None]], local_devices: tuple[str, ...]
 ) -> TargetPlacement:
     """`nodes`: (node vars, role, rpc_target_share) in [rpc] order."""
-    mode = main.string("llama_split_mode", None)
-    if mode is not None and mode not in SPLIT_MODES:
-        raise main.fail("llama_split_mode", f"must be one of {', '.join(SPLIT_MODES)}; got {mode!r}")
+    mode = main.get("llama_split_mode")
     shared = [(hv, share) for hv, _, share in nodes if share is not None]
     pairs = _pairs(main)
     names = {hv.host for hv, _, _ in nodes}
@@ -103,7 +88,7 @@ def parse_placement(
                 if weight > 0:
                     weights.append((name, weight))  # main's CPU keeps this share: -ngl, not -ts
                     ngl = next(
-                        (a for a in main.words("llama_server_extra_args") if a.split("=", 1)[0] in NGL_FLAGS), None
+                        (a for a in main.get("llama_server_extra_args") if a.split("=", 1)[0] in NGL_FLAGS), None
                     )
                     if ngl is not None:
                         raise main.fail(
@@ -133,30 +118,4 @@ def parse_placement(
 
 
 def _pairs(main: HostVars) -> list[tuple[str, float]] | None:
-    value = main.raw("llama_tensor_split", None)
-    if value is None:
-        return None
-    if isinstance(value, dict):
-        items = [(str(k), v) for k, v in value.items()]
-    elif isinstance(value, str):
-        items = []
-        for part in value.split(","):
-            if not part.strip():
-                continue
-            m = _PAIR.match(part)
-            if not m:
-                raise main.fail(
-                    "llama_tensor_split",
-                    f"{part.strip()!r} is not NAME=WEIGHT (e.g. rpc-a=1,rpc-b=3): "
-                    "proportions are given by node or device name, not by position",
-                )
-            items.append((m.group(1), m.group(2)))
-    else:
-        raise main.fail(
-            "llama_tensor_split",
-            f'must be NAME=WEIGHT pairs like "rpc-a=1,rpc-b=3" (by node or '
-            f"device name, not by position), got {value!r}",
-        )
-    if not items:
-        raise main.fail("llama_tensor_split", "is empty; give NAME=WEIGHT pairs or remove the line")
-    return [(n, _number(main, "llama_tensor_split", v)) for n, v in items]
+    return main.get("llama_tensor_split")

@@ -53,7 +53,7 @@ def _default_names(hv: HostVars) -> list[str]:
 
 
 def _controller_path(hv: HostVars, var: str) -> Path | None:
-    value = hv.string(var, None)
+    value = hv.get(var)
     if value is None:
         return None
     return (hv.inv.path.parent / Path(value).expanduser()).absolute()
@@ -61,7 +61,7 @@ def _controller_path(hv: HostVars, var: str) -> Path | None:
 
 def tls_of(hv: HostVars) -> TlsSettings:
     raw = hv.raw("llama_server_tls_names", None)
-    names = list(hv.csv("llama_server_tls_names")) if raw is not None else _default_names(hv)
+    names = list(hv.get("llama_server_tls_names")) if raw is not None else _default_names(hv)
     if raw is not None and not names:
         raise hv.fail(
             "llama_server_tls_names",

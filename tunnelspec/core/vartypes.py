@@ -29,6 +29,8 @@ def integer(value: Any, minimum: int | None = None, maximum: int | None = None) 
         number = int(value)
     if number is None:
         raise VarValueError(f"must be a whole number, got {value!r}")
+    if maximum is None and minimum is not None and number < minimum:
+        raise VarValueError(f"must be in {minimum}.. (at least {minimum}), got {number}")
     if minimum is not None and number < minimum or maximum is not None and number > maximum:
         low = "" if minimum is None else str(minimum)
         high = "" if maximum is None else str(maximum)
@@ -42,6 +44,64 @@ def port(value: Any) -> int:
         return integer(value, 1, 65535)
     except VarValueError:
         raise VarValueError(f"must be a port number 1..65535, got {value!r}") from None
+
+
+def service_port(value: Any) -> int:
+    """A port a tunnelspec service listens on: 1024..65535 (the services run unprivileged)."""
+    number = integer(value)
+    if not 1 <= number <= 65535:
+        raise VarValueError(f"port {number} is out of range; use 1024..65535")
+    if number < 1024:
+        raise VarValueError(
+            f"port {number} is privileged (< 1024); tunnelspec services run unprivileged, use 1024..65535"
+        )
+    return number
+
+
+def fraction(value: Any, minimum: float = 0.0, maximum: float | None = None, what: str = "a number") -> float:
+    """A finite number in minimum..maximum (`0.5`, `"3"`); never a boolean."""
+    out: float | None = None
+    if not isinstance(value, bool) and isinstance(value, (int, float, str)):
+        try:
+            out = float(value)
+        except ValueError:
+            out = None
+    if out is None or out != out or out in (float("inf"), float("-inf")):
+        raise VarValueError(f"must be {what}, got {value!r}")
+    if out < minimum or maximum is not None and out > maximum:
+        raise VarValueError(f"must be {what}, got {value!r}")
+    return out
+
+
+# The one rule for a pinned commit (llama_commit, every patch entry, a git checkout, a Hub revision).
+FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
+
+
+def is_full_sha(text: Any) -> bool:
+    """A full 40-hex (lower-case) git commit SHA."""
+    return isinstance(text, str) and FULL_SHA.match(text) is not None
+
+
+def full_sha(value: Any, what: str = "") -> str:
+    """A pinned commit: a full 40-hex SHA (case and surrounding blanks forgiven), else VarValueError.
+    A prefix names different commits, or none, as a repository grows and on hosts that fetched
+    different refs (GitHub's fork network shares one object store: anyone can publish a commit with
+    a given 7-hex prefix in minutes); tags and branches move. The pin must mean the same commit on
+    every host and every day."""
+    text = str(value).strip().lower() if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
+    if is_full_sha(text):
+        return text
+    name = f"{what} " if what else ""
+    if re.fullmatch(r"[0-9a-f]{4,39}", text):
+        raise VarValueError(
+            f"{name}{value!r} is not a full 40-hex commit SHA; a short SHA can come to name another commit, or "
+            f"several: give the full SHA, quoted; resolve it in a clone that has the commit: "
+            f"git rev-parse '{text}^{{commit}}' (for a PR, git fetch origin refs/pull/<N>/head first)"
+        )
+    raise VarValueError(
+        f"{name}{value!r} is not a full 40-hex commit SHA; tags and branches move: pin the full SHA "
+        "(git rev-parse '<tag>^{commit}'), quoted"
+    )
 
 
 def number(value: Any, minimum: float = 0.0) -> float:

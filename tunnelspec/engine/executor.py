@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tunnelspec.cluster import schema
 from tunnelspec.connection import ConnectOptions, ConnectSession, connect
 from tunnelspec.connection.factory import is_ssh, ssh_target
 from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
@@ -22,6 +23,7 @@ from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
 from tunnelspec.engine.prefetch import Prefetch
 from tunnelspec.engine.runlock import RunLock
 from tunnelspec.engine.task_exec import TaskExecution
+from tunnelspec.inventory.values import parse_value
 from tunnelspec.modules.gates import GATES
 from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
@@ -86,6 +88,7 @@ class Run(Prefetch, TaskExecution):
         self.secrets: list[str] = []
         self._conn_locks: dict[str, asyncio.Lock] = {}
         self._groups: dict[str, list[str]] | None = None
+        self._settled: dict[str, dict] = {}
         self._hostvars = HostvarsView(self.hosts)
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
@@ -141,11 +144,24 @@ class Run(Prefetch, TaskExecution):
             self._groups = groups
         return self._groups
 
+    def settled(self, name: str) -> dict:
+        """Every declared variable's settled, typed value on `name` (cluster/schema.py settled): the
+        one route of tunnelspec's variables to the tasks, so a playbook needs no `default()`. The
+        inventory does not change during a run: worked out once per host."""
+        if name not in self._settled:
+            values = dict(self.hosts[name].vars)
+            # -e text is read as the inventory's values are (cluster/fields.py HostVars).
+            values.update((k, parse_value(v)) for k, v in self.inventory.extra_vars.items() if isinstance(v, str))
+            self._settled[name] = schema.settled(name, values, self.cluster, self.inventory.path.parent)
+        return self._settled[name]
+
     def template_vars(self, name: str, play: Play | None = None) -> dict:
         st = self.hosts[name]
-        v = {**st.vars, **(play.vars if play else {}), **st.facts}
+        v = {**st.vars, **self.settled(name), **(play.vars if play else {}), **st.facts}
         v.update(
             inventory_hostname=name,
+            # The host's part in the cluster: "main" (llama-server) or "rpc" (an RPC node).
+            host_role="main" if name in self.groups().get("main", ()) else "rpc",
             hostvars=self._hostvars,
             groups=self.groups(),
             check_mode=self.options.check,

@@ -14,10 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 
-from tunnelspec.core.constants import STATE_DIR
+from tunnelspec.cluster.declared import DECLARED
 
-PENDING_DIR = f"{STATE_DIR}/pending"
 PENDING_DIR_VAR = "tunnelspec_pending_dir"  # inventory override (tests running hosts on one machine)
+PENDING_DIR = DECLARED[PENDING_DIR_VAR].default
 
 
 def _path(hostvars: dict, play: str) -> str:

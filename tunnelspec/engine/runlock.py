@@ -26,12 +26,13 @@ import socket
 import time
 from datetime import datetime, UTC
 
+from tunnelspec.cluster.declared import DECLARED
 from tunnelspec.core.errors import EXIT_LOCKED, HostUnreachable, TaskFailed, TunnelspecError
 from tunnelspec.inventory.addresses import ssh_host
 from tunnelspec.reporting import events
 
-LOCK_DIR = "/run/tunnelspec"
 LOCK_DIR_VAR = "tunnelspec_lock_dir"  # inventory override (tests on one machine, non-root hosts)
+LOCK_DIR = DECLARED[LOCK_DIR_VAR].default
 BUSY_EVERY_S = 30  # how often a waiting run repeats who holds the lock
 _STEP_S = 5  # the remote script re-reads the holder this often
 _EXIT_BUSY = 75  # EX_TEMPFAIL: locked and not waiting, or waited out

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.core.vartypes import FULL_SHA as FULL_SHA  # the one rule; checkout.py reads it here
+from tunnelspec.core.vartypes import VarValueError, full_sha
 
 STACK_FILE = ".git/tunnelspec-stack"
 # Present from the first change of an apply until its stack record is written: a run killed in
@@ -24,7 +26,6 @@ APPLYING_FILE = ".git/tunnelspec-applying"
 PATCH_DIR = ".git/tunnelspec-patches"
 # Bump when the way a stack is applied changes (identity, dates, commands): old stacks re-apply.
 STACK_RECIPE = 1
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 # A whole-PR entry brings at most this many commits: GitHub itself lists no more than 250 commits
 # of a pull request, and a longer range almost always means llama_commit is older than the PR's
 # base (the range then holds upstream commits too): said, not cherry-picked by the thousand.
@@ -83,22 +84,12 @@ class PatchSpec:
 
 
 def short_sha_error(value, key: str) -> str | None:
-    """Why `value` is not a pinned commit (None when it is one): only a full 40-hex SHA is accepted,
-    everywhere (llama_commit and every patch entry). A prefix names different commits, or none, as
-    a repository grows and on hosts that fetched different refs: GitHub's fork network shares one
-    object store, so anyone can publish a commit with a given 7-hex prefix in minutes and turn a
-    working pin into an ambiguous one. The tree-hash gate and the controller's bundles compare full
-    SHAs; the pin must mean the same commit on every host and every day."""
-    text = str(value).strip().lower() if isinstance(value, str) else ""
-    if FULL_SHA.match(text):
-        return None
-    if re.fullmatch(r"[0-9a-f]{4,39}", text):
-        return (
-            f"{key} {value!r} is a short SHA; give the full 40-hex SHA, quoted (a prefix can come to "
-            f"name another commit, or several); resolve it in a clone that has the commit: "
-            f"git rev-parse '{text}^{{commit}}' (for a PR, git fetch origin refs/pull/<N>/head first)"
-        )
-    return f"{key} {value!r} must be a full 40-hex commit SHA, quoted"
+    """Why `value` is not a pinned commit (None when it is one): core/vartypes.full_sha's rule."""
+    try:
+        full_sha(value, key)
+    except VarValueError as err:
+        return str(err)
+    return None
 
 
 def parse_patches(entries, base_dir: Path) -> list[PatchSpec]:

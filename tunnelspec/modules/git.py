@@ -3,12 +3,9 @@ not silently discarded."""
 
 from __future__ import annotations
 
-import re
-
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.core.vartypes import VarValueError, full_sha, is_full_sha
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
-
-FULL_SHA = re.compile(r"^[0-9a-f]{40}$")
 
 # 'absent', or one `git status` (porcelain v2: "# branch.oid <sha>|(initial)", then a line per
 # modified tracked file): HEAD and dirtiness from one process, without taking the index lock. Where
@@ -56,11 +53,13 @@ class GitCheckout(Task):
         return [self._state_argv()]
 
     async def check(self, ctx):
-        if not FULL_SHA.match(self.p["version"]):
-            raise TaskFailed(
-                f"version {self.p['version']!r} is not a full 40-hex commit SHA; pin the SHA "
-                f"(`git rev-parse {self.p['version']}`)"
-            )
+        if not is_full_sha(self.p["version"]):
+            try:
+                full_sha(self.p["version"], "version")
+                why = f"version {self.p['version']!r} is not lower-case; write the SHA as git prints it"
+            except VarValueError as err:
+                why = str(err)
+            raise TaskFailed(why)
         res = await ctx.conn.probe(self._state_argv(), check=True)
         head, state = _parse_state(res.stdout)
         if head == "absent":
