@@ -44,7 +44,7 @@ from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 _UNIT_SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-_GUARDS = Arg(
+GUARDS_ARG = Arg(
     dict,
     default=None,
     help="Everything else at once, as cluster/ports.py derives it for this host from the registry of "
@@ -101,7 +101,7 @@ class LocalIsolation(Task):
             help="absent: table, unit, links and file removed (teardown).",
         ),
         "install": Arg(bool, default=True, help="Install Debian's nftables package where /usr/sbin/nft is missing."),
-        "guards": _GUARDS,
+        "guards": GUARDS_ARG,
     }
 
     @classmethod

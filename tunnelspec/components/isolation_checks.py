@@ -4,7 +4,7 @@ that what listens is guarded by the rules in force (`listeners_guarded`)."""
 
 from __future__ import annotations
 
-from tunnelspec.components.isolation import _GUARDS, LocalIsolation, expand_guards
+from tunnelspec.components.isolation import GUARDS_ARG, LocalIsolation, expand_guards
 from tunnelspec.components.isolation_host import OPT_OUT, cap_reason, kernel_check, opted_in, warning
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts import nft, port_owners
@@ -37,7 +37,7 @@ class LocalIsolationAvailable(Task):
             help="As local_isolation's: a guarded port held by anyone else stops the run here, "
             "before anything is touched (also when opted out).",
         ),
-        "guards": _GUARDS,
+        "guards": GUARDS_ARG,
     }
 
     @classmethod

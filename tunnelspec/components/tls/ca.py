@@ -137,12 +137,12 @@ def _load_pair(key_path: Path, cert_path: Path) -> CA:
     except (ValueError, TypeError) as e:
         raise CertError(f"not an unencrypted PEM private key ({e})", key_path) from None
     cert = load_cert(cert_path)
-    if not isinstance(key, ec.EllipticCurvePrivateKey) or not _same_public(key, cert):
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or not same_public(key, cert):
         raise CertError(f"does not belong to the CA certificate {cert_path}", key_path)
     return CA(cert_path.parent, cert, key)
 
 
-def _same_public(key, cert: x509.Certificate) -> bool:
+def same_public(key, cert: x509.Certificate) -> bool:
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
     return key.public_key().public_bytes(*spki) == cert.public_key().public_bytes(*spki)
 

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509 import verification as v
 
 from tunnelspec.core.secrets import Secret
-from tunnelspec.components.tls.ca import CertError, _same_public, cert_names, check_private_file, parse_names
+from tunnelspec.components.tls.ca import CertError, same_public, cert_names, check_private_file, parse_names
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def load_own(cert_file, key_file, ca_file, names=(), *, now: dt.datetime | None 
     if not isinstance(key, (ec.EllipticCurvePrivateKey, rsa.RSAPrivateKey, ed25519.Ed25519PrivateKey)):
         raise CertError(f"{type(key).__name__}: use an EC (P-256), RSA or Ed25519 key", key_file)
     leaf, intermediates = chain[0], chain[1:]
-    if not _same_public(key, leaf):
+    if not same_public(key, leaf):
         raise CertError(
             f"this key does not belong to the certificate in {cert_file} "
             "(the first certificate of that file must be the server's)",
