@@ -1,4 +1,4 @@
-"""Every cluster error of an inventory in one run, from the one set of rules in cluster.py.
+"""Every cluster error of an inventory in one run, from the one set of rules of the cluster model (cluster/model.py).
 
 The cluster model stops at its first ClusterError, which names the host and the variable
 (`.host`, `.var`). To find the next one, that variable is set aside and the model is read again.

@@ -1,6 +1,6 @@
 """One host's part of the cluster model: the typed sections (users, build settings, source pin,
 an rpc node, the main host) and how each is read and checked from that host's variables. Knows
-nothing about the other hosts (cluster.py puts the sections together and checks across hosts)."""
+nothing about the other hosts (cluster/model.py puts the sections together and checks across hosts)."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def source_of(hv: HostVars) -> SourcePin:
     repo, commit = hv.get("llama_repo"), hv.get("llama_commit")
     patches = patches_of(hv)
     # llama_repo=controller:PATH is checked against the controller's git once, for the whole
-    # cluster, by the commands that send the source (cluster.py check_controller_source).
+    # cluster, by the commands that send the source (components/source/controller_repo.py check_controller_source).
     return SourcePin(
         repo=repo,
         commit=commit,

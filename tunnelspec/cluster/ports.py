@@ -4,7 +4,7 @@ Every port a tunnelspec service listens on, on any host, is one `Listener` here:
 listen there (the service's user; root always may), and who may connect (root always may; `None`
 means anyone: the API itself). The loopback isolation rules (components/isolation.py), the squatter
 checks (deploy's first play, verify, status), `tunnelspec status`'s isolation line and the inventory's
-port collisions are all derived from `listeners(cluster)`; the live audit (facts/listeners.py) holds
+port collisions are all derived from `listeners(cluster)`; the live audit (components/isolation_checks.py) holds
 every socket a tunnelspec account listens on to it, so a listener added to the code without an entry
 here fails verify, rollback and the lab's hostile-user test instead of quietly listening unguarded.
 

@@ -24,7 +24,7 @@ from tunnelspec.components.models import hub
 from tunnelspec.components.rpc import rpc_argv
 
 RPC_UNIT = "tunnelspec-rpc.service"
-# The planned spelling: the newest one of each flag tunnelspec sets (server_args.py lists it first),
+# The planned spelling: the newest one of each flag tunnelspec sets (components/server/args.py lists it first),
 # the value lists of the newest builds. Options not listed here are taken as written.
 PLANNED_HELP = """\
 --rpc SERVERS                           comma-separated list of RPC servers (host:port)

@@ -3,7 +3,7 @@
 Variable precedence follows Ansible: `all` group vars < other groups sorted by
 (depth, ansible_group_priority, name) < host vars < extra vars (`-e KEY=VALUE`). Depth is the
 longest path from `all`. `host_vars()` is the one place these layers are merged: the templates,
-the connections and the typed cluster model (cluster.py) all read through it.
+the connections and the typed cluster model (cluster/model.py) all read through it.
 """
 
 from __future__ import annotations

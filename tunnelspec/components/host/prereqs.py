@@ -255,7 +255,7 @@ def apt_packages_all() -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's "What each host needs" (tests/test_readme_prereqs.py keeps them equal)."""
+    """The README's "What each host needs" (tests/hosts/test_facts_prereqs.py keeps them equal)."""
     rows = ["| needs | on | Debian/Ubuntu package | why |", "|---|---|---|---|"]
     for p in TABLE:
         rows.append(

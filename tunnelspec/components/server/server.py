@@ -1,6 +1,6 @@
 """llama-server on the main host: RPC device discovery, the command line from the build's own --help,
 and starting it again after `tunnel open`. (The API key file: components/server/api_key.py; model
-files: models.py; the argv rules and the journal evidence: components/server/args.py; the read-only
+files: components/models/files.py; the argv rules and the journal evidence: components/server/args.py; the read-only
 verify step: components/server/llama_verify.py, its proof components/server/verify.py.)
 """
 

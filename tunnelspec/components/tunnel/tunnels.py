@@ -1,5 +1,5 @@
 """Tunnels on the main host: one persistent ssh unit per rpc node, and the end-to-end HELLO through
-each. (The key, the pinned host keys and the nodes' side: tunnel_keys.py, tunnel_sshd.py; the ssh
+each. (The key, the pinned host keys and the nodes' side: keypair.py, sshd.py; the ssh
 command line: tunnelspec/components/tunnel/units.py.)
 """
 
