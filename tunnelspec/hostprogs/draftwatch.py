@@ -54,18 +54,22 @@ STATE = _part("tunnelspec-draftwatch-state", "draftwatch_state.py", "tunnelspec_
 WATCH = _part("tunnelspec-draftwatch-watch", "draftwatch_watch.py", "tunnelspec_draftwatch_watch")
 
 # What the launcher uses, and what tests reach, as this module's own names: a test that replaces one
-# here (unit_state, say) changes what the launcher's own functions below call; the parts keep theirs
-# (probe_draft, in the state part, asks the state part's unit_state).
+# here (unit_state, say) changes what the launcher's own functions below call; the parts keep theirs.
 SPECULATIVE, DEGRADED, WAITING, PLAIN = STATE.SPECULATIVE, STATE.DEGRADED, STATE.WAITING, STATE.PLAIN
 SPLIT_DEGRADED = STATE.SPLIT_DEGRADED
 RPC = STATE.RPC
 HELLO = STATE.HELLO
 STATE_CAP, COUNTERS = STATE.STATE_CAP, STATE.COUNTERS
 log, load_config, read_state, write_state = STATE.log, STATE.load_config, STATE.read_state, STATE.write_state
-unit_state, probe_draft, Flaps = STATE.unit_state, STATE.probe_draft, STATE.Flaps
+unit_state, Flaps = STATE.unit_state, STATE.Flaps
 _iso, _lost_path, _rejoin_flag = STATE._iso, STATE._lost_path, STATE._rejoin_flag
 watch, split_watch, draft_lost = WATCH.watch, WATCH.split_watch, WATCH.draft_lost
 tunnel_sockets, connect_unix_nofollow, front_busy = WATCH.tunnel_sockets, WATCH.connect_unix_nofollow, WATCH.front_busy
+
+
+def probe_draft(cfg, timeout):
+    """The state part's HELLO probe of the draft node, asking systemd through this module's unit_state."""
+    return STATE.probe_draft(cfg, timeout, unit_state)
 
 
 # ---- launch ----------------------------------------------------------------------------------------

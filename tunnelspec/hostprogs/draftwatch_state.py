@@ -127,8 +127,9 @@ def unit_state(unit):
     return props.get("ActiveState", "unknown"), props.get("SubState", "")
 
 
-def probe_draft(cfg, timeout):
-    """(ok, reason): the draft node's RPC server answers HELLO through its tunnel with main's version."""
+def probe_draft(cfg, timeout, tunnel_state=None):
+    """(ok, reason): the draft node's RPC server answers HELLO through its tunnel with main's version.
+    `tunnel_state`: what asks systemd for the tunnel unit's state (unit_state when None)."""
     d = cfg["draft"]
     version, err = RPC.probe(d["endpoint"], timeout)
     if version is not None:
@@ -138,7 +139,7 @@ def probe_draft(cfg, timeout):
         HELLO[d["node"]] = (version, "")
         return True, f"RPC v{version}"
     HELLO[d["node"]] = (None, err or "no answer")
-    active, sub = unit_state(d["tunnel_unit"])
+    active, sub = (tunnel_state or unit_state)(d["tunnel_unit"])
     if active != "active":
         return False, "tunnel down ({} {}/{})".format(d["tunnel_unit"], active, sub)
     return False, f"no RPC answer through the tunnel ({err})"
