@@ -60,8 +60,11 @@ def test_wheel_carries_playbooks_templates_and_main(tmp_path):
     assert "tunnelspec/data/playbooks/deploy.yml" in names
     assert "tunnelspec/data/templates/tunnelspec-rpc.service.j2" in names
     # The programs the deploy installs on the hosts (tunnelspec/hostprogs).
-    assert {"tunnelspec/hostprogs/draftwatch.py", "tunnelspec/hostprogs/metrics.py",
-            "tunnelspec/hostprogs/rpc_wait.py"} <= names
+    from tunnelspec.hostprogs import PROGRAMS
+    assert {"tunnelspec/hostprogs/draftwatch.py", "tunnelspec/hostprogs/draftwatch_state.py",
+            "tunnelspec/hostprogs/draftwatch_watch.py", "tunnelspec/hostprogs/metrics.py",
+            "tunnelspec/hostprogs/metrics_sources.py", "tunnelspec/hostprogs/rpc_wait.py"} <= names
+    assert {f"tunnelspec/hostprogs/{module}" for module in PROGRAMS.values()} <= names
     # The alert rules, their tests and the dashboard (docs/metrics.md) come with the package.
     assert {"tunnelspec/data/monitoring/tunnelspec.rules.yml", "tunnelspec/data/monitoring/tunnelspec.rules.test.yml",
             "tunnelspec/data/monitoring/tunnelspec.dashboard.json"} <= names

@@ -198,7 +198,7 @@ def test_prometheus_sees_modes_reconnects_and_only_the_token_opens_it(lab_tools,
     assert sh(lab, "main", "sh", "-c", "systemctl cat tunnelspec-metrics.service >/dev/null 2>&1 && echo yes || "
               "echo no").strip() == "no"
     assert sh(lab, "main", "sh", "-c", "ls /etc/tunnelspec/metrics.json /usr/local/lib/tunnelspec/tunnelspec-metrics "
-              "2>/dev/null; :").strip() == ""
+              "/usr/local/lib/tunnelspec/tunnelspec-metrics-sources 2>/dev/null; :").strip() == ""
     assert ":9466" not in sh(lab, "main", "ss", "-Hltn")
     again = deploy(lab.inventory)
     assert again.rc == 0 and all(h["changed"] == 0 for h in again.recap.values()), failures(again)

@@ -26,6 +26,8 @@ def run_template(tmp_path, src: str, events: list):
 
 
 @pytest.mark.parametrize("name", ["tunnelspec-draftwatch.service.j2", "tunnelspec-draftwatch.py",
+                                  "tunnelspec-draftwatch-state.py", "tunnelspec-draftwatch-watch.py",
+                                  "tunnelspec-metrics.py", "tunnelspec-metrics-sources.py",
                                   "tunnelspec-llama-server.service.j2", "tunnelspec-rpc.service.j2"])
 def test_a_root_run_template_next_to_the_inventory_is_refused(tmp_path, name):
     (tmp_path / name).write_text("[Service]\nExecStart=/bin/sh -c 'id > /tmp/pwned'\n")

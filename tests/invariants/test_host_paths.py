@@ -7,7 +7,9 @@ directory fails here until someone reviews it and adds it with a reason (shown o
 And the programs root runs on main (tunnelspec/hostprogs/): the modes their header says root runs reach the
 service-writable paths of their configuration (the keys whose value lies in such a place, read from
 the configurations the deploy renders) only where listed: llama-server's mode file only through
-`read_state`, which opens it with O_NOFOLLOW and never with open()."""
+`read_state`, which opens it with O_NOFOLLOW and never with open(). A program with parts (PARTS) is
+read as one source, its main file then its parts: every host file is checked, the parts through the
+program that loads them."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from support.deploy_render import ROOT
-from tunnelspec.hostprogs import PROGRAMS, program_path
+from tunnelspec.hostprogs import PARTS, PROGRAMS, program_path, program_source
 from support.invariants import (Ref, config_keys, holding_names, opens_only_without_following, path_refs,
                                 program_modes, reachable, root_key_uses, yaml_refs)
 
@@ -107,6 +109,9 @@ ROOT_ENTRIES = {
     "tunnelspec-metrics.py": {"show": ["load_config", "scrape"]},
     "tunnelspec-rpc-wait.py": {},  # no mode: HELLO probes over TCP, no path; also loaded by the watcher
 }
+# The host files that are parts of a program (read with it, no mode of their own), and the programs.
+PART_FILES = {part for parts in PARTS.values() for part in parts}
+MAINS = sorted(set(PROGRAMS) - PART_FILES)
 # (program, function, key): a root mode reaches a service-writable path through this function, safely.
 PROGRAM_SAFE = {("tunnelspec-draftwatch.py", "read_state", "state"):
                 "os.open with O_NOFOLLOW|O_NONBLOCK, a regular file of one name, its directory's owner, a cap",
@@ -149,7 +154,7 @@ def program_findings(name: str, source: str, keys: set[str]) -> set[tuple[str, s
 def test_the_safe_entries_go_through_helpers_that_do_not_follow():
     import ast
     for (name, fn), call in SAFE_HELPERS.items():
-        source = program_path(name).read_text()
+        source = program_source(name)
         tree = ast.parse(source)
         body = next(ast.get_source_segment(source, n) for n in ast.walk(tree)
                     if isinstance(n, ast.FunctionDef) and n.name == fn)
@@ -157,26 +162,29 @@ def test_the_safe_entries_go_through_helpers_that_do_not_follow():
         assert "connect_unix_nofollow" not in call or "os.O_PATH | os.O_NOFOLLOW" in next(
             ast.get_source_segment(source, n) for n in ast.walk(tree)
             if isinstance(n, ast.FunctionDef) and n.name == "connect_unix_nofollow")
-    metrics = (ROOT / "tunnelspec" / "hostprogs" / "metrics.py").read_text()
+    metrics = program_source("tunnelspec-metrics.py")
     assert opens_only_without_following(metrics, "_read_json") == (True, "")
 
 
 def test_the_programs_modes_are_classified():
-    for name in sorted(PROGRAMS):
+    assert set(ROOT_ENTRIES) == set(MAINS) and PART_FILES <= set(PROGRAMS)
+    for name in MAINS:
         modes = program_modes(program_path(name).read_text())
         root_modes = {m for m, words in modes.items() if "user)" not in words}
         assert root_modes == set(ROOT_ENTRIES[name]), (name, modes)
+    for name in sorted(PART_FILES):  # a part runs only as its program's mode says
+        assert program_modes(program_path(name).read_text()) == {}, name
 
 
 def test_root_modes_reach_service_writable_paths_only_where_listed(keys):
     found = set()
-    for name in sorted(PROGRAMS):
-        found |= program_findings(name, program_path(name).read_text(), keys)
+    for name in MAINS:  # each with its parts: every host file
+        found |= program_findings(name, program_source(name), keys)
     assert found == set(PROGRAM_KNOWN), found
 
 
 def test_the_mode_file_is_read_by_root_only_through_read_state_without_following():
-    source = (ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py").read_text()
+    source = program_source("tunnelspec-draftwatch.py")
     assert opens_only_without_following(source, "read_state") == (True, "")
     # The writer is the launcher's (llama-server's user): no root mode reaches it.
     reach = reachable(source, [f for fns in ROOT_ENTRIES["tunnelspec-draftwatch.py"].values() for f in fns])
@@ -216,7 +224,7 @@ def test_planted_module_reaching_into_service_writable_directories_fails(tree):
 
 
 def test_planted_watcher_that_reads_the_mode_file_with_open_fails(keys):
-    source = (ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py").read_text()
+    source = program_source("tunnelspec-draftwatch.py")
     planted = source.replace("def front_busy(cfg):", "def peek_mode(cfg):\n    with open(cfg[\"state\"]) as f:\n"
                              "        return f.read()\n\n\ndef front_busy(cfg):\n    peek_mode(cfg)", 1)
     assert program_findings("tunnelspec-draftwatch.py", planted, keys) - set(PROGRAM_KNOWN) == {
@@ -231,14 +239,14 @@ def test_planted_watcher_that_reads_the_mode_file_with_open_fails(keys):
 
 
 def test_planted_watcher_that_writes_the_mode_file_fails(keys):
-    source = (ROOT / "tunnelspec" / "hostprogs" / "draftwatch.py").read_text()
+    source = program_source("tunnelspec-draftwatch.py")
     planted = source.replace("def front_busy(cfg):\n", "def front_busy(cfg):\n    write_state(cfg, {})\n", 1)
     assert ("tunnelspec-draftwatch.py", "write_state", "state") in program_findings(
         "tunnelspec-draftwatch.py", planted, keys)
 
 
 def test_planted_new_root_mode_must_be_classified():
-    source = (ROOT / "tunnelspec" / "hostprogs" / "metrics.py").read_text()
+    source = program_source("tunnelspec-metrics.py")
     planted = source.replace("#   tunnelspec-metrics show CONFIG",
                              "#   tunnelspec-metrics fix CONFIG    chmods the state (root)\n#   tunnelspec-metrics show CONFIG", 1)
     assert set(program_modes(planted)) == {"serve", "show", "fix"}

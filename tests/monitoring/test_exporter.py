@@ -180,8 +180,10 @@ def test_promtool_accepts_the_output(tmp_path):
 
 def test_the_exporter_survives_rendering_as_a_template():
     from tunnelspec.core.templating import render_file
-    text = (REPO / "tunnelspec" / "hostprogs" / "metrics.py").read_text()
-    assert render_file(text, {}) == text.rstrip("\n") or render_file(text, {}) == text
+    from tunnelspec.hostprogs import PARTS
+    for name in ("tunnelspec-metrics.py", *PARTS["tunnelspec-metrics.py"]):  # the program and its parts
+        text = program_path(name).read_text()
+        assert render_file(text, {}) == text.rstrip("\n") or render_file(text, {}) == text, name
 
 
 # ---- serving: any local user may connect ---------------------------------------------------------------

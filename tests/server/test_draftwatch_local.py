@@ -39,9 +39,11 @@ def _load_script():
 
 
 def test_script_has_no_template_syntax():
-    # Installed with the `template` task: jinja must render it unchanged.
-    text = SCRIPT.read_text()
-    assert "{{" not in text and "{%" not in text and "{#" not in text
+    # Installed with the `template` task, the program and each of its parts: jinja must render them unchanged.
+    from tunnelspec.hostprogs import PARTS, program_path
+    for name in ("tunnelspec-draftwatch.py", *PARTS["tunnelspec-draftwatch.py"]):
+        text = program_path(name).read_text()
+        assert "{{" not in text and "{%" not in text and "{#" not in text, name
 
 
 def test_rejoin_waits_longer_only_while_the_node_flaps():

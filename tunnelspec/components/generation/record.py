@@ -42,6 +42,8 @@ FRONT_CONFIG = "/etc/tunnelspec/front.cfg"
 ISOLATION_RULES = nft.RULES_PATH
 ISOLATION_UNIT = nft.UNIT
 
+WATCH_PROGRAM = tuple(f"/usr/local/lib/tunnelspec/tunnelspec-draftwatch{part}" for part in ("", "-state", "-watch"))
+
 # What serving reads on each role, and which unit a change of it restarts (or reloads).
 MAIN_FILES = {
     ISOLATION_RULES: ("nft", ""),
@@ -52,7 +54,8 @@ MAIN_FILES = {
     f"{UNIT_DIR}/{FRONT_UNIT}": ("restart", FRONT_UNIT),
     FRONT_CONFIG: ("reload", FRONT_UNIT),
     f"{UNIT_DIR}/{WATCH_UNIT}": ("restart", WATCH_UNIT),
-    "/usr/local/lib/tunnelspec/tunnelspec-draftwatch": ("restart", WATCH_UNIT),
+    # The draft watch's program and its parts (tunnelspec/hostprogs): a return restores them together.
+    **{path: ("restart", WATCH_UNIT) for path in WATCH_PROGRAM},
 }
 RPC_FILES = {
     ISOLATION_RULES: ("nft", ""),
@@ -129,11 +132,11 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 BUILD_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MODE = re.compile(r"[0-7]{3,4}")
 COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")  # a git object name: sha1 or sha256
-# The draft watch's program is the one managed file the deploy writes executable (0755,
+# The draft watch's program (and its parts) are the managed files the deploy writes executable (0755,
 # playbooks/server.yml); it writes every other one 0644: the units (modules/systemd.py),
 # llama-server.json and front.cfg (playbooks/server.yml), the device map (components/server/server.py),
 # the stack record (components/source/checkout.py).
-EXECUTABLES = frozenset({"/usr/local/lib/tunnelspec/tunnelspec-draftwatch"})
+EXECUTABLES = frozenset(WATCH_PROGRAM)
 
 
 def written_mode(path: str) -> int:
