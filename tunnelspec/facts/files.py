@@ -119,6 +119,20 @@ def file_state(path: str) -> Fact[FileState]:
     return Fact(["sh", "-c", _SCRIPT, "sh", path], parse)
 
 
+# executable_id's exit status when the path is no executable.
+NOT_EXECUTABLE = 3
+
+
+def _words(out: str) -> str:
+    return " ".join(out.split())
+
+
+def executable_id(path: str) -> Fact[str]:
+    """What an executable is: its resolved path and its sha256, on one line (exit NOT_EXECUTABLE when
+    `path` is not executable)."""
+    return Fact(["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", path], _words)
+
+
 def norm_mode(mode) -> str:
     """'0644', '644', 0o644 → '644'."""
     if mode is None:
