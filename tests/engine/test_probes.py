@@ -18,7 +18,7 @@ from tunnelspec.connection.base import read_argv
 from tunnelspec.connection.local import LocalConnection
 from tunnelspec.connection.probes import plan
 from tunnelspec.connection.ssh import SSHConnection
-from tunnelspec.facts.files import command as file_state_argv
+from tunnelspec.facts.files import file_state
 from tunnelspec.facts.files import parse
 
 DATA = Path(__file__).parent / "data"
@@ -51,7 +51,7 @@ def test_probe_is_served_until_the_connection_runs_anything_else(tmp_path):
 
     async def go():
         conn = LocalConnection("local")
-        assert await conn.prefetch([read_argv(str(f)), file_state_argv(str(f))]) == 2
+        assert await conn.prefetch([read_argv(str(f)), file_state(str(f)).argv]) == 2
         f.write_text("two\n")                  # behind the connection's back: the batch still answers
         assert await conn.get(str(f)) == b"one\n"
         await conn.run(["true"])               # anything run through the connection may change the host
@@ -67,7 +67,7 @@ def test_a_result_is_served_as_often_as_the_checks_named_it_then_read_again(tmp_
     async def go():
         conn = LocalConnection("local")
         # Two checks named the read: it is served twice; a third read (a check that polls) is real.
-        assert await conn.prefetch([read_argv(str(f)), read_argv(str(f)), file_state_argv(str(f))]) == 2
+        assert await conn.prefetch([read_argv(str(f)), read_argv(str(f)), file_state(str(f)).argv]) == 2
         f.write_text("two\n")
         assert await conn.get(str(f)) == b"one\n"
         assert await conn.get(str(f)) == b"one\n"
@@ -90,7 +90,7 @@ def test_a_probe_leaves_the_batch_and_a_second_batch_adds_to_it(tmp_path):
         assert (await conn.probe(["true"])).rc == 0          # a read: the batch's results stay
         assert conn.probes_tried([read_argv(str(f))]) and not conn.probes_tried([read_argv(str(h))])
         # What the first batch ran is not run again; the new probes are added beside its results.
-        assert await conn.prefetch([read_argv(str(g)), read_argv(str(h)), file_state_argv(str(h))], more=True) == 4
+        assert await conn.prefetch([read_argv(str(g)), read_argv(str(h)), file_state(str(h)).argv], more=True) == 4
         assert await conn.get(str(f)) == b"f1\n"
         assert await conn.get(str(g)) == b"g1\n"
         assert await conn.get(str(h)) == b"h2\n"
@@ -109,7 +109,7 @@ def test_batch_overlapping_a_change_is_discarded(tmp_path):
         conn = LocalConnection("local")
         change = asyncio.create_task(conn.run(["sh", "-c", 'sleep 0.3; echo two > "$1"', "sh", str(f)]))
         await asyncio.sleep(0)                 # the change is running when the batch starts
-        assert await conn.prefetch([read_argv(str(f)), file_state_argv(str(f))]) == 0
+        assert await conn.prefetch([read_argv(str(f)), file_state(str(f)).argv]) == 0
         await change
         assert await conn.get(str(f)) == b"two\n"
 
@@ -190,7 +190,7 @@ def _odd_tree(tmp_path: Path) -> list[str]:
 
 def test_file_states_of_many_paths_are_one_probe_with_the_same_answers(tmp_path):
     paths = _odd_tree(tmp_path)
-    argvs = [file_state_argv(p) for p in paths]
+    argvs = [file_state(p).argv for p in paths]
     batch, _ = plan(argvs)
     assert len(batch) == 1                     # one command answers every path
 
@@ -218,7 +218,7 @@ def test_file_states_fall_back_to_one_probe_each_when_find_is_not_gnu(tmp_path, 
     os.chmod(bin_dir / "find", 0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     paths = _odd_tree(tmp_path)
-    argvs = [file_state_argv(p) for p in paths] + [read_argv(paths[0])]
+    argvs = [file_state(p).argv for p in paths] + [read_argv(paths[0])]
 
     async def go():
         conn = LocalConnection("local")
@@ -230,7 +230,7 @@ def test_file_states_fall_back_to_one_probe_each_when_find_is_not_gnu(tmp_path, 
 
 
 def test_relative_paths_are_not_merged():
-    batch, _ = plan([file_state_argv("-rf"), file_state_argv("/a"), file_state_argv("rel")])
+    batch, _ = plan([file_state("-rf").argv, file_state("/a").argv, file_state("rel").argv])
     assert len(batch) == 3                     # a lone absolute path is not merged either
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
+import functools
 import importlib
 import inspect
 import json
@@ -17,6 +18,7 @@ import pytest
 
 import tunnelspec.facts
 from tunnelspec.connection.base import Result
+from tunnelspec.facts.fact import Fact
 
 CASES = Path(__file__).resolve().parent / "cases"
 # The keys a case may have, in the order its file gives them (tests/facts/README.md says what each means).
@@ -75,11 +77,16 @@ def _module(fact: str):
     return importlib.import_module(f"tunnelspec.facts.{fact}")
 
 
-def _built_command(fact: str, spec: dict) -> list[str]:
+def _built(fact: str, spec: dict):
+    """What the module builds for the case: a Fact (the fact functions of tunnelspec/facts), or an argv
+    (`read_argv` of connection/base.py, `_many_command` of a merged probe)."""
     mod = importlib.import_module(spec.get("module", f"tunnelspec.facts.{fact}"))
-    if "attr" in spec:
-        return list(getattr(mod, spec["attr"]))
     return getattr(mod, spec["call"])(*spec.get("args", []))
+
+
+def _parser_of(built: Fact):
+    """The module function a Fact parses with (under a `functools.partial` that binds its other arguments)."""
+    return built.parse.func if isinstance(built.parse, functools.partial) else built.parse
 
 
 class _Conn:
@@ -120,11 +127,15 @@ def test_fact_case(path: Path):
     else:
         # A parser: its command is the module's own (constant or builder) wherever it has one.
         assert "command_from" in case, "command_from: the module's constant or builder (null where it has none)"
+        parser = getattr(mod, case["parser"])
         if case["command_from"] is not None:
-            assert _built_command(fact, case["command_from"]) == _argv(case["command"]), (
+            built = _built(fact, case["command_from"])
+            argv = built.argv if isinstance(built, Fact) else built
+            assert argv == _argv(case["command"]), (
                 "the module builds another command than the case's: update the case (and its output)"
             )
-        parser = getattr(mod, case["parser"])
+            if isinstance(built, Fact):
+                assert _parser_of(built) is parser, "the fact parses with another function than the case's parser"
         text = _text(case["output"])
         output = text.encode() if case.get("output_bytes") else text
         kwargs = dict(case.get("args", {}))

@@ -44,7 +44,7 @@ CODE_REFS: dict[tuple[str, str], tuple[str, str]] = {
     ("tunnelspec/components/front/serving.py", "serving_state"): (
         "status reads the mode file through facts/safe_read.py (O_NOFOLLOW walk, one name, a cap)", "safe_read.read("),
     ("tunnelspec/commands/logs.py", "_collect_server"): (
-        "logs reads the mode file through facts/safe_read.py", "safe_read.argv("),
+        "logs reads the mode file through facts/safe_read.py", "safe_read.file_text("),
 }
 PLAYBOOK_REFS: dict[tuple[str, str], str] = {
     ("teardown.yml", "tunnelspec files on main removed"): (

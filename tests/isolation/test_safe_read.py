@@ -13,7 +13,7 @@ from tunnelspec.facts import safe_read
 
 
 def read(path, cap=safe_read.DEFAULT_CAP):
-    return subprocess.run(safe_read.argv(str(path), cap), capture_output=True, text=True, timeout=20)
+    return subprocess.run(safe_read.file_text(str(path), cap).argv, capture_output=True, text=True, timeout=20)
 
 
 @pytest.fixture

@@ -203,7 +203,7 @@ async def _collect_server(conn, b: HostBundle) -> None:
         (front.STATE_PATH, "mode.json"),
         (front.FRONT_CONFIG, "front.cfg"),
     ):
-        rc, text = await _run(conn, safe_read.argv(path))
+        rc, text = await _run(conn, safe_read.file_text(path).argv)
         if rc == 0:
             b.files[name] = text
         elif rc != safe_read.ABSENT:

@@ -42,7 +42,7 @@ async def _source_build(conn, root: str) -> dict:
 async def _main_status(conn, cluster) -> dict:
     main = cluster.main
     out = {"role": "main", **await _source_build(conn, main.root)}
-    ports = {s.port for s in sockets.parse(await sh(conn, sockets.COMMAND)) if s.loopback_only}
+    ports = {s.port for s in sockets.parse(await sh(conn, sockets.listening().argv)) if s.loopback_only}
     raw = await sh(conn, ["cat", DEVICES_CACHE])
     try:
         devices = {int(k): v for k, v in json.loads(raw)["devices"].items()} if raw else {}

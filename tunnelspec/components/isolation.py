@@ -195,11 +195,11 @@ class LocalIsolation(Task):
             )
 
     def probes(self) -> list[list[str]]:
-        owners = [port_owners.argv()] if self.p["state"] == "present" and self.p["listeners"] else []
+        owners = [port_owners.listeners().argv] if self.p["state"] == "present" and self.p["listeners"] else []
         if not self._want_present():
-            return [nft.observe_argv(self.all_users()), *owners]
+            return [nft.isolation(self.all_users()).argv, *owners]
         return [
-            nft.observe_argv(self.all_users()),
+            nft.isolation(self.all_users()).argv,
             read_argv(nft.RULES_PATH),
             read_argv(nft.UNIT_PATH),
             read_argv(NFT_CONF),

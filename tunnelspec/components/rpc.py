@@ -12,8 +12,7 @@ import asyncio
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.facts.sockets import COMMAND as SOCKETS_COMMAND
-from tunnelspec.facts.sockets import clients_of, established_command, listening_sockets, on_port
+from tunnelspec.facts.sockets import clients_of, established, listening, listening_sockets, on_port
 from tunnelspec.llama.rpc import ProbeStatus, poll, probe_until
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task, wait_budget
 from tunnelspec.modules.systemd import SystemdUnit
@@ -84,7 +83,7 @@ class RpcListenCheck(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [list(SOCKETS_COMMAND)]
+        return [listening().argv]
 
     async def check(self, ctx):
         port = self.p["port"]
@@ -165,7 +164,7 @@ class RpcProbe(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [established_command(self.p["port"])] if self.p["allow_busy"] else []
+        return [established(self.p["port"]).argv] if self.p["allow_busy"] else []
 
     async def check(self, ctx):
         if self.p["allow_busy"]:

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 
 from tunnelspec.connection.probes import Merge, register_merge
+from tunnelspec.facts.fact import Fact
 
 # Prints "type mode owner group" on the first line, then the sha256 (files) or the target (links).
 # One fork at most (stat), then `exec`: on a loaded host every process counts, and this runs for
@@ -37,10 +38,6 @@ class FileState:
         return self.type != "absent"
 
 
-def command(path: str) -> list[str]:
-    return ["sh", "-c", _SCRIPT, "sh", path]
-
-
 # The same fact for many absolute paths in one probe of a batch (connection/probes.py): builtins say
 # which paths exist (so a `find` that fails, or is not GNU find, cannot pass for "all absent"), one
 # GNU `find` prints type/mode/owner/group/path and the link target of each, and runs one `sha256sum`
@@ -61,7 +58,7 @@ def _many_command(paths: list[str]) -> list[str]:
 
 
 def _many_split(rc: int, out: bytes, paths: list[str]) -> list[bytes] | None:
-    """Per path, the bytes `command(path)` prints; None unless every existing path has its record
+    """Per path, the bytes `file_state(path)`'s argv prints; None unless every existing path has its record
     (and every regular file its checksum) in order."""
     flags, nl, rest = out.partition(b"\n")
     if not nl or len(flags) != len(paths) or flags.strip(b"01"):
@@ -117,9 +114,23 @@ def parse(out: str) -> FileState:
     return FileState(t, mode, owner, group)
 
 
-async def file_state(conn, path: str) -> FileState:
-    res = await conn.probe(command(path), check=True)
-    return parse(res.stdout)
+def file_state(path: str) -> Fact[FileState]:
+    """What is at `path` (gathered with `check=True`: a failed probe is an error, never "absent")."""
+    return Fact(["sh", "-c", _SCRIPT, "sh", path], parse)
+
+
+# executable_id's exit status when the path is no executable.
+NOT_EXECUTABLE = 3
+
+
+def _words(out: str) -> str:
+    return " ".join(out.split())
+
+
+def executable_id(path: str) -> Fact[str]:
+    """What an executable is: its resolved path and its sha256, on one line (exit NOT_EXECUTABLE when
+    `path` is not executable)."""
+    return Fact(["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", path], _words)
 
 
 def norm_mode(mode) -> str:

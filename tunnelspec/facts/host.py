@@ -2,8 +2,8 @@
 tools tunnelspec runs and where they live, a GPU backend's runtime (Vulkan drivers' manifests,
 /dev/kfd, nvcc's release), and what the login may do through sudo.
 
-One read-only command (`FACTS_ARGV`, a POSIX sh script that runs on Linux and macOS alike, as the
-login user: no become, so a host whose sudo is broken still tells what it is) and a pure parser
+One read-only fact (`host_facts(build_root)`: a POSIX sh script that runs on Linux and macOS alike, as the
+login user: no become, so a host whose sudo is broken still tells what it is) and its pure parser
 (`parse_facts`). Gathered once per run per host (components/host/host.py); everything version-dependent on a
 host is decided from these facts, never assumed.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from tunnelspec.facts.fact import Fact
 from tunnelspec.llama.cuda_toolkit import parse_nvcc
 
 # Commands whose presence and path matter to some task; `command -v` on each, in one round trip.
@@ -130,10 +131,6 @@ SCRIPT = (
     .replace("__FILES__", " ".join(FILES + FIXED + DEVICE_FILES))
     .replace("__ICD_DIRS__", " ".join(VULKAN_ICD_DIRS))
 )
-
-
-def facts_argv(build_root: str) -> list[str]:
-    return ["sh", "-c", SCRIPT, "sh", build_root]
 
 
 _VERSIONS = ("openssh", "gcc", "cmake", "nvcc")  # version tuples, "1.2.3" strings in the dict form
@@ -292,6 +289,11 @@ def parse_facts(text: str) -> HostFacts:
         sudo_nopasswd=None if sudo_rc is None else sudo_rc == "0",
         sudo_msg=raw.get("sudo_nopasswd_msg", ""),
     )
+
+
+def host_facts(build_root: str) -> Fact[HostFacts]:
+    """What the host is; `build_root`: the directory whose file system holds builds."""
+    return Fact(["sh", "-c", SCRIPT, "sh", build_root], parse_facts)
 
 
 def facts_from_dict(d: dict) -> HostFacts:

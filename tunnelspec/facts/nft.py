@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tunnelspec.facts import sections
+from tunnelspec.facts.fact import Fact
 
 TABLE = "tunnelspec"
 FAMILY = "inet"
@@ -348,10 +350,10 @@ def parse_observation(text: str, users: list[str]) -> HostIsolation:
     )
 
 
-def observe_argv(users: list[str]) -> list[str]:
-    return ["sh", "-c", _OBSERVE, "sh", UNIT, *users]
+def isolation(users: list[str]) -> Fact[HostIsolation]:
+    """nft, CAP_NET_ADMIN, the live table, the isolation unit's state and links, and `users`' uids."""
+    return Fact(["sh", "-c", _OBSERVE, "sh", UNIT, *users], partial(parse_observation, users=users))
 
 
 async def observe(conn, users: list[str]) -> HostIsolation:
-    res = await conn.probe(observe_argv(users), timeout=30)
-    return parse_observation(res.stdout, users)
+    return await isolation(users).gather(conn, timeout=30)

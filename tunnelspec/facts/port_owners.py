@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from tunnelspec.core.constants import SERVICE_USER_MARK
 from tunnelspec.facts import sections
+from tunnelspec.facts.fact import Fact
 from tunnelspec.facts.sockets import _PROC, _split_endpoint
 
 # The socket's owner: `uid:N ` (only when not root) then `ino:N`, right after the process list's end
@@ -102,8 +103,9 @@ def parse(text: str) -> list[OwnedListener]:
     return out
 
 
-def argv() -> list[str]:
-    return ["sh", "-c", SCRIPT]
+def listeners() -> Fact[list[OwnedListener]]:
+    """Every TCP listener with its socket's owner and the processes holding it."""
+    return Fact(["sh", "-c", SCRIPT], parse)
 
 
 def squatters(listeners: list[OwnedListener], allowed: dict[int, set[int]]) -> list[OwnedListener]:
@@ -120,5 +122,4 @@ def squatters(listeners: list[OwnedListener], allowed: dict[int, set[int]]) -> l
 
 
 async def observe(conn) -> list[OwnedListener]:
-    res = await conn.probe(argv(), timeout=30)
-    return parse(res.stdout)
+    return await listeners().gather(conn, timeout=30)

@@ -11,7 +11,7 @@ every host (a prerequisite), so the command is one round trip with no helper ins
 
 from __future__ import annotations
 
-import shlex
+from tunnelspec.facts.fact import Fact
 
 DEFAULT_CAP = 1 << 20
 
@@ -56,20 +56,23 @@ except OSError as e:
 """
 
 
-def argv(path: str, cap: int = DEFAULT_CAP) -> list[str]:
-    return ["python3", "-I", "-S", "-c", SCRIPT, path, str(cap)]
+def _text(out: str) -> str:
+    """The file's text as read: the reader prints it unchanged (its exit code says absent or refused)."""
+    return out
 
 
-def command(path: str, cap: int = DEFAULT_CAP) -> str:
-    """The same as one shell command (for scripts that gather several things in one round trip)."""
-    return shlex.join(argv(path, cap))
+def file_text(path: str, cap: int = DEFAULT_CAP) -> Fact[str]:
+    """The text of the regular file at `path`, read without following a link; the probe's exit code
+    says what else it was (0 read, ABSENT, REFUSED with the reason on stderr)."""
+    return Fact(["python3", "-I", "-S", "-c", SCRIPT, path, str(cap)], _text)
 
 
 async def read(conn, path: str, cap: int = DEFAULT_CAP, timeout: float = 20) -> tuple[str | None, str]:
     """(the file's text, '') — or (None, why): absent, or refused and why. Never follows a link."""
-    res = await conn.probe(argv(path, cap), timeout=timeout)
+    fact = file_text(path, cap)
+    res = await conn.probe(fact.argv, timeout=timeout)
     if res.rc == 0:
-        return res.stdout, ""
+        return fact.parse(res.stdout), ""
     if res.rc == ABSENT:
         return None, "absent"
     return None, (res.stderr.strip() or f"exit {res.rc}")

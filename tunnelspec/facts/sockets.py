@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 
 from tunnelspec.core.constants import LOOPBACK
+from tunnelspec.facts.fact import Fact
 
-COMMAND = ["ss", "-Hltnp"]
 # A name may hold `"` (a process names itself): the shortest text up to `",pid=N,fd=N)` (ss cuts a
 # name at its first `)`, so that end is never inside one).
 _PROC = re.compile(r'\("(.*?)",pid=(\d+),fd=\d+\)')
@@ -56,31 +56,40 @@ def parse(text: str) -> list[ListeningSocket]:
     return out
 
 
+def listening() -> Fact[list[ListeningSocket]]:
+    """The host's TCP listeners and the processes holding them."""
+    return Fact(["ss", "-Hltnp"], parse)
+
+
 def on_port(sockets: list[ListeningSocket], port: int) -> list[ListeningSocket]:
     return [s for s in sockets if s.port == port]
 
 
 async def listening_sockets(conn) -> list[ListeningSocket]:
-    res = await conn.probe(COMMAND, check=True)
-    return parse(res.stdout)
+    return await listening().gather(conn, check=True)
 
 
-def established_command(port: int) -> list[str]:
-    """Accepted (or queued) connections of the listener on `port`."""
-    return ["ss", "-Htn", "state", "established", "(", "sport", "=", f":{port}", ")"]
+def _count_rows(text: str) -> int:
+    """`ss -H` rows with a state filter: how many connections it printed."""
+    return len([row for row in text.splitlines() if row.strip()])
+
+
+def established(port: int) -> Fact[int]:
+    """How many accepted (or queued) connections the listener on `port` has."""
+    return Fact(["ss", "-Htn", "state", "established", "(", "sport", "=", f":{port}", ")"], _count_rows)
 
 
 async def clients_of(conn, port: int) -> int:
     """How many clients hold the listener on `port`. llama.cpp's rpc-server serves one at a time, so a
     count above zero means a HELLO probe would only wait for its timeout."""
-    res = await conn.probe(established_command(port))
-    return len([row for row in res.stdout.splitlines() if row.strip()]) if res.rc == 0 else 0
+    fact = established(port)
+    res = await conn.probe(fact.argv)
+    return fact.parse(res.stdout) if res.rc == 0 else 0
 
 
 # ---- connections whose peer has closed (CLOSE-WAIT) -------------------------------------------------
 # With a `state` filter ss prints no State column: `Recv-Q Send-Q Local Peer Process`, e.g.
 # `1 0 127.0.0.1:41234 127.0.0.1:15052 users:(("llama-server",pid=2211,fd=17))`.
-CLOSE_WAIT_COMMAND = ["ss", "-Htnp", "state", "close-wait"]
 
 
 @dataclass(frozen=True)
@@ -105,3 +114,8 @@ def parse_close_wait(text: str) -> list[PeerClosed]:
         pids = tuple(int(pid) for _, pid in _PROC.findall(" ".join(parts[4:])))
         out.append(PeerClosed(lport, peer, pport, pids))
     return out
+
+
+def close_wait() -> Fact[list[PeerClosed]]:
+    """Connections whose peer has closed while the process still holds them."""
+    return Fact(["ss", "-Htnp", "state", "close-wait"], parse_close_wait)

@@ -3,6 +3,8 @@ effective settings `sshd -T` prints for one connection (a command plus pure pars
 
 from __future__ import annotations
 
+from tunnelspec.facts.fact import Fact
+
 
 def _sshd_words(line: str) -> list[str]:
     """One sshd_config line split as sshd splits it: the keyword ends at whitespace or a single `=`
@@ -61,12 +63,19 @@ def parse_sshd_T(text: str) -> dict[str, str]:
     return out
 
 
-async def effective_settings(conn, sshd: str, user: str, address: str, config: str | None = None) -> dict[str, str]:
+def effective(sshd: str, user: str, address: str, config: str | None = None) -> Fact[dict[str, str]]:
     """What sshd would apply to `user` connecting from `address` (keywords lower-cased), with its
-    own configuration or `config`; raises RuntimeError with sshd's message when `sshd -T` fails."""
-    res = await conn.probe(
-        [sshd, *(["-f", config] if config else []), "-T", "-C", f"user={user},host=tunnelspec-check,addr={address}"]
+    own configuration or `config` (`sshd -T`)."""
+    return Fact(
+        [sshd, *(["-f", config] if config else []), "-T", "-C", f"user={user},host=tunnelspec-check,addr={address}"],
+        parse_sshd_T,
     )
+
+
+async def effective_settings(conn, sshd: str, user: str, address: str, config: str | None = None) -> dict[str, str]:
+    """`effective`, gathered; raises RuntimeError with sshd's message when `sshd -T` fails."""
+    fact = effective(sshd, user, address, config)
+    res = await conn.probe(fact.argv)
     if res.rc != 0:
         raise RuntimeError(f"sshd -T failed: {res.stderr.strip()}")
-    return parse_sshd_T(res.stdout)
+    return fact.parse(res.stdout)

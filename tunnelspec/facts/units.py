@@ -6,6 +6,10 @@ its play's batch)."""
 
 from __future__ import annotations
 
+from functools import partial
+
+from tunnelspec.facts.fact import Fact
+
 # Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
 # newer than its last start: a run was killed between writing the unit and restarting it). Prints
 # `<unit> <NeedDaemonReload> <ActiveEnterTimestamp, unix s or empty> <file mtime, unix s>`.
@@ -20,16 +24,16 @@ done
 """
 
 
-def stale_argv(names: list[str]) -> list[str]:
-    return ["sh", "-c", _STALE_SCRIPT, "sh", *names]
+def stale(names: list[str]) -> Fact[dict[str, str]]:
+    """Of the units `names`, those running from an older file than the one installed: {unit: why}."""
+    return Fact(["sh", "-c", _STALE_SCRIPT, "sh", *names], parse_stale)
 
 
 async def stale_units(conn, names: list[str]) -> dict[str, str]:
     """Units running from an older file than the one installed: {unit: why}."""
     if not names:
         return {}
-    res = await conn.probe(stale_argv(names))
-    return parse_stale(res.stdout)
+    return await stale(names).gather(conn)
 
 
 def parse_stale(text: str) -> dict[str, str]:
@@ -52,25 +56,25 @@ def parse_show(text: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
 
 
-def show_argv(unit: str, props: list[str]) -> list[str]:
-    return ["systemctl", "show", "-p", ",".join(props), unit]
+def properties(unit: str, props: list[str]) -> Fact[dict[str, str]]:
+    """The properties `props` of `unit`, by name."""
+    return Fact(["systemctl", "show", "-p", ",".join(props), unit], parse_show)
 
 
 async def show(conn, unit: str, props: list[str]) -> dict[str, str]:
-    res = await conn.probe(show_argv(unit, props))
-    return parse_show(res.stdout)
+    return await properties(unit, props).gather(conn)
 
 
-def unit_values_argv(prop: str, units: list[str]) -> list[str]:
-    return ["systemctl", "show", "-p", prop, "--value", *units]
+def values(prop: str, units: list[str]) -> Fact[list[str]]:
+    """One property of several units, in their order."""
+    return Fact(["systemctl", "show", "-p", prop, "--value", *units], partial(parse_unit_values, n=len(units)))
 
 
 async def unit_values(conn, prop: str, units: list[str]) -> list[str]:
     """One property of several units, in their order (`systemctl show --value` prints one per unit)."""
     if not units:
         return []
-    res = await conn.probe(unit_values_argv(prop, units))
-    return parse_unit_values(res.stdout, len(units))
+    return await values(prop, units).gather(conn)
 
 
 def parse_unit_values(text: str, n: int) -> list[str]:
@@ -127,10 +131,10 @@ def parse_service_state(text: str) -> tuple[str, str]:
     return active, enabled
 
 
-def service_state_argv(unit: str) -> list[str]:
-    return ["sh", "-c", SERVICE_STATE_SCRIPT, "sh", unit]
+def service(unit: str) -> Fact[tuple[str, str]]:
+    """A service's (active state, enablement)."""
+    return Fact(["sh", "-c", SERVICE_STATE_SCRIPT, "sh", unit], parse_service_state)
 
 
 async def service_state(conn, unit: str) -> tuple[str, str]:
-    res = await conn.probe(service_state_argv(unit))
-    return parse_service_state(res.stdout)
+    return await service(unit).gather(conn)

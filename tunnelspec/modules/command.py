@@ -5,7 +5,6 @@ from __future__ import annotations
 import shlex
 
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.facts.files import command as file_state_argv
 from tunnelspec.facts.files import file_state
 from tunnelspec.core.secrets import display_argv
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
@@ -35,15 +34,15 @@ class Command(Task):
         raise TaskFailed("command needs `argv` (a list) or `cmd`")
 
     def probes(self) -> list[list[str]]:
-        return [file_state_argv(p) for p in (self.p["creates"], self.p["removes"]) if p]
+        return [file_state(p).argv for p in (self.p["creates"], self.p["removes"]) if p]
 
     async def check(self, ctx):
         argv = self._argv()
         if not (self.p["creates"] or self.p["removes"]):
             raise TaskFailed("command needs `creates` or `removes` to be idempotent")
-        if self.p["creates"] and (await file_state(ctx.conn, self.p["creates"])).exists:
+        if self.p["creates"] and (await file_state(self.p["creates"]).gather(ctx.conn, check=True)).exists:
             return ok(f"{self.p['creates']} exists")
-        if self.p["removes"] and not (await file_state(ctx.conn, self.p["removes"])).exists:
+        if self.p["removes"] and not (await file_state(self.p["removes"]).gather(ctx.conn, check=True)).exists:
             return ok(f"{self.p['removes']} absent")
         return change(f"run {display_argv(argv)}")
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from tunnelspec.core.templating import TemplateError, render_file
 from tunnelspec.facts.files import FileState, file_state, norm_mode
-from tunnelspec.facts.files import command as file_state_argv
 from tunnelspec.hostprogs import program_path
 from tunnelspec.modules.base import Arg, Change, Diff, Task, change, ok, register_task
 from tunnelspec.core.errors import TaskFailed
@@ -49,10 +48,10 @@ class Directory(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [file_state_argv(self.p["path"])]
+        return [file_state(self.p["path"]).argv]
 
     async def check(self, ctx) -> Change:
-        st = await file_state(ctx.conn, self.p["path"])
+        st = await file_state(self.p["path"]).gather(ctx.conn, check=True)
         if not st.exists:
             return change(f"create directory {self.p['path']}")
         if st.type != "dir":
@@ -82,10 +81,10 @@ class Symlink(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [file_state_argv(self.p["path"])]
+        return [file_state(self.p["path"]).argv]
 
     async def check(self, ctx) -> Change:
-        st = await file_state(ctx.conn, self.p["path"])
+        st = await file_state(self.p["path"]).gather(ctx.conn, check=True)
         if st.type == "link" and st.link_target == self.p["src"]:
             return ok("link up to date")
         if st.exists and st.type not in ("link",):
@@ -111,10 +110,10 @@ class Absent(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [file_state_argv(self.p["path"])]
+        return [file_state(self.p["path"]).argv]
 
     async def check(self, ctx) -> Change:
-        st = await file_state(ctx.conn, self.p["path"])
+        st = await file_state(self.p["path"]).gather(ctx.conn, check=True)
         if not st.exists:
             return ok("already absent")
         if st.type == "dir" and not self.p["recurse"]:
@@ -138,12 +137,12 @@ class _Content(Task):
         raise NotImplementedError
 
     def probes(self) -> list[list[str]]:
-        return [file_state_argv(self.p["dest"])]
+        return [file_state(self.p["dest"]).argv]
 
     async def check(self, ctx) -> Change:
         data = await self.desired(ctx)
         want = hashlib.sha256(data).hexdigest()
-        st = await file_state(ctx.conn, self.p["dest"])
+        st = await file_state(self.p["dest"]).gather(ctx.conn, check=True)
         if st.exists and st.type != "file":
             raise TaskFailed(f"{self.p['dest']} exists and is a {st.type}, not a file")
         if not st.exists:

@@ -4,7 +4,7 @@ idempotent (daemon-reload, restart)."""
 from __future__ import annotations
 
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.facts.units import service_state, service_state_argv, unit_values, unit_values_argv
+from tunnelspec.facts.units import service, service_state, unit_values, values
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.modules.files import Copy, Template
 
@@ -115,7 +115,7 @@ class Service(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [service_state_argv(self.p["name"])]
+        return [service(self.p["name"]).argv]
 
     async def _observe(self, ctx) -> tuple[str, str]:
         return await service_state(ctx.conn, self.p["name"])
@@ -180,7 +180,7 @@ class DaemonReload(Task):
         return not params.get("units")
 
     def probes(self) -> list[list[str]]:
-        return [unit_values_argv("NeedDaemonReload", list(self.p["units"]))] if self.p["units"] else []
+        return [values("NeedDaemonReload", list(self.p["units"])).argv] if self.p["units"] else []
 
     async def _stale(self, ctx) -> list[str]:
         units = list(self.p["units"])

@@ -21,7 +21,7 @@ class FrontHoldFree(Task):
     args = {}
 
     def probes(self) -> list[list[str]]:
-        return [list(sockets.COMMAND)]
+        return [sockets.listening().argv]
 
     async def check(self, ctx):
         found = [

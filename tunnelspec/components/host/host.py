@@ -22,7 +22,7 @@ import shlex
 
 from tunnelspec.components.host import prereqs
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.facts.host import HostFacts, facts_argv, facts_from_dict, parse_facts
+from tunnelspec.facts.host import HostFacts, facts_from_dict, host_facts
 from tunnelspec.reporting import events
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.core.booleans import truthy
@@ -44,10 +44,11 @@ def _v(t) -> str:
 
 
 async def gather(conn, root: str = DEFAULT_ROOT) -> HostFacts:
-    res = await conn.probe(facts_argv(root), become=False, timeout=60)
+    fact = host_facts(root)
+    res = await conn.probe(fact.argv, become=False, timeout=60)
     if res.rc != 0 and not res.stdout:
         raise TaskFailed(f"cannot read the host's facts (rc={res.rc}): {res.stderr.strip()[-500:]}")
-    return parse_facts(res.stdout)
+    return fact.parse(res.stdout)
 
 
 def facts_of(ctx) -> HostFacts | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 
 from tunnelspec.components.server.args import UNIT
+from tunnelspec.facts import units
 
 # Most specific first: the line that names the cause beats the generic signal report.
 _CAUSES = (
@@ -78,10 +79,6 @@ def unit_state_text(props: dict[str, str], unit: str = UNIT) -> str:
     return out
 
 
-def parse_props(text: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
-
-
 def describe_from(what: str, props: dict[str, str], journal: str, unit: str = UNIT) -> str:
     """`what` (the symptom), then the abort line if the journal has one, the unit state, and the
     exit report; without an abort line, the journal's last lines."""
@@ -112,11 +109,11 @@ def crash_loop(start: dict[str, str], now: dict[str, str]) -> bool:
 
 
 async def unit_props(conn, unit: str = UNIT) -> dict[str, str]:
-    return parse_props((await conn.probe(["systemctl", "show", "-p", ",".join(PROPS), unit])).stdout)
+    return await units.properties(unit, list(PROPS)).gather(conn)
 
 
 async def describe(conn, what: str, unit: str = UNIT, lines: int = 300) -> str:
-    props = parse_props((await conn.probe(["systemctl", "show", "-p", ",".join(PROPS), unit])).stdout)
+    props = await units.properties(unit, list(PROPS)).gather(conn)
     # Every invocation, not only the current one: the one that died may already have been replaced.
     journal = (
         await conn.probe(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit], timeout=60)

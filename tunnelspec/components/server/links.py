@@ -37,15 +37,15 @@ class LlamaServerLinks(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [units.show_argv(self.p["unit"], _PROPS), list(sockets.CLOSE_WAIT_COMMAND)]
+        return [units.properties(self.p["unit"], _PROPS).argv, sockets.close_wait().argv]
 
     async def check(self, ctx):
         props = await units.show(ctx.conn, self.p["unit"], _PROPS)
         pid = int(props.get("MainPID") or 0)
         if props.get("ActiveState") != "active" or pid == 0:
             return ok("llama-server not running")
-        res = await ctx.conn.probe(sockets.CLOSE_WAIT_COMMAND)
-        dead = dead_links(sockets.parse_close_wait(res.stdout), pid, [int(p) for p in self.p["ports"]])
+        closed = await sockets.close_wait().gather(ctx.conn)
+        dead = dead_links(closed, pid, [int(p) for p in self.p["ports"]])
         if not dead:
             return ok("llama-server's RPC connections are open")
         where = ", ".join(f"{LOOPBACK}:{p}" for p in dead)

@@ -16,6 +16,7 @@ from tunnelspec.connection.base import read_argv
 from tunnelspec.core.constants import DEVICES_CACHE, LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts import units
+from tunnelspec.facts.files import NOT_EXECUTABLE, executable_id
 from tunnelspec.llama import flags, known_bugs
 from tunnelspec.components.server import preflight
 from tunnelspec.components.server.args import UNIT, build_server_argv, list_devices_argv, tunnel_unit
@@ -39,15 +40,12 @@ def _nodes_key(cluster, binary_id: str) -> str:
     return hashlib.sha256(json.dumps([binary_id, nodes]).encode()).hexdigest()
 
 
-def _binary_id_argv(binary: str) -> list[str]:
-    return ["sh", "-c", '[ -x "$1" ] || exit 3; readlink -f -- "$1"; sha256sum < "$1"', "sh", binary]
-
-
 async def _binary_id(conn, binary: str) -> str:
-    res = await conn.probe(_binary_id_argv(binary))
-    if res.rc == 3:
+    fact = executable_id(binary)
+    res = await conn.probe(fact.argv)
+    if res.rc == NOT_EXECUTABLE:
         raise TaskFailed(f"{binary} is not an executable on the host (did the build play run?)")
-    return " ".join(res.stdout.split())
+    return fact.parse(res.stdout)
 
 
 @register_task
@@ -77,7 +75,7 @@ class RpcDevices(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [_binary_id_argv(self.p["binary"]), read_argv(self.p["cache"])]
+        return [executable_id(self.p["binary"]).argv, read_argv(self.p["cache"])]
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()

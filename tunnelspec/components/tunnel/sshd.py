@@ -107,7 +107,7 @@ class TunnelSshdPolicy(Task):
 
     async def check(self, ctx):
         path = self.p["path"]
-        st = await file_state(ctx.conn, path)
+        st = await file_state(path).gather(ctx.conn, check=True)
         raw = await ctx.conn.get(self.p["config"])
         config = (raw or b"").decode(errors="replace")
         if self.p["state"] == "absent":
