@@ -13,7 +13,6 @@ from tunnelspec.cluster import hub_ref as hub
 from tunnelspec.core import vartypes
 from tunnelspec.core.constants import OPT_DIR
 from tunnelspec.core.vartypes import VarValueError
-from tunnelspec.llama.speculative import OWNED_FLAGS, owned_variable
 
 BACKENDS = ("cpu", "cuda", "hip", "vulkan", "metal")
 # Names people write for a backend that llama.cpp calls otherwise (its CMake switch and device names).
@@ -128,10 +127,10 @@ def rpc_env(raw: Any) -> list[tuple[str, str]]:
 
 
 # Flags tunnelspec sets itself in the llama-server unit (llama/speculative.py OWNED_FLAGS, with the
-# variable to use instead); letting extra args repeat them would silently move the model, the draft
-# or the listening address. Draft tuning flags tunnelspec does not set (--spec-draft-p-min,
-# --spec-draft-type-k, ...) are allowed and checked against the built --help at plan time.
-OWNED_SERVER_FLAGS = tuple(OWNED_FLAGS)
+# variable to use instead; read where llama_server_extra_args is checked): letting extra args repeat
+# them would silently move the model, the draft or the listening address. Draft tuning flags tunnelspec
+# does not set (--spec-draft-p-min, --spec-draft-type-k, ...) are allowed and checked against the
+# built --help at plan time.
 # llama-server's own downloaders fetch at every start, unpinned and unverified: the pinned
 # hf:// form of llama_model / llama_draft_model replaces them.
 DOWNLOAD_SERVER_FLAGS = (
@@ -185,6 +184,9 @@ def cmake_args(args: list[str]) -> list[str]:
 
 def server_args(args: list[str]) -> list[str]:
     """llama_server_extra_args, split: no downloader flag and no flag tunnelspec sets itself."""
+    # lazy: llama/'s flag tables cost every command's start-up, and only this variable needs them
+    from tunnelspec.llama.speculative import owned_variable
+
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in DOWNLOAD_SERVER_FLAGS or flag.startswith("--hf-"):

@@ -5,8 +5,7 @@ holds is in vardecl.py."""
 from __future__ import annotations
 
 from tunnelspec.cluster.vardecl import Var
-from tunnelspec.core.constants import DEFAULT_HTTP_PORT, LOOPBACK
-from tunnelspec.llama.speculative import DRAFT_TYPES
+from tunnelspec.core.constants import DEFAULT_HTTP_PORT, DRAFT_TYPES, LOOPBACK
 
 SPLIT_MODES = ("none", "layer", "row", "tensor")
 DEFAULT_INTERNAL_PORT = 18080

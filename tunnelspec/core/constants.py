@@ -18,3 +18,7 @@ TLS_CERT = f"{TLS_DIR}/front.crt"
 TLS_KEY = f"{TLS_CERT}.key"
 # The comment (GECOS) of every account tunnelspec creates (modules/users.py): what marks it as ours.
 SERVICE_USER_MARK = "tunnelspec service user"
+
+# The draft kinds of llama-server's --spec-type that tunnelspec deploys (llama/speculative.py reads a
+# build's own list against these; the declarations offer them for spec_type).
+DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")

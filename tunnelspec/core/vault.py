@@ -20,11 +20,6 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-from cryptography.hazmat.primitives.hmac import HMAC
-from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC
 
 HEADER = "$ANSIBLE_VAULT"
 _VERSIONS = ("1.1", "1.2")
@@ -100,6 +95,9 @@ def _parts(env: Envelope) -> tuple[bytes, bytes, bytes]:
 
 @functools.lru_cache(maxsize=64)
 def _keys(password: bytes, salt: bytes) -> tuple[bytes, bytes, bytes]:
+    from cryptography.hazmat.primitives import hashes  # lazy: only a vault pays for cryptography's import
+    from cryptography.hazmat.primitives.kdf.pbkdf2 import PBKDF2HMAC  # lazy: as above
+
     kdf = PBKDF2HMAC(algorithm=hashes.SHA256(), length=2 * _KEY + _IV, salt=salt, iterations=10000)
     derived = kdf.derive(password)
     return derived[:_KEY], derived[_KEY : 2 * _KEY], derived[2 * _KEY :]
@@ -108,6 +106,12 @@ def _keys(password: bytes, salt: bytes) -> tuple[bytes, bytes, bytes]:
 def decrypt_with(text: str | bytes, password: bytes) -> bytes:
     """The plaintext of one vault, with one password. VaultDecryptError when the HMAC does not match
     (the wrong password), VaultFormatError when the data is not a vault."""
+    # lazy: only a vault pays for cryptography's import (≈ 10 ms of every command's start-up)
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes, padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    from cryptography.hazmat.primitives.hmac import HMAC
+
     salt, mac, ciphertext = _parts(parse_envelope(text))
     aes_key, mac_key, iv = _keys(password, salt)
     check = HMAC(mac_key, hashes.SHA256())

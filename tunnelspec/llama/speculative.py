@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunnelspec.core.constants import DRAFT_TYPES
 from tunnelspec.llama.flags import ServerHelp, _is_number
 
 # The draft-model kinds tunnelspec deploys (a draft on the remote device). The ngram kinds need no
 # draft model and are not tunnelspec's job.
-DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 DEFAULT_TYPE = "draft-simple"
 SPEC_TYPE_FLAGS = ("--spec-type",)
 
