@@ -184,8 +184,7 @@ def cmake_args(args: list[str]) -> list[str]:
 
 def server_args(args: list[str]) -> list[str]:
     """llama_server_extra_args, split: no downloader flag and no flag tunnelspec sets itself."""
-    # lazy: llama/'s flag tables cost every command's start-up, and only this variable needs them
-    from tunnelspec.llama.speculative import owned_variable
+    from tunnelspec.llama.speculative import owned_variable  # lazy: llama/'s flag tables, for this variable only
 
     for arg in args:
         flag = arg.split("=", 1)[0]

@@ -106,11 +106,11 @@ def _keys(password: bytes, salt: bytes) -> tuple[bytes, bytes, bytes]:
 def decrypt_with(text: str | bytes, password: bytes) -> bytes:
     """The plaintext of one vault, with one password. VaultDecryptError when the HMAC does not match
     (the wrong password), VaultFormatError when the data is not a vault."""
-    # lazy: only a vault pays for cryptography's import (≈ 10 ms of every command's start-up)
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes, padding
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-    from cryptography.hazmat.primitives.hmac import HMAC
+    # Only a vault pays for cryptography's import (≈ 10 ms of every command's start-up otherwise).
+    from cryptography.exceptions import InvalidSignature  # lazy: cryptography, for a vault only
+    from cryptography.hazmat.primitives import hashes, padding  # lazy: as above
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # lazy: as above
+    from cryptography.hazmat.primitives.hmac import HMAC  # lazy: as above
 
     salt, mac, ciphertext = _parts(parse_envelope(text))
     aes_key, mac_key, iv = _keys(password, salt)
