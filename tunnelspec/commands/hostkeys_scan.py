@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 import asyncssh
 
 from tunnelspec.connection.base import ConnectOptions
-from tunnelspec.cluster import schema
-from tunnelspec.connection.factory import check_known_hosts, connect_timeout_for, jump_hosts, known_hosts_for
+from tunnelspec.connection.factory import check_known_hosts, known_hosts_for, settings_for
 from tunnelspec.connection.ssh import close_jump, open_jump
 from tunnelspec.connection.hostkeys import fingerprint, host_patterns, keys_for, load_known_hosts_text
 from tunnelspec.core.errors import EXIT_OK, EXIT_UNREACHABLE, HostKeyError, HostUnreachable, UsageError
@@ -70,18 +69,16 @@ async def scan_host(name: str, host_vars: dict, opts: ConnectOptions, inventory_
         res.skipped = "ansible_connection=local: no SSH"
         return res
     spec, _pin = known_hosts_for(host_vars, opts, inventory_dir)
-    timeout = connect_timeout_for(name, host_vars, opts, inventory_dir)
+    settings = settings_for(name, host_vars, inventory_dir)
+    timeout = settings["timeout"] or opts.connect_timeout
     known = keys_for(load_known_hosts_text(spec), address, port)
-    jump = jump_hosts(name, host_vars)
+    jump = settings["ssh_args"].jump
     hops: list = []
     if jump:
         # Through the jump host, whose own key must already be pinned: a scan never trusts what it sees.
         strict = dataclasses.replace(opts, known_hosts=spec, accept_new_host_keys=False, connect_timeout=timeout)
-        key = schema.value("ansible_ssh_private_key_file", host_vars, inventory_dir) or schema.value(
-            "ansible_private_key_file", host_vars, inventory_dir
-        )
         try:
-            hops = await open_jump(name, jump, strict, [key] if key else [], None)
+            hops = await open_jump(name, jump, strict, settings["key_files"], None)
         except (HostUnreachable, HostKeyError) as e:
             res.error = str(e)
             return res

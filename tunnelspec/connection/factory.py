@@ -91,7 +91,9 @@ _READ = (
 )
 
 
-def _settings(name: str, host_vars: dict, inventory_dir) -> dict:
+def settings_for(name: str, host_vars: dict, inventory_dir) -> dict:
+    """The connection variables of one host, read by their declared types, and what follows from them:
+    `key_files`, `ssh_args` (the two ssh-argument variables as one command line), `timeout`."""
     out = {}
     for var in _READ:
         try:
@@ -99,22 +101,20 @@ def _settings(name: str, host_vars: dict, inventory_dir) -> dict:
         except VarValueError as err:
             raise VarValueError(f"host {name}: variable {var}: {err} (tunnelspec check shows the line)") from None
     out["ansible_become"] = bool(out["ansible_become"])
-    args = ssh_args.combined(host_vars.get("ansible_ssh_common_args"), host_vars.get("ansible_ssh_extra_args"))
+    # Read above by their type (an SshArgs each, or None): combined here as one ssh command line.
+    args = ssh_args.combined(out["ansible_ssh_common_args"], out["ansible_ssh_extra_args"])
     out["ssh_args"] = args
+    key = out["ansible_ssh_private_key_file"] or out["ansible_private_key_file"]
+    out["key_files"] = [key] if key else []
     # ansible_ssh_timeout wins over a ConnectTimeout in the ssh arguments, as Ansible's -o ConnectTimeout
     # from its timeout setting comes before the user's arguments on ssh's command line.
     out["timeout"] = out["ansible_ssh_timeout"] or out["ansible_timeout"] or args.connect_timeout
     return out
 
 
-def jump_hosts(name: str, host_vars: dict) -> tuple:
-    """The host's jump hosts (ProxyJump), first hop first; () when it is reached directly."""
-    return _settings(name, host_vars, None)["ssh_args"].jump
-
-
 def connect_timeout_for(name: str, host_vars: dict, opts: ConnectOptions, inventory_dir=None) -> float:
     """ansible_ssh_timeout (or ansible_timeout) when the inventory sets it, else the run's."""
-    return _settings(name, host_vars, inventory_dir)["timeout"] or opts.connect_timeout
+    return settings_for(name, host_vars, inventory_dir)["timeout"] or opts.connect_timeout
 
 
 async def connect(
@@ -122,7 +122,7 @@ async def connect(
 ) -> Connection:
     """`session`: shared by the connections of one run (a fresh one when not given)."""
     kind = str(host_vars.get("ansible_connection", "ssh"))
-    settings = _settings(name, host_vars, inventory_dir)
+    settings = settings_for(name, host_vars, inventory_dir)
     become = settings["ansible_become"]
     password = password_from(host_vars) if become else None
     if kind == "local":
@@ -137,7 +137,6 @@ async def connect(
 
     address, port = ssh_target(name, host_vars)
     user = settings["ansible_user"] or getpass.getuser()
-    key = settings["ansible_ssh_private_key_file"] or settings["ansible_private_key_file"]
     spec, pin = known_hosts_for(host_vars, opts, inventory_dir)
     local_opts = dataclasses.replace(opts, known_hosts=spec)
     if settings["timeout"]:
@@ -152,7 +151,7 @@ async def connect(
         address,
         port,
         user,
-        [key] if key else [],
+        settings["key_files"],
         become,
         local_opts,
         pin,

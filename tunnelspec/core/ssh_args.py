@@ -215,8 +215,9 @@ def parse(text: object) -> SshArgs:
 
 
 def combined(common: object, extra: object) -> SshArgs:
-    """Both variables read as OpenSSH reads one command line: common args first, so their values win."""
-    a, b = parse(common), parse(extra)
+    """Both variables read as OpenSSH reads one command line: common args first, so their values win.
+    Each is the variable's text, or already read (an SshArgs: the declared type's value)."""
+    a, b = (x if isinstance(x, SshArgs) else parse(x) for x in (common, extra))
     return SshArgs(
         jump=a.jump or b.jump,
         connect_timeout=a.connect_timeout if a.connect_timeout is not None else b.connect_timeout,
