@@ -14,8 +14,7 @@ was: by path next to the running file (`__file__`), under the installed name (no
 is absent (tests run the source tree), the module's name here; loaded with a SourceFileLoader, never
 through sys.path. The program's file loads its parts afresh at each load and registers each one in
 sys.modules under a fixed name (tunnelspec_<program>_<part>), so that a part needing another finds
-the one its program loaded just before (and loads it itself only when loaded alone, as the oldest-
-python test does). The main file then binds what it uses from the parts as names of its own: a test
+the one its program loaded just before (a part never runs on its own, so it loads nothing itself). The main file then binds what it uses from the parts as names of its own: a test
 that replaces `mod.unit_state` changes what the main file's own functions call (the parts call their
 own names), so the functions tests drive through patched names stay in the main file (the launcher,
 the exporter's serving).

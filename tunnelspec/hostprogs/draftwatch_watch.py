@@ -3,8 +3,6 @@
 # library only): the watcher, `tunnelspec-draftwatch watch` (tunnelspec-draftwatch.service, root). It
 # notices the draft node (or a target node the split can be served without) leaving and coming back, and
 # restarts llama-server to switch.
-import importlib.machinery
-import importlib.util
 import os
 import socket
 import stat
@@ -12,29 +10,10 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 
-
-def _part(installed, source, name):
-    """A part of this program, installed next to this file as `installed` (`source` in tunnelspec's
-    source tree), loaded as module `name` and registered under it for the parts loaded after it."""
-    path = os.path.join(HERE, installed)
-    if not os.path.exists(path):
-        path = os.path.join(HERE, source)  # running from tunnelspec's source (tests)
-    loader = importlib.machinery.SourceFileLoader(name, path)
-    spec = importlib.util.spec_from_loader(name, loader)
-    if spec is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    loader.exec_module(mod)
-    return mod
-
-
-# The state part the program loaded just before this file; loaded here when this file is loaded alone.
-STATE = sys.modules.get("tunnelspec_draftwatch_state") or _part(
-    "tunnelspec-draftwatch-state", "draftwatch_state.py", "tunnelspec_draftwatch_state"
-)
+# The state part its program (draftwatch.py) loaded and registered just before this file: this part
+# is never run on its own, so it loads nothing itself.
+STATE = sys.modules["tunnelspec_draftwatch_state"]
 SPECULATIVE, DEGRADED, PLAIN, SPLIT_DEGRADED = STATE.SPECULATIVE, STATE.DEGRADED, STATE.PLAIN, STATE.SPLIT_DEGRADED
 RPC, HELLO, Flaps = STATE.RPC, STATE.HELLO, STATE.Flaps
 log, load_config, read_state, unit_state, probe_draft = (
