@@ -16,7 +16,7 @@ from tunnelspec.connection.preconnect import Preconnect, ssh_config_may_reroute
 from tunnelspec.core import testhooks
 from tunnelspec.core.errors import HostUnreachable, TaskFailed, TunnelspecError
 from tunnelspec.core.secrets import mask_value, secret_values
-from tunnelspec.engine import pending
+from tunnelspec.engine import pending, registry
 from tunnelspec.engine.checkplan import CheckPlan
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.playbook import Play, Playbook, TaskSpec
@@ -24,7 +24,6 @@ from tunnelspec.engine.prefetch import Prefetch
 from tunnelspec.engine.runlock import RunLock
 from tunnelspec.engine.task_exec import TaskExecution
 from tunnelspec.inventory.values import parse_value
-from tunnelspec.modules.gates import GATES
 from tunnelspec.reporting import events
 from tunnelspec.reporting.summary import Summary
 
@@ -270,7 +269,9 @@ class Run(Prefetch, TaskExecution):
                 return
             hv = {h: {**self.hosts[h].vars, **self.hosts[h].facts} for h in live}
             try:
-                msg = GATES[play.gate["kind"]](play.gate, hv)
+                gate = registry.gate(play.gate["kind"])
+                assert gate is not None  # load_playbook refused any other kind
+                msg = gate(play.gate, hv)
                 self.emit(events.gate(play.name, "ok", msg))
             except TaskFailed as e:
                 if self.options.check and self.check_plan.any():

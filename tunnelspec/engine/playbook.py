@@ -7,9 +7,8 @@ from pathlib import Path
 
 from tunnelspec.engine.yamlload import LineDict, load_yaml
 from tunnelspec.core.errors import PlaybookError
-from tunnelspec.engine.registry import TASKS, load_all
+from tunnelspec.engine import registry
 from difflib import get_close_matches
-from tunnelspec.modules.gates import GATES
 
 _TASK_KEYS = {"name", "when", "tags", "notify", "register", "listen", "no_log"}
 _PLAY_KEYS = {"name", "hosts", "tasks", "handlers", "vars", "tags", "gate", "serial_gate", "preflight"}
@@ -67,14 +66,14 @@ def _task(d, file: str, play_tags: list, is_handler: bool, list_line: int | None
     if not modules:
         raise PlaybookError("task has no module (e.g. `file:`, `template:`, `command:`)", file, line)
     if len(modules) > 1:
-        unknown = [m for m in modules if m not in TASKS]
+        unknown = [m for m in modules if registry.task_class(m) is None]
         hint = f"unknown key(s) {', '.join(map(repr, unknown))}" if unknown else f"several modules {modules}"
         raise PlaybookError(f"{hint}: a task has exactly one module", file, line)
     module = modules[0]
     mline = d.key_lines.get(module, line) if isinstance(d, LineDict) else line
-    cls = TASKS.get(module)
+    cls = registry.task_class(module)
     if cls is None:
-        close = get_close_matches(module, TASKS, n=1)
+        close = get_close_matches(module, registry.task_kinds(), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise PlaybookError(f"unknown module {module!r}{hint}", file, mline)
     args = d[module] or {}
@@ -109,7 +108,6 @@ def _task(d, file: str, play_tags: list, is_handler: bool, list_line: int | None
 
 
 def load_playbook(path: str | Path) -> Playbook:
-    load_all()
     path = Path(path)
     try:
         text = path.read_text()
@@ -152,9 +150,11 @@ def load_playbook(path: str | Path) -> Playbook:
                     raise PlaybookError(f"task {t.name!r} notifies unknown handler {n!r}", file, t.line)
         gate = p.get("gate")
         if gate is not None:
-            if not isinstance(gate, dict) or gate.get("kind") not in GATES:
+            if not isinstance(gate, dict) or registry.gate(str(gate.get("kind"))) is None:
                 raise PlaybookError(
-                    f"gate must be a mapping with kind one of {sorted(GATES)}", file, p.key_lines.get("gate", line)
+                    f"gate must be a mapping with kind one of {registry.gate_kinds()}",
+                    file,
+                    p.key_lines.get("gate", line),
                 )
         preflight = p.get("preflight", False)
         if not isinstance(preflight, bool):
