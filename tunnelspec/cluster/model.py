@@ -21,7 +21,9 @@ from tunnelspec.cluster.host_sections import (
     rpc_node_of,
     source_of,
 )
+from tunnelspec.core.errors import ClusterError
 from tunnelspec.inventory.model import Inventory
+from tunnelspec.llama import known_issues
 from tunnelspec.cluster import ports, schema
 from tunnelspec.cluster.placement import TargetPlacement, parse_placement
 
@@ -146,6 +148,34 @@ class Cluster:
                         "tunes the draft, and this cluster has none (no llama_draft_model, every rpc node "
                         "rpc_role=target): remove it, or add a draft model and a draft node",
                     )
+        self.require_no_known_issue()
+
+    def _known_issues(self) -> tuple[list[str], list[str]]:
+        main = self.main
+        topo = known_issues.Topology(
+            rpc_endpoints=len(self.rpc),
+            spec_types=((main.spec_type or "draft-simple",) if self.speculative else ()),
+            draft_model=bool(main.draft_model),
+        )
+        return known_issues.findings(topo, self.source.build_number)
+
+    def require_no_known_issue(self) -> None:
+        """The topology against the open upstream failure modes (llama/known_issues.py) for the pinned
+        build: one the build is known to have is refused, naming the issue and what to do instead."""
+        refused, _ = self._known_issues()
+        if refused:
+            nodes = ", ".join(n.name for n in self.rpc)
+            raise cluster_error(
+                self.inventory,
+                self.main.name,
+                "llama_build_number",
+                f"{refused[0]} (rpc nodes: {nodes}; spec_type: {self.main.spec_type or 'default'})",
+            )
+
+    def known_issue_warnings(self) -> list[ClusterError]:
+        """The same failure modes where the pinned build's status is not known: warnings of check."""
+        _, warned = self._known_issues()
+        return [cluster_error(self.inventory, self.main.name, "llama_build_number", w) for w in warned]
 
     @classmethod
     def from_inventory(cls, inv: Inventory, source_check: SourceCheck | None = None) -> Cluster:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from tunnelspec.core import testhooks
 from tunnelspec.core.errors import TaskFailed
+from tunnelspec.connection import become as become_mod
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.core.secrets import Secret, display_argv
 
@@ -260,6 +261,10 @@ class Connection(abc.ABC):
         except TimeoutError:
             raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
         res = Result(list(argv), rc, out.decode(errors="replace"), err.decode(errors="replace"), out)
+        if become and rc != 0 and self._becomer is not None:
+            said = become_mod.refused_by_sudo(res.stderr)
+            if said:  # the command never ran: no rc of its own to read
+                raise become_mod.refusal_error(self.name, self._becomer.user, display_argv(argv), said)
         if check and rc != 0:
             raise TaskFailed(f"command failed (rc={rc}): {display_argv(argv)}\n{_tail(res.stderr or res.stdout)}")
         return res

@@ -146,3 +146,25 @@ class Become:
                 "it was tried once and is not retried"
             )
         raise self._fail(f"`sudo -S true` with the become password failed (rc={rc}): {said}")
+
+
+def refused_by_sudo(stderr: str) -> str | None:
+    """What sudo said when it refused to run a command at all — a partial sudoers rule (some commands
+    only) passes the `true` of the first check and refuses a later command — else None. Only sudo's own
+    lines: `Sorry, user X is not allowed to execute …`, or `sudo: a password is required` (sudo -n,
+    a rule that allows this command only with a password)."""
+    for line in stderr.splitlines():
+        line = line.strip()
+        if (line.startswith("Sorry, user ") and " is not allowed to execute " in line) or line == (
+            "sudo: a password is required"
+        ):
+            return line
+    return None
+
+
+def refusal_error(host: str, user: str, command: str, said: str) -> BecomeError:
+    return BecomeError(
+        f"{host}: sudo refused to run `{command}` as root for the login {user!r} ({said}): its sudoers "
+        "rule allows only some commands, and tunnelspec runs many as root (units, files, systemctl, "
+        f"nft): allow {user} ALL in sudoers, or log in as root"
+    )

@@ -16,6 +16,9 @@ Run as a program (`python3 -I -c <this source> MODE CACHE PATH...`, stdlib only,
 host's python3), it reads each file where it lies and prints one JSON line per file (`inspect`):
 MODE `check` is read-only (a file whose size, mtime and inode match CACHE's entry is not read
 again); MODE `record` reads each file whole for its sha256 and writes CACHE (components/models/files.py).
+Each line also carries `header_sha256`: the sha256 of every byte before the tensor data (the key/value
+metadata, the tensor infos and their padding) — what tells a model swapped at its path from the one
+a generation recorded without reading the tensor data (components/generation/model_ids.py).
 """
 
 from __future__ import annotations
@@ -276,6 +279,26 @@ def read_whole_header(f, size: int) -> Header:
         n *= 4
 
 
+def header_sha256(f, h: Header, size: int) -> str:
+    """The sha256 of an open file's bytes before its tensor data (`h` is its header, infos read;
+    `size` the file's: a huge alignment never makes it read more than the file)."""
+    f.seek(0)
+    return hashlib.sha256(f.read(min(h.data_start or 0, size))).hexdigest()
+
+
+def _cached_header(path: str, known: dict) -> dict:
+    """A cached proof from before header_sha256 was kept: the header read for it (never the data)."""
+    try:
+        with open(path, "rb") as f:
+            h = read_whole_header(f, known.get("size") or 0)
+            # Only when the file read is still the one the cache entry proved.
+            if h.infos is not None and identity(os.fstat(f.fileno())) == known.get("id"):
+                return {**known, "header_sha256": header_sha256(f, h, known.get("size") or 0)}
+    except (OSError, ValueError):
+        pass
+    return known
+
+
 def identity(st) -> list:
     """What tells that a file changed since it was read: size, mtime (ns) and inode."""
     return [st.st_size, st.st_mtime_ns, st.st_ino]
@@ -290,6 +313,8 @@ def inspect(path: str, cache: dict, whole: bool = False) -> dict:
         return {"path": path, "error": f"cannot read it: {e.strerror}"}
     known = cache.get(path)
     if not whole and isinstance(known, dict) and known.get("id") == identity(st) and known.get("sha256"):
+        if not known.get("header_sha256"):
+            known = _cached_header(path, known)
         return {**known, "path": path, "cached": True}
     out = {"path": path, "size": st.st_size, "id": identity(st), "cached": False}
     try:
@@ -297,6 +322,7 @@ def inspect(path: str, cache: dict, whole: bool = False) -> dict:
             h = read_whole_header(f, st.st_size)
             if h.infos is None:
                 return {**out, "error": f"cut short inside its header: {st.st_size} bytes"}
+            out["header_sha256"] = header_sha256(f, h, st.st_size)
             ext = extent(h)
             out.update(need=ext.need, tensors=len(h.infos), unsized=list(ext.unsized))
             why = shortfall(st.st_size, ext)
@@ -331,7 +357,7 @@ def _main(argv: list[str]) -> int:
     if mode == "record":
         for r in results:
             if "error" not in r and r.get("sha256"):
-                cache[r["path"]] = {k: r[k] for k in ("id", "need", "sha256", "size")}
+                cache[r["path"]] = {k: r[k] for k in ("header_sha256", "id", "need", "sha256", "size")}
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
         tmp = cache_path + ".tmp"
         with open(tmp, "w") as f:

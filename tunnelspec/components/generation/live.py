@@ -9,7 +9,7 @@ import posixpath
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import build_plan as bp
-from tunnelspec.components.models.files import parse_proofs, parts_of, proof_argv
+from tunnelspec.components.models.files import PROOFS, parse_proofs, parts_of, proof_argv
 
 
 def hosts_of(cluster) -> list[tuple[str, str, str]]:
@@ -91,14 +91,21 @@ async def running_exe(conn, unit: str) -> str:
     return (await conn.probe(["sh", "-c", _RUNNING, "sh", unit])).stdout.strip()
 
 
-async def model_sums(conn, paths: list[str]) -> dict[str, str | None]:
-    """{path: sha256} of the models on main (every part of a split one) as model_proof kept it; None
-    for a file not proven, or changed since. Read-only and cheap: a file is not read again."""
+async def model_proofs(conn, paths: list[str], cache: str = PROOFS) -> dict[str, dict]:
+    """{path: its proof line} of the models on main (every part of a split one), as model_proof kept
+    it: size, identity, header digest, the sha256 while unchanged since proven ({} when python3
+    printed none). Read-only and cheap: only a file changed since has its header read again."""
     paths = sorted({part for p in paths if p for part in parts_of(p)})
     if not paths:
         return {}
-    got = parse_proofs((await conn.probe(proof_argv("check", paths), timeout=300)).stdout)
-    return {p: (got.get(p) or {}).get("sha256") for p in paths}
+    got = parse_proofs((await conn.probe(proof_argv("check", paths, cache), timeout=300)).stdout)
+    return {p: got.get(p) or {} for p in paths}
+
+
+async def model_sums(conn, paths: list[str]) -> dict[str, str | None]:
+    """{path: sha256} of the models on main (every part of a split one) as model_proof kept it; None
+    for a file not proven, or changed since."""
+    return {p: proof.get("sha256") for p, proof in (await model_proofs(conn, paths)).items()}
 
 
 async def live_state(ctx) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import posixpath
 
+from tunnelspec.components.generation import model_ids
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.facts.nft import NFT
@@ -43,7 +44,9 @@ class GenerationRestore(Task):
         self._live = live
         diff = gen.host_diff(want, live)
         n = self.p["record"].get("n")
-        recorded = gen.model_sums(self.p["record"])
+        # Models recorded by identity were compared by generation_pick (model_ids): a refusal there.
+        by_id = model_ids.recorded(self.p["record"])
+        recorded = {p: s for p, s in gen.model_sums(self.p["record"]).items() if p not in by_id}
         drift = (
             gen.model_drift(self.p["record"], await model_sums(ctx.conn, list(recorded)))
             if want["role"] == "main" and recorded

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import posixpath
 
+from tunnelspec.components.generation import model_ids
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import advisories
@@ -24,11 +25,12 @@ from tunnelspec.components.generation.live import (
     checked,
     hosts_of,
     live_state,
-    model_sums,
+    model_proofs,
     nodes_of,
     recordable,
     stamped_build_number,
 )
+from tunnelspec.components.models.files import PROOFS, parse_proofs, parts_of, proof_argv
 from tunnelspec.components.generation.store import (
     PRUNE_SCRIPT,
     RECORDS_ARGV,
@@ -58,8 +60,20 @@ class GenerationRecord(Task):
         "models": Arg(
             list, default=[], help="The model paths llama-server loads (their sha256 recorded as model_proof kept it)."
         ),
+        "sources": Arg(
+            list,
+            default=[],
+            help="The inventory's setting of each model (`models`' order): a path on the host, a controller "
+            "file or a `hf://` reference (what a refused return says puts it back).",
+        ),
         "plan": Arg(dict, default={}, help="The `llama_server` fact: what a rollback verifies against."),
     }
+
+    def _sources(self) -> dict[str, str]:
+        """{every part of each model: the inventory's setting of it}."""
+        srcs = [*self.p["sources"], *([""] * len(self.p["models"]))][: len(self.p["models"])]
+        pairs = zip(self.p["models"], srcs, strict=True)
+        return {part: str(src or "") for path, src in pairs if path for part in parts_of(str(path))}
 
     def probes(self) -> list[list[str]]:
         return [RECORDS_ARGV, STATUS_ARGV]
@@ -70,8 +84,10 @@ class GenerationRecord(Task):
         cluster = ctx.require_cluster()
         for name, st in live.items():
             recordable(name, st, nodes_of(cluster, st["role"]))
-        sums = await model_sums(ctx.conn, self.p["models"])
-        self._records, self._live, self._sums = records, live, sums
+        proofs = await model_proofs(ctx.conn, self.p["models"])
+        sums = {p: proof.get("sha256") for p, proof in proofs.items()}
+        ids = model_ids.entries(proofs, self._sources())
+        self._records, self._live, self._sums, self._ids = records, live, sums, ids
         self._serve = gen.serve_of(ctx.require_cluster())
         state = {"hosts": live, "model_sha256": sums, "serve": gen.serve_of(ctx.require_cluster())}
         if current is not None and gen.same_state(records[current], state):
@@ -82,6 +98,15 @@ class GenerationRecord(Task):
                     Diff("", str(current)),
                     n=current,
                     publish_only=True,
+                )
+            if ids and not model_ids.recorded(records[current]):
+                # Recorded before the models' identity was kept: added to it (the files are the ones
+                # it recorded, by their sha256), so that a return to it compares them.
+                return change(
+                    f"generation {current}: its models' size, mtime and header digest recorded",
+                    Diff("", ", ".join(ids)),
+                    n=current,
+                    identify=True,
                 )
             return ok(gen.summary(records[current]) + " (current)")
         same = gen.find_same(list(records.values()), state)
@@ -114,6 +139,9 @@ class GenerationRecord(Task):
         if ch.data.get("publish_only"):
             await publish(ctx.conn, n)
             return
+        if ch.data.get("identify"):
+            await ctx.conn.put(gen.dumps({**records[n], model_ids.KEY: self._ids}), f"{gen.GEN_DIR}/{n}.json", 0o600)
+            return
         if ch.data.get("new"):
             for name, st in self._live.items():
                 conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
@@ -129,6 +157,7 @@ class GenerationRecord(Task):
                 "plan": self.p["plan"],
                 "hosts": self._live,
                 "model_sha256": self._sums,
+                model_ids.KEY: self._ids,
                 "serve": self._serve,
             }
             await ctx.conn.run(["install", "-d", "-m", "700", "--", gen.GEN_DIR], check=True)
@@ -174,6 +203,7 @@ class GenerationPick(Task):
             "(`tunnelspec advisories`): `refuse` it unless --allow-vulnerable-llama, or "
             "`warn` (a failed deploy's return to what served before it).",
         ),
+        "cache": Arg(str, default=PROOFS, help="Where model_proof keeps each model's proof on main."),
     }
 
     async def check(self, ctx):
@@ -194,11 +224,30 @@ class GenerationPick(Task):
         for name, _role, _root in hosts_of(cluster):
             if name in record["hosts"]:
                 checked(record, cluster, name)
-        note = await self._advisory(ctx, record)
+        note = await self._models(ctx, record) + await self._advisory(ctx, record)
         ctx.register("generation", record)
         ctx.register("generation_serve", gen.recorded_serve(record, cluster))
         ctx.register("generation_current", current)
         return ok(gen.summary(record) + (" (current)" if n == current else f" (current: {current})") + note)
+
+    async def _models(self, ctx, record: dict) -> str:
+        """Each model the generation served, by identity (model_ids): another file at its path now is
+        refused here, before any host changes anything; a touched one is a warning. A record from before
+        the identities were kept has none: restore.py warns by sha256 as it always did."""
+        want = model_ids.recorded(record)
+        if not want:
+            return ""
+        res = await ctx.conn.probe(proof_argv("check", sorted(want), self.p["cache"]), timeout=300)
+        proofs = parse_proofs(res.stdout)
+        if res.rc != 0 or not set(want) <= set(proofs):
+            raise TaskFailed(
+                f"cannot read the models of generation {record.get('n')} on {ctx.host} with python3 "
+                f"(rc={res.rc}): {(res.stderr or res.stdout).strip()[-400:]} (nothing was changed)"
+            )
+        refusal, warnings = model_ids.verdict(record, proofs, ctx.host)
+        if refusal:
+            raise TaskFailed(refusal)
+        return "".join(f"; WARNING {w}" for w in warnings)
 
     async def _advisory(self, ctx, record: dict) -> str:
         """The deploy's known-vulnerable gate (components/build/build.py), for the build the generation
