@@ -161,6 +161,9 @@ def test_the_front_serves_metrics_only_with_the_token(tmp_path):
         loader.exec_module(mod)
         text = mod.front_metrics({"front": {"socket": str(tmp_path / "metrics.sock")}})
         assert 'haproxy_backend_status{proxy="llama",state="UP"}' in text or "haproxy_backend_" in text
+        # The exporter's count of requests dropped twice, from the front's outer backend (none yet).
+        assert mod.SOURCES.dropped_twice(text, front.FRONT_RETRY_BACKEND) == 0
+        assert mod.SOURCES.dropped_twice(text, "no_such_backend") is None
     finally:
         proc.stop()
         exporter.shutdown()

@@ -8,6 +8,8 @@ llama-server"). No llama.cpp: the proof with a real llama-server is the lab's.""
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import shutil
 import socket
@@ -22,6 +24,7 @@ import pytest
 
 from support import front as front_proc
 from support.localserver import free_port, spawn
+from tunnelspec.cluster.front_vars import MetricsSettings
 from tunnelspec.components.front import model as front
 from tunnelspec.core.constants import LOOPBACK
 
@@ -62,6 +65,14 @@ def wait_for(pred, what: str, deadline_s: float = 15) -> None:
     while not pred():
         assert time.monotonic() < deadline, what
         time.sleep(0.02)  # poll interval of the deadline loop
+
+
+def exporter():
+    loader = importlib.machinery.SourceFileLoader("tunnelspec_metrics", str(ROOT / "tunnelspec" / "hostprogs" / "metrics.py"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
 
 
 def stat(sock: Path, backend: str) -> dict:
@@ -114,7 +125,8 @@ class Steady:
 def test_a_request_dropped_twice_is_answered_502_once_and_the_others_are_served(tmp_path):
     internal = free_port()
     stand_in = spawn([sys.executable, str(STAND_IN), str(internal), "120"], tmp_path / "stand-in.log")
-    haproxy, port = front_proc.start(tmp_path / "front", internal, hold=20)
+    haproxy, port = front_proc.start(tmp_path / "front", internal, hold=20,
+                                     metrics=MetricsSettings(port=free_port(), token_file=None))
     steady = Steady(port)
     try:
         wait_for(lambda: post(port, "warm-up", timeout=5)[0] == 200, "the front never answered through the stand-in")
@@ -152,8 +164,12 @@ def test_a_request_dropped_twice_is_answered_502_once_and_the_others_are_served(
         assert len(steady.results) == len(steady.sent) >= 8, steady.results
         assert max(r[2] for r in steady.results) > 0.2  # some were held through a restart
 
-        # Counted once: the responses the outer layer denied.
+        # Counted once: the responses the outer layer denied, which the exporter reports
+        # (tunnelspec_front_requests_dropped_twice_total).
         assert stat(tmp_path / "front" / front.FRONT_STATS_NAME, front.FRONT_RETRY_BACKEND)["dresp"] == "1"
+        exp = exporter()
+        text = exp.front_metrics({"front": {"socket": str(tmp_path / "front" / front.METRICS_SOCKET_NAME)}})
+        assert exp.SOURCES.dropped_twice(text, front.FRONT_RETRY_BACKEND) == 1
     finally:
         steady.stop.set()
         haproxy.stop()

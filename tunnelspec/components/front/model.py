@@ -124,7 +124,7 @@ def metrics_document(cluster) -> dict:
         "nodes": [n.name for n in cluster.rpc],
         "certificate": main.tls.cert_path if main.tls is not None else None,
         "llama_server": {"address": f"{LOOPBACK}:{main.front.internal_port}", "api_key": bool(main.api_key_file)},
-        "front": {"socket": METRICS_SOCKET},
+        "front": {"socket": METRICS_SOCKET, "retry_backend": FRONT_RETRY_BACKEND},
     }
 
 
