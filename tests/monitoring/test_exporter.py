@@ -162,6 +162,16 @@ def test_llama_server_metrics_with_the_key_from_systemd_and_no_secret_out(tmp_pa
         srv.shutdown()
 
 
+def test_requests_dropped_twice_are_the_outer_backends_denied_responses():
+    text = ('# TYPE haproxy_backend_responses_denied_total counter\n'
+            'haproxy_backend_responses_denied_total{proxy="retry_once"} 3\n'
+            'haproxy_backend_responses_denied_total{proxy="llama"} 7\n'
+            'haproxy_frontend_responses_denied_total{proxy="api"} 3\n')
+    assert EXP.SOURCES.dropped_twice(text, "retry_once") == 3
+    assert EXP.SOURCES.dropped_twice(text, "retry") is None  # a front from before the outer layer
+    assert EXP.SOURCES.dropped_twice(text, None) is None  # a configuration from before it
+
+
 def test_label_values_are_escaped():
     out = EXP.Out()
     out.add("tunnelspec_node_rpc_info", 1, node='a"b\\c\nd', version="1")

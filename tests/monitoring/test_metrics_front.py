@@ -21,8 +21,10 @@ from tunnelspec.components.front import model as front
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.templating import render_file
 from tunnelspec.core.errors import ClusterError
+from tunnelspec.cluster.front_vars import MetricsSettings
 from tunnelspec.cluster.model import Cluster
 from tunnelspec.inventory.loader import load_inventory
+from support import front as front_proc
 from support.localserver import free_port, spawn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,13 +122,8 @@ def test_the_front_serves_metrics_only_with_the_token(tmp_path):
     exporter = http.server.HTTPServer((LOOPBACK, 0), _Exporter)
     threading.Thread(target=exporter.serve_forever, daemon=True).start()
     port = free_port()
-    v = {"bind_host": LOOPBACK, "bind_port": port, "internal_port": free_port(), "loopback": LOOPBACK,
-         "hold_port": front.HOLD_PORT, "hold_retries": 8, "hold_seconds": 2, "stats_socket": str(tmp_path / "stats.sock"),
-         "backend": front.FRONT_BACKEND, "front_user": "nobody", "public_bind": True, "tls_pem": str(pem),
-         "metrics": True, "metrics_socket": str(tmp_path / "metrics.sock"),
-         "metrics_port": exporter.server_address[1], "metrics_token_file": str(token)}
-    cfg = tmp_path / "front.cfg"
-    cfg.write_text(render_file((ROOT / "templates" / "tunnelspec-front.cfg.j2").read_text(), v))
+    cfg = front_proc.render(tmp_path, free_port(), port, hold=2, tls_pem=str(pem),
+                            metrics=MetricsSettings(port=exporter.server_address[1], token_file=str(token)))
     assert "the-scrape-token" not in cfg.read_text()
     proc = spawn([front.HAPROXY, "-db", "-f", str(cfg)], tmp_path / "haproxy.log")
     try:
@@ -164,6 +161,9 @@ def test_the_front_serves_metrics_only_with_the_token(tmp_path):
         loader.exec_module(mod)
         text = mod.front_metrics({"front": {"socket": str(tmp_path / "metrics.sock")}})
         assert 'haproxy_backend_status{proxy="llama",state="UP"}' in text or "haproxy_backend_" in text
+        # The exporter's count of requests dropped twice, from the front's outer backend (none yet).
+        assert mod.SOURCES.dropped_twice(text, front.FRONT_RETRY_BACKEND) == 0
+        assert mod.SOURCES.dropped_twice(text, "no_such_backend") is None
     finally:
         proc.stop()
         exporter.shutdown()

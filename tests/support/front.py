@@ -1,5 +1,7 @@
 """A real HAProxy running tunnelspec's front configuration (templates/tunnelspec-front.cfg.j2) on
-127.0.0.1, in front of a llama-server on another loopback port: what main runs, without systemd."""
+127.0.0.1, in front of a llama-server on another loopback port: what main runs, without systemd. The
+configuration is rendered as the deploy renders it (components/front/model.py `front_vars`), with its
+sockets in the test's directory instead of the front's runtime directory."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+from tunnelspec.cluster.front_vars import FrontSettings, MetricsSettings
 from tunnelspec.components.front import model as front
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.templating import render_file
@@ -16,11 +20,16 @@ from support.localserver import LocalProcess, free_port, spawn
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def render(tmp_path: Path, internal: int, port: int, hold: int = 60, tls_pem: str = "") -> Path:
-    v = {"bind_host": LOOPBACK, "bind_port": port, "internal_port": internal, "loopback": LOOPBACK,
-         "hold_port": front.HOLD_PORT, "hold_retries": hold * front.HOLD_TRIES_PER_S,
-         "hold_seconds": hold, "stats_socket": str(tmp_path / "stats.sock"),
-         "backend": front.FRONT_BACKEND, "front_user": "nobody", "public_bind": bool(tls_pem), "tls_pem": tls_pem}
+def render(tmp_path: Path, internal: int, port: int, hold: int = 60, tls_pem: str = "",
+           metrics: MetricsSettings | None = None) -> Path:
+    """The configuration in tmp_path/front.cfg (its sockets next to it), checked with `haproxy -c`."""
+    # What front_vars reads of main's host section (cluster/host_sections.py MainHost).
+    main = SimpleNamespace(server_host=LOOPBACK, server_port=port, public_bind=bool(tls_pem),
+                           tls=SimpleNamespace(cert_path=tls_pem) if tls_pem else None,
+                           front=FrontSettings(internal_port=internal, hold_timeout=hold, rejoin_after=20,
+                                               user="nobody", metrics=metrics))
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    v = front.front_vars(main, run_dir=str(tmp_path))
     cfg = tmp_path / "front.cfg"
     cfg.write_text(render_file((ROOT / "templates" / "tunnelspec-front.cfg.j2").read_text(), v))
     check = subprocess.run([front.HAPROXY, "-c", "-q", "-f", str(cfg)], capture_output=True, text=True)
@@ -28,10 +37,11 @@ def render(tmp_path: Path, internal: int, port: int, hold: int = 60, tls_pem: st
     return cfg
 
 
-def start(tmp_path: Path, internal: int, hold: int = 60, tls_pem: str = "") -> tuple[LocalProcess, int]:
+def start(tmp_path: Path, internal: int, hold: int = 60, tls_pem: str = "",
+          metrics: MetricsSettings | None = None) -> tuple[LocalProcess, int]:
     """HAProxy in the foreground (-db), stopped by PID by the caller; returns it and its port."""
     port = free_port()
-    cfg = render(tmp_path, internal, port, hold, tls_pem)
+    cfg = render(tmp_path, internal, port, hold, tls_pem, metrics)
     proc = spawn([front.HAPROXY, "-db", "-f", str(cfg)], tmp_path / "haproxy.log")
     proc.port = port
     deadline = time.monotonic() + 20

@@ -52,6 +52,10 @@ METRICS = {
         "Returns to a kept generation: a failed deploy's automatic rollback, or `tunnelspec rollback` to another generation",
     ),
     "tunnelspec_last_rollback_timestamp_seconds": ("gauge", "Unix time of the last return to a kept generation"),
+    "tunnelspec_front_requests_dropped_twice_total": (
+        "counter",
+        "Requests llama-server dropped twice without answering (most likely crashing on them): answered 502 by the front, not sent again; since the front's last start or reload",
+    ),
     "tunnelspec_exporter_source_up": (
         "gauge",
         "1 when the exporter could read this source at this scrape (state, generation, systemd, llama_server, front, certificate)",
@@ -281,6 +285,20 @@ def front_metrics(cfg):
     return _http_get(connect, "front", "/metrics?scope=frontend&scope=backend&scope=server")
 
 
+def dropped_twice(text, backend):
+    """The front's 502 answers to requests llama-server dropped twice: the responses its outer backend
+    denied (templates/tunnelspec-front.cfg.j2, `retry_backend`). None for a front without that backend
+    (configured before it) or a configuration without its name."""
+    if not backend:
+        return None
+    # Concatenated, not an f-string: doubled braces would be a template's (this file is installed with one).
+    want = 'haproxy_backend_responses_denied_total{proxy="' + backend + '"} '
+    for line in text.splitlines():
+        if line.startswith(want):
+            return float(line[len(want) :])
+    return None
+
+
 def _only_samples(text, prefixes):
     """Another exporter's text, kept to the families named by `prefixes` (comments included)."""
     keep = []
@@ -333,8 +351,12 @@ def scrape(cfg, now=None):
             up["llama_server"] = False
     if cfg.get("front"):
         try:
-            extra.append(_only_samples(front_metrics(cfg), ("haproxy_",)))
+            front = front_metrics(cfg)
+            extra.append(_only_samples(front, ("haproxy_",)))
             up["front"] = True
+            dropped = dropped_twice(front, cfg["front"].get("retry_backend"))
+            if dropped is not None:
+                out.add("tunnelspec_front_requests_dropped_twice_total", dropped)
         except (OSError, ValueError):
             up["front"] = False
     for source in SOURCES:

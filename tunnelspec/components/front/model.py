@@ -9,7 +9,10 @@
   to `hold`, whose connection fails at once; HAProxy waits its turn-around (timeout connect, 250 ms)
   and redispatches: the request waits up to `hold_timeout` seconds and goes to llama-server
   as soon as its health check passes. A request that got no response at all (llama-server aborted
-  under it) is retried the same way (`retry-on empty-response`); one cut mid-response cannot be.
+  under it) is sent once more, through the hold; dropped again it is answered 502 (a request that
+  crashes llama-server must not restart it until the hold ends). That count is apart from the hold's
+  because the front is two layers in one HAProxy: the outer one retries a drop once, over a 0600
+  unix socket to the inner one, which holds. One cut mid-response cannot be retried.
 - **Modes**: the launcher (`tunnelspec-draftwatch launch`, llama-server's ExecStart) starts
   llama-server with the draft ("speculative") when the draft node answers the RPC HELLO through its
   tunnel, else with the target alone ("degraded"); the watcher (`tunnelspec-draftwatch.service`)
@@ -31,8 +34,15 @@ from tunnelspec.llama import memory_fit
 FRONT_UNIT = "tunnelspec-front.service"
 FRONT_CONFIG = f"{ETC_DIR}/front.cfg"
 FRONT_RUN_DIR = writable.FRONT_RUN.path  # the front user's (core/writable.py)
-FRONT_STATS = f"{FRONT_RUN_DIR}/stats.sock"
-FRONT_BACKEND = "llama"
+FRONT_STATS_NAME = "stats.sock"
+FRONT_STATS = f"{FRONT_RUN_DIR}/{FRONT_STATS_NAME}"
+FRONT_BACKEND = "llama"  # the inner layer's backend: the hold, the health check, llama-server
+# The outer layer (docs/degraded.md, "A request that crashes llama-server"): the API's backend, which
+# sends a request llama-server dropped once more, and answers 502 (counted as its denied responses)
+# when it is dropped again; it reaches the inner layer's frontend on a 0600 unix socket.
+FRONT_RETRY_BACKEND = "retry_once"
+FRONT_INNER_FRONTEND = "inner"
+FRONT_INNER_SOCKET_NAME = "inner.sock"
 # The `hold` backup server: a privileged port (only root could listen there) on loopback, where
 # nothing listens. Deploy refuses a host where something does (components/front/checks.py).
 HOLD_PORT = 1
@@ -44,7 +54,8 @@ HAPROXY = "/usr/sbin/haproxy"
 # front's own exporter on a unix socket in the front's runtime directory.
 METRICS_UNIT = "tunnelspec-metrics.service"
 METRICS_CONFIG = f"{ETC_DIR}/metrics.json"
-METRICS_SOCKET = f"{FRONT_RUN_DIR}/metrics.sock"
+METRICS_SOCKET_NAME = "metrics.sock"
+METRICS_SOCKET = f"{FRONT_RUN_DIR}/{METRICS_SOCKET_NAME}"
 WATCH_HELLO = "/run/tunnelspec-draftwatch/hello.json"  # the watcher's last HELLO of the draft node
 
 WATCH_UNIT = "tunnelspec-draftwatch.service"
@@ -68,8 +79,9 @@ SPLIT_WAIT = 5
 START_GRACE = 10
 
 
-def front_vars(main) -> dict:
-    """The front's template variables (templates/tunnelspec-front.cfg.j2)."""
+def front_vars(main, run_dir: str = FRONT_RUN_DIR) -> dict:
+    """The front's template variables (templates/tunnelspec-front.cfg.j2). `run_dir`: the front's
+    runtime directory, where its sockets are (another one only for a front started by a test)."""
     f = main.front
     return {
         "bind_host": main.server_host,
@@ -79,16 +91,19 @@ def front_vars(main) -> dict:
         "hold_port": HOLD_PORT,
         "hold_retries": f.hold_timeout * HOLD_TRIES_PER_S,
         "hold_seconds": f.hold_timeout,
-        "stats_socket": FRONT_STATS,
+        "stats_socket": f"{run_dir}/{FRONT_STATS_NAME}",
         "backend": FRONT_BACKEND,
+        "retry_backend": FRONT_RETRY_BACKEND,
+        "inner_frontend": FRONT_INNER_FRONTEND,
+        "inner_socket": f"{run_dir}/{FRONT_INNER_SOCKET_NAME}",
         "front_user": f.user,
         "public_bind": main.public_bind,
         "tls_pem": main.tls.cert_path if main.tls is not None else "",
-        "run_dir": FRONT_RUN_DIR,
+        "run_dir": run_dir,
         "config": FRONT_CONFIG,
         "haproxy": HAPROXY,
         "metrics": f.metrics is not None,
-        "metrics_socket": METRICS_SOCKET,
+        "metrics_socket": f"{run_dir}/{METRICS_SOCKET_NAME}",
         "metrics_port": f.metrics.port if f.metrics else 0,
         "metrics_token_file": (f.metrics.token_file or "") if f.metrics else "",
     }
@@ -109,7 +124,7 @@ def metrics_document(cluster) -> dict:
         "nodes": [n.name for n in cluster.rpc],
         "certificate": main.tls.cert_path if main.tls is not None else None,
         "llama_server": {"address": f"{LOOPBACK}:{main.front.internal_port}", "api_key": bool(main.api_key_file)},
-        "front": {"socket": METRICS_SOCKET},
+        "front": {"socket": METRICS_SOCKET, "retry_backend": FRONT_RETRY_BACKEND},
     }
 
 
