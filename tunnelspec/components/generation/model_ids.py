@@ -41,12 +41,11 @@ def entry(proof: dict, src: str = "", path: str = "") -> dict | None:
     header = proof.get("header_sha256")
     if not isinstance(header, str) or not SHA256.fullmatch(header):
         return None
-    sha = proof.get("sha256")
     return {
         "size": ident[0],
         "mtime_ns": ident[1],
         "header_sha256": header,
-        "sha256": sha if isinstance(sha, str) and SHA256.fullmatch(sha) else None,
+        "sha256": _sha256_or_none(proof.get("sha256")),
         "src": src,
         "placed": placed_by(src, path or str(proof.get("path") or "")),
     }
@@ -66,6 +65,10 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _sha256_or_none(x) -> str | None:
+    return x if isinstance(x, str) and SHA256.fullmatch(x) else None
+
+
 def recorded(record: dict) -> dict[str, dict]:
     """The record's well-formed entries (a record is data: an entry of another shape is not compared,
     as if the generation predated them)."""
@@ -80,12 +83,11 @@ def recorded(record: dict) -> dict[str, dict]:
             continue
         if not (isinstance(e.get("header_sha256"), str) and SHA256.fullmatch(e["header_sha256"])):
             continue
-        sha = e.get("sha256")
         out[path] = {
             "size": e["size"],
             "mtime_ns": e["mtime_ns"],
             "header_sha256": e["header_sha256"],
-            "sha256": sha if isinstance(sha, str) and SHA256.fullmatch(sha) else None,
+            "sha256": _sha256_or_none(e.get("sha256")),
             "src": e.get("src") if isinstance(e.get("src"), str) else "",
             "placed": e.get("placed") if e.get("placed") in (HUB, UPLOAD) else IN_PLACE,
         }

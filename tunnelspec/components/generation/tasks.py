@@ -30,7 +30,7 @@ from tunnelspec.components.generation.live import (
     recordable,
     stamped_build_number,
 )
-from tunnelspec.components.models.files import PROOFS, parse_proofs, parts_of, proof_argv
+from tunnelspec.components.models.files import PROOFS, parts_of, read_proofs
 from tunnelspec.components.generation.store import (
     PRUNE_SCRIPT,
     RECORDS_ARGV,
@@ -237,13 +237,10 @@ class GenerationPick(Task):
         want = model_ids.recorded(record)
         if not want:
             return ""
-        res = await ctx.conn.probe(proof_argv("check", sorted(want), self.p["cache"]), timeout=300)
-        proofs = parse_proofs(res.stdout)
-        if res.rc != 0 or not set(want) <= set(proofs):
-            raise TaskFailed(
-                f"cannot read the models of generation {record.get('n')} on {ctx.host} with python3 "
-                f"(rc={res.rc}): {(res.stderr or res.stdout).strip()[-400:]} (nothing was changed)"
-            )
+        try:
+            proofs = await read_proofs(ctx.conn, ctx.host, sorted(want), self.p["cache"])
+        except TaskFailed as e:
+            raise TaskFailed(f"the models of generation {record.get('n')}: {e} (nothing was changed)") from None
         refusal, warnings = model_ids.verdict(record, proofs, ctx.host)
         if refusal:
             raise TaskFailed(refusal)
