@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from support import front as front_proc
+from tunnelspec.components.front import model as front
 from tunnelspec.core.constants import LOOPBACK
 from support.localserver import free_port, spawn, start_rpc_server, wait_health
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
@@ -202,7 +203,7 @@ def test_front_holds_requests_while_llama_server_is_down_and_loading(llama_bin, 
         wait_health(internal, 60, server)
         status, body = _post(port)
         assert status == 200 and body.get("content") is not None
-        assert dw.front_busy({"front": {"stats": str(tmp_path / "stats.sock"), "backend": "llama"}}) is False
+        assert dw.front_busy({"front": {"stats": str(tmp_path / "stats.sock"), "backend": front.FRONT_RETRY_BACKEND}}) is False
         # llama-server goes away (a switch, a crash): a request sent now is held, not refused ...
         server.stop()
         result = {}
@@ -211,7 +212,7 @@ def test_front_holds_requests_while_llama_server_is_down_and_loading(llama_bin, 
         # ... the front shows it waiting (what the watcher reads before switching back) ...
         busy = None
         for _ in range(100):
-            busy = dw.front_busy({"front": {"stats": str(tmp_path / "stats.sock"), "backend": "llama"}})
+            busy = dw.front_busy({"front": {"stats": str(tmp_path / "stats.sock"), "backend": front.FRONT_RETRY_BACKEND}})
             if busy:
                 break
             time.sleep(0.05)

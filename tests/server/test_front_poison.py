@@ -1,10 +1,11 @@
 """The front (the real HAProxy with the front's configuration, rendered as the deploy renders it:
 tests/support/front.py) in front of a stand-in llama-server that "crashes" on a marked request
-(tests/support/crashing_llama.py: the connection reset unanswered, nothing listening for a second,
-as an abort and systemd's restart do). A request dropped twice is answered 502 and counted, not sent
-again; a request dropped once is answered after the restart; requests refused during a restart are
-held; another client asking all along gets every answer (docs/degraded.md, "A request that crashes
-llama-server"). No llama.cpp: the proof with a real llama-server is the lab's."""
+(tests/support/crashing_llama.py: every request it was working on reset unanswered, nothing
+listening for a second, as an abort and systemd's restart do). A request dropped twice is answered
+502 and counted, not sent again; a request dropped once is answered after the restart — also one
+that was in flight at the crash beside the crashing request, and one held through the restart and
+released together with the crashing request's second try; another client asking all along gets
+every answer (docs/degraded.md, "A request that crashes llama-server"). No llama.cpp: the proof with a real llama-server is the lab's."""
 
 from __future__ import annotations
 
@@ -93,6 +94,23 @@ def stat(sock: Path, backend: str) -> dict:
     return next(r for r in rows if r["pxname"] == backend and r["svname"] == "BACKEND")
 
 
+class Burst:
+    """Completions sent at once, each in its own thread."""
+
+    def __init__(self, port: int, prompts: list[str]):
+        self.results: dict[str, tuple[int, str, float]] = {}
+        self.threads = [threading.Thread(target=lambda p=p: self.results.update({p: post(port, p)}), daemon=True)
+                        for p in prompts]
+        for t in self.threads:
+            t.start()
+
+    def finish(self) -> dict[str, int]:
+        for t in self.threads:
+            t.join(35)  # each request's own timeout bounds it
+        assert not any(t.is_alive() for t in self.threads)
+        return {p: r[0] for p, r in self.results.items()}
+
+
 class Steady:
     """Another client: a completion every 0.3 s, each in its own thread (a request held through a
     restart does not delay the next one), until stopped (at most 300)."""
@@ -133,12 +151,19 @@ def test_a_request_dropped_twice_is_answered_502_once_and_the_others_are_served(
         steady.thread.start()
         wait_for(lambda: steady.answered() >= 2, "the steady client got no answers")
 
+        # Long completions in flight when the poison arrives: the crash drops them too (a dead process
+        # answers no one). Each is sent once more, and answered.
+        in_flight = Burst(port, [f"SLOW innocent {i}" for i in range(4)])
+        wait_for(lambda: counts(internal)["in_flight"] >= 4, "the long completions never reached the stand-in")
+
         # The poison: dropped, held through the restart, dropped again → 502, after two attempts.
         poison: dict = {}
         t = threading.Thread(target=lambda: poison.update(result=post(port, "POISON please")), daemon=True)
         t.start()
         wait_for(lambda: "down" in stand_in.log(), "the stand-in never went down on the marked request")
-        # Sent while nothing listens (llama-server restarting): held, not refused, then answered.
+        # Sent while nothing listens (llama-server restarting): held, not refused, then answered —
+        # released when it is back, together with the poison's second try and the first drops' retries.
+        held = Burst(port, [f"held innocent {i}" for i in range(4)])
         status, body, waited = post(port, "sent during the restart")
         assert status == 200 and "answer" in body, (status, body)
         assert waited > 0.2, waited  # it waited for the restart
@@ -147,9 +172,18 @@ def test_a_request_dropped_twice_is_answered_502_once_and_the_others_are_served(
         status, body, _ = poison["result"]
         assert status == 502 and BODY_OF_502 in json.loads(body)["error"]["message"], (status, body)
         assert counts(internal)["POISON"] == 2
+        # Every innocent request was answered: only the poison was sent to two crashes.
+        assert in_flight.finish() == {f"SLOW innocent {i}": 200 for i in range(4)}, in_flight.results
+        assert held.finish() == {f"held innocent {i}": 200 for i in range(4)}, held.results
+        assert stand_in.log().count("(crashed under it)") >= 4, stand_in.log()  # they were dropped
         # The front's journal names the client of each such 502 (a `PH` line of the outer layer).
-        assert any(f"{front.FRONT_RETRY_BACKEND}/inner" in line and " 502 " in line and " PH--" in line
+        assert any(f"{front.FRONT_RETRY_BACKEND}/again" in line and " 502 " in line and " PH--" in line
                    for line in haproxy.log().splitlines()), haproxy.log()[-3000:]
+
+        # The steady client's requests of those crashes answered too, before the next crash: a second
+        # try still waiting its turn at another crash would be dropped twice (docs/degraded.md).
+        pending = list(steady.sent)
+        wait_for(lambda: not any(t.is_alive() for t in pending), "the steady client's second tries never ended", 35)
 
         # Dropped once (a crash caused by something else, a lost node): answered by the next one.
         status, body, _ = post(port, "DROP-ONCE")
@@ -177,15 +211,17 @@ def test_a_request_dropped_twice_is_answered_502_once_and_the_others_are_served(
 
 
 def test_the_inner_socket_is_the_front_users_alone(tmp_path):
-    """The inner layer's socket reaches llama-server past the loopback isolation: 0600, never abstract."""
+    """The inner layer's sockets reach llama-server past the loopback isolation: 0600, never abstract."""
     cfg = front_proc.render(tmp_path, free_port(), free_port(), hold=2).read_text()
-    inner = tmp_path / front.FRONT_INNER_SOCKET_NAME
+    inner, again = tmp_path / front.FRONT_INNER_SOCKET_NAME, tmp_path / front.FRONT_AGAIN_SOCKET_NAME
     assert f"bind unix@{inner} mode 600" in cfg and f"server inner unix@{inner}" in cfg
+    assert f"bind unix@{again} mode 600 maxconn 1" in cfg and f"server again unix@{again}" in cfg
     assert "abns@" not in cfg
     haproxy, _ = front_proc.start(tmp_path / "run", free_port(), hold=2)
     try:
-        sock = tmp_path / "run" / front.FRONT_INNER_SOCKET_NAME
-        wait_for(sock.exists, "no inner socket")
-        assert sock.stat().st_mode & 0o777 == 0o600
+        for name in (front.FRONT_INNER_SOCKET_NAME, front.FRONT_AGAIN_SOCKET_NAME):
+            sock = tmp_path / "run" / name
+            wait_for(sock.exists, f"no {name}")
+            assert sock.stat().st_mode & 0o777 == 0o600, name
     finally:
         haproxy.stop()

@@ -1,14 +1,17 @@
 """A stand-in for llama-server behind the front (tests/server/test_front_poison.py), run as its own
 process: `python crashing_llama.py PORT LIFETIME_S`. Plain HTTP on 127.0.0.1:PORT:
 
-- `GET /health` → 200; `GET /counts` → how many requests carrying each marker reached it (JSON);
-- `POST /completion` → 200 with a JSON body, except when the body holds a marker:
-  `POISON` — every time: the connection is reset without a byte answered and the listener closed for
-  `RESTART_S` (refused connections meanwhile), as llama-server aborting on a request and systemd
-  starting it again do; `DROP-ONCE` — the same, the first time only.
+- `GET /health` → 200; `GET /counts` → how many requests carrying each marker reached it, and how
+  many completions are in flight now (`in_flight`) (JSON);
+- `POST /completion` → 200 with a JSON body after `WORK_S` (a generation takes time: several are in
+  flight at once; `SLOW` in the body: `SLOW_S`), except when the body holds a marker: `POISON` — every time: a "crash", as
+  llama-server aborting on a request and systemd starting it again do: **every** connection accepted
+  and not yet answered is reset without a byte answered (the marked one and all the others: a dead
+  process answers none of them), and the listener is closed for `RESTART_S` (refused connections
+  meanwhile; those waiting in its backlog are reset too); `DROP-ONCE` — the same, the first time only.
 
-Each connection gets its own thread, so a request accepted before a "crash" is still answered: only
-the marked one is dropped. It exits by itself after LIFETIME_S (the test also stops it by PID).
+Each connection gets its own thread; a crash starts a new generation, and a request of an older
+one is reset the moment it crashed. It exits by itself after LIFETIME_S (the test also stops it by PID).
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import time
 
 LOOPBACK = "127.0.0.1"
 RESTART_S = 1.0
+WORK_S = (0.3, 0.5)  # a completion's time, by its number: 0.3, 0.4, 0.5, 0.3, …
+SLOW_S = 1.5  # a long generation's: surely still in flight when the test sends the next request
 MARKERS = ("POISON", "DROP-ONCE")
 
 
@@ -48,14 +53,27 @@ def answer(c: socket.socket, status: str, body: dict) -> None:
               "Connection: close\r\n\r\n".encode() + raw)
 
 
+def reset(c: socket.socket) -> None:
+    """Closed with a reset, as the kernel does to a dead process's connections (close() follows)."""
+    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
 class StandIn:
     def __init__(self, port: int):
         self.port = port
-        self.counts = {m: 0 for m in MARKERS} | {"normal": 0}
+        self.counts = {m: 0 for m in MARKERS} | {"normal": 0, "in_flight": 0}
         self.lock = threading.Lock()
         self.crash = threading.Event()
+        # Set at a crash, then replaced: each connection holds the one of its generation.
+        self.crashed = threading.Event()
 
-    def handle(self, c: socket.socket) -> None:
+    def do_crash(self) -> None:
+        with self.lock:
+            self.crashed.set()
+            self.crashed = threading.Event()
+        self.crash.set()
+
+    def handle(self, c: socket.socket, crashed: threading.Event) -> None:
         with c:
             c.settimeout(10)
             try:
@@ -63,6 +81,9 @@ class StandIn:
             except OSError:
                 return
             if req is None:
+                return
+            if crashed.is_set():  # its process died before it was read
+                reset(c)
                 return
             if req.startswith(b"GET /health"):
                 answer(c, "200 OK", {"status": "ok"})
@@ -77,8 +98,21 @@ class StandIn:
                 n = self.counts[marker or "normal"]
             if marker == "POISON" or (marker == "DROP-ONCE" and n == 1):
                 print(f"dropping {marker} #{n}", flush=True)
-                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.crash.set()
+                reset(c)
+                self.do_crash()
+                return
+            # The generation's time; a crash meanwhile resets this request too, unanswered.
+            work = SLOW_S if b"SLOW" in req else WORK_S[0] + (n % 3) * (WORK_S[1] - WORK_S[0]) / 2
+            with self.lock:
+                self.counts["in_flight"] += 1
+            try:
+                crashed_under_it = crashed.wait(work)
+            finally:
+                with self.lock:
+                    self.counts["in_flight"] -= 1
+            if crashed_under_it:
+                print(f"dropping {marker or 'normal'} #{n} (crashed under it)", flush=True)
+                reset(c)
                 return
             answer(c, "200 OK", {"content": f"answer {n}", "marker": marker})
 
@@ -106,7 +140,13 @@ class StandIn:
                 c, _ = srv.accept()
             except socket.timeout:
                 continue
-            threading.Thread(target=self.handle, args=(c,), daemon=True).start()
+            with self.lock:
+                crashed = self.crashed
+            if self.crash.is_set():  # accepted after the crash, before the listener closed: dead too
+                reset(c)
+                c.close()
+                continue
+            threading.Thread(target=self.handle, args=(c, crashed), daemon=True).start()
         srv.close()
 
 

@@ -11,8 +11,8 @@
   as soon as its health check passes. A request that got no response at all (llama-server aborted
   under it) is sent once more, through the hold; dropped again it is answered 502 (a request that
   crashes llama-server must not restart it until the hold ends). That count is apart from the hold's
-  because the front is two layers in one HAProxy: the outer one retries a drop once, over a 0600
-  unix socket to the inner one, which holds. One cut mid-response cannot be retried.
+  because the front is two layers in one HAProxy: the outer one retries a drop once, over 0600 unix
+  sockets to the inner one, which holds (second tries one at a time). One cut mid-response cannot be retried.
 - **Modes**: the launcher (`tunnelspec-draftwatch launch`, llama-server's ExecStart) starts
   llama-server with the draft ("speculative") when the draft node answers the RPC HELLO through its
   tunnel, else with the target alone ("degraded"); the watcher (`tunnelspec-draftwatch.service`)
@@ -43,6 +43,11 @@ FRONT_BACKEND = "llama"  # the inner layer's backend: the hold, the health check
 FRONT_RETRY_BACKEND = "retry_once"
 FRONT_INNER_FRONTEND = "inner"
 FRONT_INNER_SOCKET_NAME = "inner.sock"
+# A dropped request's second try takes another way in: its own 0600 socket, which accepts one
+# connection at a time, so at the next crash only the request that crashes llama-server has been
+# dropped twice (the others in flight with it are first tries).
+FRONT_AGAIN_FRONTEND = "inner_again"
+FRONT_AGAIN_SOCKET_NAME = "again.sock"
 # The `hold` backup server: a privileged port (only root could listen there) on loopback, where
 # nothing listens. Deploy refuses a host where something does (components/front/checks.py).
 HOLD_PORT = 1
@@ -96,6 +101,8 @@ def front_vars(main, run_dir: str = FRONT_RUN_DIR) -> dict:
         "retry_backend": FRONT_RETRY_BACKEND,
         "inner_frontend": FRONT_INNER_FRONTEND,
         "inner_socket": f"{run_dir}/{FRONT_INNER_SOCKET_NAME}",
+        "again_frontend": FRONT_AGAIN_FRONTEND,
+        "again_socket": f"{run_dir}/{FRONT_AGAIN_SOCKET_NAME}",
         "front_user": f.user,
         "public_bind": main.public_bind,
         "tls_pem": main.tls.cert_path if main.tls is not None else "",
@@ -197,7 +204,9 @@ def modes_document(
         },
         "rejoin_after": cluster.main.front.rejoin_after,
         "grace": START_GRACE,
-        "front": {"stats": FRONT_STATS, "backend": FRONT_BACKEND},
+        # The outer backend: every request passes there, first try and second (the watcher restarts
+        # llama-server only when none is in flight or waiting).
+        "front": {"stats": FRONT_STATS, "backend": FRONT_RETRY_BACKEND},
         **(
             {
                 "without": {
