@@ -18,8 +18,9 @@ def pytest_collection_modifyitems(config, items):
     """The upstream-builds matrix (tests/deploy/test_builds.py) last, in its own order: it leaves
     other trees' builds on the lab's hosts, and its first step reuses the default tree's build.
     `extended` modules are skipped unless TUNNELSPEC_EXTENDED=1: on a cold machine (no images, no
-    ccache) they add ≈ 25 of the default run's minutes (docs/ci.md, "The extended run")."""
-    if os.environ.get("TUNNELSPEC_EXTENDED") != "1":
+    ccache) they add ≈ 25 of the default run's minutes (docs/ci.md, "The extended run"). A run that
+    names its tests (`-k EXPR`, or a module or node id as an argument) runs the extended ones it names."""
+    if os.environ.get("TUNNELSPEC_EXTENDED") != "1" and not _names_its_tests(config):
         skip = pytest.mark.skip(reason="extended lab module: TUNNELSPEC_EXTENDED=1 (scripts/test-extended.sh) runs it")
         for i in items:
             if i.get_closest_marker("extended"):
@@ -29,6 +30,13 @@ def pytest_collection_modifyitems(config, items):
     last = [i for i in items if i.get_closest_marker("upstream_builds")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("upstream_builds")] + last
+
+
+def _names_its_tests(config) -> bool:
+    """`-k` given, or an argument that is a test module or a node id (not a directory)."""
+    if config.getoption("keyword", ""):
+        return True
+    return any("::" in a or a.split("::")[0].endswith(".py") for a in config.args)
 
 
 # --- test tiers -------------------------------------------------------------------------------

@@ -32,6 +32,9 @@ EXPECT = {
     # No draft: no --spec-* at all; main's CPU share CPU=2 of 6 over N_LAYER + 1 = 81 slots keeps 27.
     "seed003-layers-on-two-nodes.ini": {"-dev": "RPC0,RPC1", "-ts": "1,3", "-sm": "layer", "-ngl": "54",
                                         "--spec-type": None, "--spec-draft-device": None},
+    # Three endpoints: main's CPU=1 of 4 keeps 20 of 81 slots.
+    "seed003-layers-on-three-nodes.ini": {"-dev": "RPC0,RPC1,RPC2", "-ts": "1,1,1", "-sm": "layer", "-ngl": "61",
+                                          "--spec-type": None, "--spec-draft-device": None},
 }
 N_LAYER = 80  # the block count the composed argv assumes (a 70B-class model)
 
