@@ -9,7 +9,7 @@ import time
 
 SCRIPT_PATH = "/var/tmp/tunnelspec-test-client.py"
 SCRIPT = r'''
-import json, sys, threading, time, urllib.error, urllib.request
+import json, os, sys, threading, time, urllib.error, urllib.request
 port, interval, count, out = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 lock = threading.Lock()
 def one(i, sent):
@@ -34,6 +34,8 @@ start = time.time()
 threads = []
 for i in range(count):
     time.sleep(max(0.0, start + i * interval - time.time()))
+    if os.path.exists(out + ".stop"):  # Client.finish: no new request; the ones in flight end as usual
+        break
     t = threading.Thread(target=one, args=(i, time.time()))
     t.start()
     threads.append(t)
@@ -54,7 +56,7 @@ class Client:
         self.lab, self.unit, self.out = lab, f"tunnelspec-test-client-{name}", f"/var/tmp/{name}.jsonl"
         # A client left running by an interrupted run would keep writing the same file.
         self.stop()
-        _sh(lab, "main", "rm", "-f", self.out)
+        _sh(lab, "main", "rm", "-f", self.out, self.out + ".stop")
         lab.exec("main", ["sh", "-c", f"cat > {SCRIPT_PATH}"], input=SCRIPT, timeout=30)
         count = int(seconds / interval) + 1
         r = lab.exec("main", ["systemd-run", "--unit", self.unit, "--collect", "--quiet", "/usr/bin/python3",
@@ -74,6 +76,11 @@ class Client:
     def records(self) -> list[dict]:
         out = _sh(self.lab, "main", "sh", "-c", f"cat {self.out} 2>/dev/null || :")
         return sorted((json.loads(l) for l in out.splitlines() if l.startswith("{")), key=lambda r: r["i"])
+
+    def finish(self, timeout: float = 480) -> list[dict]:
+        """No new request from now on; wait for the ones in flight; every record."""
+        _sh(self.lab, "main", "touch", self.out + ".stop")
+        return self.wait_done(timeout)
 
     def wait_done(self, timeout: float = 480) -> list[dict]:
         deadline = time.monotonic() + timeout
