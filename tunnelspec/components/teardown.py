@@ -29,21 +29,32 @@ class UnitsAbsent(Task):
         ),
     }
 
+    def _argvs(self) -> tuple[list[str], list[str], list[str]]:
+        """What the check reads (read-only): unit files, loaded units, enablement links."""
+        pat = self.p["pattern"]
+        return (
+            ["find", UNIT_DIR, "-maxdepth", "1", "-name", pat, "-printf", "%f\n"],
+            ["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager", pat],
+            ["find", UNIT_DIR, "-mindepth", "2", "-maxdepth", "2", "-path", "*.wants/*", "-name", pat],
+        )
+
+    def probes(self) -> list[list[str]]:
+        return list(self._argvs())
+
     async def _found(self, ctx) -> tuple[list[str], list[str]]:
         """(units, leftover links): unit files and loaded units matching, and enablement symlinks
         (`*.wants/…`) a half-finished earlier removal may have left behind."""
         pat = self.p["pattern"]
-        files = await ctx.conn.run(["find", UNIT_DIR, "-maxdepth", "1", "-name", pat, "-printf", "%f\n"])
-        loaded = await ctx.conn.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager", pat])
+        files_argv, loaded_argv, links_argv = self._argvs()
+        files = await ctx.conn.probe(files_argv)
+        loaded = await ctx.conn.probe(loaded_argv)
         names = set(files.stdout.split())
         for line in loaded.stdout.splitlines():
             parts = [p for p in line.split() if p != "\u25cf"]  # a failed unit is prefixed with a bullet
             # A unit whose file is gone but that is still running or failed also counts.
             if len(parts) > 2 and fnmatch.fnmatch(parts[0], pat) and parts[2] != "inactive":
                 names.add(parts[0])
-        links = await ctx.conn.run(
-            ["find", UNIT_DIR, "-mindepth", "2", "-maxdepth", "2", "-path", "*.wants/*", "-name", pat]
-        )
+        links = await ctx.conn.probe(links_argv)
         return sorted(names, key=lambda u: (_rank(u), u)), sorted(links.stdout.split())
 
     async def check(self, ctx):
@@ -63,6 +74,20 @@ class UnitsAbsent(Task):
             await ctx.conn.run(["systemctl", "reset-failed", unit])
 
 
+# $1: how many of the paths after it are removed whole; the rest are pruned only when empty.
+_STATE = r"""
+n=$1; shift; i=0
+for p do
+  i=$((i + 1))
+  if [ "$i" -le "$n" ]; then
+    if [ -e "$p" ] || [ -L "$p" ]; then echo present; else echo absent; fi
+  elif [ -d "$p" ] && [ -z "$(ls -A -- "$p")" ]; then echo empty
+  else echo kept
+  fi
+done
+"""
+
+
 @register_task
 class PathsAbsent(Task):
     """`paths` removed recursively; `prune` directories removed only when empty (they may hold
@@ -74,19 +99,25 @@ class PathsAbsent(Task):
         "prune": Arg(list, default=[], help="Directories removed only when empty."),
     }
 
+    def _state_argv(self) -> list[str]:
+        """One read of every path: a word per path, in order (`present`/`absent` for `paths`, then
+        `empty`/`kept` for `prune`); shell builtins but for an existing prune directory's `ls`."""
+        paths, prune = [str(p) for p in self.p["paths"]], [str(p) for p in self.p["prune"]]
+        return ["sh", "-c", _STATE, "sh", str(len(paths)), *paths, *prune]
+
+    def probes(self) -> list[list[str]]:
+        return [self._state_argv()]
+
     async def _present(self, ctx) -> tuple[list[str], list[str]]:
         for p in [*self.p["paths"], *self.p["prune"]]:
             if not str(p).startswith("/") or str(p).rstrip("/") in ("", "/etc", "/var", "/usr", "/opt", "/var/lib"):
                 raise TaskFailed(f"refusing to remove {p!r}")
-        present = []
-        for p in self.p["paths"]:
-            if (await ctx.conn.run(["test", "-e", p])).rc == 0 or (await ctx.conn.run(["test", "-L", p])).rc == 0:
-                present.append(p)
-        empty = []
-        for p in self.p["prune"]:
-            res = await ctx.conn.run(["sh", "-c", '[ -d "$1" ] && [ -z "$(ls -A -- "$1")" ]', "sh", p])
-            if res.rc == 0:
-                empty.append(p)
+        paths, prune = list(self.p["paths"]), list(self.p["prune"])
+        words = (await ctx.conn.probe(self._state_argv(), check=True)).stdout.split("\n")[:-1]
+        if len(words) != len(paths) + len(prune) or not set(words) <= {"present", "absent", "empty", "kept"}:
+            raise TaskFailed(f"unexpected answer about {', '.join(map(str, paths + prune))}: {words!r}")
+        present = [p for p, w in zip(paths, words, strict=False) if w == "present"]
+        empty = [p for p, w in zip(prune, words[len(paths) :], strict=True) if w == "empty"]
         return present, empty
 
     async def check(self, ctx):
@@ -123,7 +154,7 @@ class PortsClosed(Task):
     }
 
     async def check(self, ctx):
-        res = await ctx.conn.run(["ss", "-Hltn"], check=True)
+        res = await ctx.conn.probe(["ss", "-Hltn"], check=True)  # read-only: never from a batch
         listening = listening_ports(res.stdout)
         ports = sorted({int(p) for p in self.p["ports"]})
         still = {p: listening[p] for p in ports if p in listening}

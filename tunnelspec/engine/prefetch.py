@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tunnelspec.core.templating import render_value
+from tunnelspec.core.templating import evaluate, render_value
 from tunnelspec.engine.playbook import Play
 from tunnelspec.modules import TASKS, Task
 
@@ -27,7 +27,9 @@ class Prefetch:
 
     def _task_probes(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
         """The read-only commands task j's check names (`Task.probes()`); None when its args cannot be
-        rendered yet (they use a fact an earlier task registers). `variables`: filled on first need."""
+        rendered yet (they use a fact an earlier task registers). None of them for a task whose `when`
+        is already false (an rpc node's turn of a main-only task): it is skipped. `variables`: filled
+        on first need."""
         spec = play.tasks[j]
         cls = TASKS.get(spec.module)
         if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
@@ -35,9 +37,24 @@ class Prefetch:
         try:
             if "v" not in variables:
                 variables["v"] = self.template_vars(host, play)
+            if self._skipped(spec, variables["v"]):
+                return []
             return cls(cls.validate(render_value(spec.args, variables["v"]))).probes()
         except Exception:  # noqa: BLE001 - reported by the task itself when it runs
             return None
+
+    @staticmethod
+    def _skipped(spec: TaskSpec, variables: dict) -> bool:
+        """A `when` that is false now. One that cannot be evaluated yet (a fact registered later in
+        the play) is not: its probes are named. Either way only the batch is concerned: a check whose
+        probe was left out, or whose `when` turned true since, runs its command itself."""
+        for cond in spec.when:
+            try:
+                if not evaluate(cond, variables):
+                    return True
+            except Exception:  # noqa: BLE001 - the task reports it when it runs
+                return False
+        return False
 
     async def _prefetch_rest(self, play: Play, i: int, host: str, conn, named: list) -> None:
         """While nothing has changed on the host in this play, a check whose probes the play's first

@@ -9,6 +9,7 @@ import posixpath
 from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import build_plan as bp
+from tunnelspec.components.models import proof_cache
 from tunnelspec.components.models.files import PROOFS, parse_proofs, parts_of, proof_argv
 
 
@@ -91,13 +92,28 @@ async def running_exe(conn, unit: str) -> str:
     return (await conn.probe(["sh", "-c", _RUNNING, "sh", unit])).stdout.strip()
 
 
+def model_parts(paths: list[str]) -> list[str]:
+    """Every file of the models at `paths` (each part of a split one), sorted; '' entries left out."""
+    return sorted({part for p in paths if p for part in parts_of(p)})
+
+
+def model_proofs_probe(paths: list[str], cache: str = PROOFS) -> list[list[str]]:
+    """What `model_proofs(conn, paths, cache)` reads first, for a task's probes."""
+    parts = model_parts(paths)
+    return [proof_cache.stat_argv(parts, cache)] if parts else []
+
+
 async def model_proofs(conn, paths: list[str], cache: str = PROOFS) -> dict[str, dict]:
     """{path: its proof line} of the models on main (every part of a split one), as model_proof kept
     it: size, identity, header digest, the sha256 while unchanged since proven ({} when python3
-    printed none). Read-only and cheap: only a file changed since has its header read again."""
-    paths = sorted({part for p in paths if p for part in parts_of(p)})
+    printed none). Read-only and cheap: only a file changed since has its header read again, and
+    when none did, python3 does not run at all (proof_cache)."""
+    paths = model_parts(paths)
     if not paths:
         return {}
+    served = await proof_cache.cached_proofs(conn, paths, cache)
+    if served is not None:
+        return served
     got = parse_proofs((await conn.probe(proof_argv("check", paths, cache), timeout=300)).stdout)
     return {p: got.get(p) or {} for p in paths}
 

@@ -26,6 +26,7 @@ from tunnelspec.components.generation.live import (
     hosts_of,
     live_state,
     model_proofs,
+    model_proofs_probe,
     nodes_of,
     recordable,
     stamped_build_number,
@@ -76,7 +77,7 @@ class GenerationRecord(Task):
         return {part: str(src or "") for path, src in pairs if path for part in parts_of(str(path))}
 
     def probes(self) -> list[list[str]]:
-        return [RECORDS_ARGV, STATUS_ARGV]
+        return [RECORDS_ARGV, STATUS_ARGV, *model_proofs_probe(self.p["models"])]
 
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)

@@ -14,7 +14,7 @@ from tunnelspec.connection.upload import upload_file
 from tunnelspec.core.constants import STATE_DIR
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import gguf_header
-from tunnelspec.components.models import hub
+from tunnelspec.components.models import hub, proof_cache
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 
 MODELS_DIR = f"{STATE_DIR}/models"
@@ -245,9 +245,13 @@ def parse_proofs(text: str) -> dict[str, dict]:
 
 
 async def read_proofs(conn, host: str, paths: list[str], cache: str = PROOFS) -> dict[str, dict]:
-    """Read-only: each file's proof as gguf_header.inspect gives it (cached when unchanged since)."""
+    """Read-only: each file's proof as gguf_header.inspect gives it (cached when unchanged since):
+    from a `stat` and the cache when every file is as proven (proof_cache), else by python3."""
     if not paths:
         return {}
+    served = await proof_cache.cached_proofs(conn, paths, cache)
+    if served is not None:
+        return served
     res = await conn.probe(proof_argv("check", paths, cache), timeout=600)
     got = parse_proofs(res.stdout)
     if res.rc != 0 or set(got) != set(paths):
@@ -291,6 +295,12 @@ class ModelProof(Task):
         ),
         "cache": Arg(str, default=PROOFS, help="Where each file's proof is kept on the host."),
     }
+
+    def probes(self) -> list[list[str]]:
+        src = self.p["src"]
+        if not src.startswith("/") or hub.is_hub_ref(src):
+            return []
+        return [_present_argv(src), proof_cache.stat_argv(parts_of(src), self.p["cache"])]
 
     async def check(self, ctx):
         src = self.p["src"]

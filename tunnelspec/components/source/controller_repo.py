@@ -131,9 +131,10 @@ BUNDLE_FILE = ".git/tunnelspec-source.bundle"
 
 
 async def missing_on_host(conn, d: str, shas: list[str]) -> list[str]:
-    """The commits of `shas` the host's checkout does not hold (one command)."""
+    """The commits of `shas` the host's checkout does not hold (one read-only command: a probe, so
+    the play's batched reads stay valid after it)."""
     script = 'd=$1; shift; for s; do git -C "$d" cat-file -e "$s^{commit}" 2>/dev/null || echo "$s"; done'
-    res = await conn.run(["sh", "-c", script, "sh", d, *shas], check=True)
+    res = await conn.probe(["sh", "-c", script, "sh", d, *shas], check=True)
     return res.stdout.split()
 
 
