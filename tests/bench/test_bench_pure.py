@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from tunnelspec.commands.bench import sampler
-from tunnelspec.commands.bench.command import SCHEMA, exit_code, render
+from tunnelspec.commands.bench.command import SCHEMA, exit_code, no_progress, render
 from tunnelspec.commands.bench.argv import baseline_argv, context_size, deployed_kind, describe_placement, local_devices, rpc_ports
 from tunnelspec.commands.bench.figures import device_figures, fit_on_main, journal_n_ctx, load_time, meminfo_figure, parse_unit_run, side_figures
 from tunnelspec.commands.bench.netwait import summarize
+from tunnelspec.core import http
 from tunnelspec.llama import memory_fit
 
 DATA = Path(__file__).parent / "data"
@@ -35,6 +36,18 @@ def test_kinds_from_the_deployed_command_line():
     assert deployed_kind(SPLIT) == "split"
     assert deployed_kind(shlex.split("/b/llama-server -m /t --port 8080")) == "local"
     assert rpc_ports(SPLIT) == [15052, 15053] and rpc_ports(shlex.split("/b/llama-server -m /t")) == []
+
+
+def test_a_deployed_completion_without_answer_on_three_endpoints_names_llama_cpp_issue_28487():
+    three = shlex.split("/b/llama-server --rpc 127.0.0.1:15052,127.0.0.1:15053,127.0.0.1:15054 -dev RPC1,RPC2 "
+                        "-m /t --spec-draft-model /d --spec-draft-device RPC0 --port 8080")
+    msg = no_progress(http.NoAnswer(300.0), three)
+    assert msg.startswith("the deployed llama-server gave no answer to a bench completion within 300 s, with 3 RPC "
+                          "endpoints: this looks like llama.cpp issue 28487 "), msg
+    assert "`systemctl restart tunnelspec-llama-server.service` on main" in msg and "at most 2 rpc nodes" in msg
+    # Two endpoints, or a failure that is not a timeout (a refused connection, a 500): not named.
+    assert no_progress(http.NoAnswer(300.0), SPLIT) == ""
+    assert no_progress(http.HttpError("cannot connect: refused"), three) == ""
 
 
 def test_baseline_of_a_split_without_draft_is_the_model_on_main_alone():

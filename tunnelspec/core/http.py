@@ -23,6 +23,14 @@ class HttpError(Exception):
     """No HTTP answer: refused, closed, timed out or malformed."""
 
 
+class NoAnswer(HttpError):
+    """The request's time ran out before a complete answer came (the server accepted it, or not)."""
+
+    def __init__(self, timeout: float):
+        super().__init__(f"no answer within {timeout:g}s")
+        self.timeout = timeout
+
+
 class OutputParserError(HttpError):
     """llama-server generated text and then refused it: an HTTP 500 from its output parser. Some builds
     parse /completion text like chat output (b9093: "Failed to parse input at pos 0"; b10001: "produced
@@ -145,7 +153,7 @@ async def request(
     try:
         return await asyncio.wait_for(go(), timeout)
     except TimeoutError:
-        raise HttpError(f"no answer within {timeout:g}s") from None
+        raise NoAnswer(timeout) from None
 
 
 def ssh_opener(conn, port: int, host: str = LOOPBACK) -> Opener:

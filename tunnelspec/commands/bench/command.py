@@ -42,6 +42,7 @@ from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed, UsageError
 from tunnelspec.components import isolation_host
 from tunnelspec.facts import nft, port_owners
+from tunnelspec.llama import known_issues
 from tunnelspec.core import http
 from tunnelspec.components.server.args import UNIT
 from tunnelspec.components.server.verify import read_api_key, start_timeout
@@ -110,6 +111,15 @@ async def _measure(
     side["load"] = figs.load_time(run["journal"], run["start_us"])
     side["journal"] = run["journal"]  # for the context size; removed from the result
     return side
+
+
+def no_progress(e: http.HttpError, argv: list[str]) -> str:
+    """A deployed completion that got no answer within COMPLETION_TIMEOUT on 3 or more RPC endpoints:
+    the message naming llama.cpp issue 28487 (llama/known_issues.py); '' otherwise."""
+    if not isinstance(e, http.NoAnswer):
+        return ""
+    what = f"the deployed llama-server gave no answer to a bench completion within {e.timeout:g} s"
+    return known_issues.no_progress(len(rpc_ports(argv)), what, UNIT)
 
 
 def as_user(user: str, argv: list[str]) -> list[str]:
@@ -310,7 +320,9 @@ async def run_bench(
             )
         except http.HttpError as e:
             raise TaskFailed(
-                f"main: the deployed llama-server did not answer bench's completions: {e}; "
+                f"main: {no_progress(e, argv)}"
+                if no_progress(e, argv)
+                else f"main: the deployed llama-server did not answer bench's completions: {e}; "
                 "see `tunnelspec status` (nothing was changed)"
             ) from None
         deployed.update(kind=kind, placement=describe_placement(argv))

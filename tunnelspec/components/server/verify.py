@@ -10,7 +10,7 @@ from itertools import pairwise
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core import http
-from tunnelspec.llama import props, split_proof
+from tunnelspec.llama import known_issues, props, split_proof
 from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.components.server import death as server_death
 from tunnelspec.components.server.args import UNIT, draft_placement
@@ -156,6 +156,15 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
     return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
 
 
+def _no_progress(plan: ServedPlan, host: str, port: int, n_predict: int, e: http.HttpError) -> str:
+    """A completion that got no answer in its time, on 3 or more RPC endpoints: the message naming
+    llama.cpp issue 28487 (llama/known_issues.py); '' for any other failure or topology."""
+    if not isinstance(e, http.NoAnswer):
+        return ""
+    what = f"llama-server on {host}:{port} gave no answer to a {n_predict}-token test completion within {e.timeout:g} s"
+    return known_issues.no_progress(len(plan.endpoints), what, UNIT)
+
+
 async def verify_server(
     conn,
     port: int,
@@ -170,11 +179,13 @@ async def verify_server(
     add_secret=None,
     tls: ApiTls | None = None,
     progress=None,
+    completion_timeout: float = 120.0,
 ) -> dict:
     """Shared by the verify task and `tunnelspec verify`: returns the facts, raises TaskFailed.
     `host` is the address llama-server listens on, as seen from the main host; `tls` (public bind):
     TLS with the CA pinned, the certificate checked for the name clients use. `progress(msg, **data)`
-    (a task's): where a long /health wait stands, every few seconds."""
+    (a task's): where a long /health wait stands, every few seconds. `completion_timeout`: the bound
+    on the test completion's answer."""
     seen = Seen()
     opener = api_opener(conn, port, host, tls, seen)
     report = crash_watch(conn, health_reporter(conn, progress, health_timeout), host, port)
@@ -189,19 +200,27 @@ async def verify_server(
         add_secret(key.reveal())
     restarted = ""
     try:
-        body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+        body = await http.completion(
+            opener, prompt, n_predict, api_key=key.reveal() if key else None, timeout=completion_timeout
+        )
     except http.OutputParserError as e:
         raise TaskFailed(output_parser_failure(plan, e)) from None
     except http.HttpError as e:
+        if stuck := _no_progress(plan, host, port, n_predict, e):
+            raise TaskFailed(stuck) from None  # asking again would wait behind the stuck slot
         # llama-server never reconnects a lost RPC connection: it notices one (an rpc-server restarted by
         # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
         # again (Restart=always). That next request is this one. Once healthy again, one more try.
         try:
             await http.wait_health(opener, health_timeout, report=await report())
-            body = await http.completion(opener, prompt, n_predict, api_key=key.reveal() if key else None)
+            body = await http.completion(
+                opener, prompt, n_predict, api_key=key.reveal() if key else None, timeout=completion_timeout
+            )
         except http.OutputParserError as e2:
             raise TaskFailed(output_parser_failure(plan, e2)) from None
         except http.HttpError as e2:
+            if stuck := _no_progress(plan, host, port, n_predict, e2):
+                raise TaskFailed(f"{stuck} (first completion failed: {e})") from None
             # Dying again is more than a lost connection: say why from its journal and unit state.
             raise TaskFailed(
                 await server_death.describe(conn, f"completion failed: {e}; again after /health: {e2}")
