@@ -162,7 +162,10 @@ def test_shipped_inventories_check_and_show_their_plan(path, guard):
     p, took = run(env, "check", str(path), "--format", "json", cwd=ROOT)
     doc = json.loads(p.stdout)
     assert p.returncode == 0, doc["errors"]
-    assert doc["warnings"] == []
+    # Three rpc nodes on the pinned build: the one warning is llama.cpp issue 28487's (llama/known_issues.py).
+    expected = ["28487"] if path.name == "seed003-layers-on-three-nodes.ini" else []
+    named = [re.search(r"llama\.cpp issue (\d+)", w["message"]) for w in doc["warnings"]]
+    assert [m.group(1) if m else w["message"] for m, w in zip(named, doc["warnings"])] == expected, doc["warnings"]
     assert took < 5
     assert not log.exists()
     assert "flags as planned" in doc["plan"]["spelling"]
