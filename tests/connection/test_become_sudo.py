@@ -220,3 +220,34 @@ def test_host_without_sudo(user_cluster, sudo_user, public_dir):
     msg = asyncio.run(go())
     assert "node0" in msg and repr(user.name) in msg and "sudo was not found" in msg, msg
     assert "sudo: command not found" in msg, msg
+
+
+def test_partial_sudoers_rule_is_refused_naming_host_login_command_and_sudo(user_cluster, sudo_user):
+    """A real sudoers rule that allows only `true`, with the password: the first check (`sudo -S true`)
+    passes; the next command, plain or streamed, is refused by sudo itself, and that is a BecomeError
+    naming the host, the login, the command and sudo's line: never the command's own rc (a `test -f`
+    that sudo refused is not "the file is absent"), and never the password."""
+    cluster = user_cluster()
+    user = sudo_user("partial", cluster.client_pub, PASSWORD)
+
+    async def go():
+        conn = await open_conn(cluster, user.name, ansible_become_password=PASSWORD)
+        try:
+            await conn.check_become()
+            assert conn._becomer.mode == "password"
+            said = []
+            with pytest.raises(BecomeError) as e:
+                await conn.run(["test", "-f", "/etc/hostname"])
+            said.append(str(e.value))
+            with pytest.raises(BecomeError) as e:
+                await conn.run_stream(["sh", "-c", "echo building"], lambda line: None)
+            said.append(str(e.value))
+            return said
+        finally:
+            await conn.close()
+
+    plain, streamed = asyncio.run(go())
+    for msg, command in ((plain, "test -f /etc/hostname"), (streamed, "sh -c 'echo building'")):
+        assert msg.startswith(f"node0: sudo refused to run `{command}` as root for the login {user.name!r} "
+                              f"(Sorry, user {user.name} is not allowed to execute "), msg
+        assert "allows only some commands" in msg and PASSWORD not in msg, msg

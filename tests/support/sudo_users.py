@@ -40,7 +40,8 @@ class TestUser:
 
 
 def make_user(policy: str, client_pub: str | None = None, password: str | None = None) -> TestUser:
-    """policy: "nopasswd" (NOPASSWD: ALL), "password" (ALL, sudo asks for the password) or "none"."""
+    """policy: "nopasswd" (NOPASSWD: ALL), "password" (ALL, sudo asks for the password), "partial"
+    (only `true`, with the password: a sudoers rule for some commands) or "none"."""
     require_sudo()
     name = "tsb" + secrets.token_hex(4)
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
@@ -58,7 +59,8 @@ def make_user(policy: str, client_pub: str | None = None, password: str | None =
             os.chown(p, pw.pw_uid, pw.pw_gid)
         os.chmod(ssh / "authorized_keys", 0o600)
     if policy != "none":
-        rule = f"{name} ALL=(ALL:ALL) {'NOPASSWD: ' if policy == 'nopasswd' else ''}ALL\n"
+        allowed = "/usr/bin/true, /bin/true" if policy == "partial" else "ALL"
+        rule = f"{name} ALL=(ALL:ALL) {'NOPASSWD: ' if policy == 'nopasswd' else ''}{allowed}\n"
         path = SUDOERS_DIR / f"tunnelspec-test-{name}"
         tmp = path.with_name(path.name + ".new")     # sudo skips names with a dot
         tmp.write_text(rule)

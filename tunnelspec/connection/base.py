@@ -224,6 +224,7 @@ class Connection(abc.ABC):
         except TimeoutError:
             raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
         res = Result(list(argv), rc, tail, "")
+        self._refused(argv, rc, tail, become)
         if check and rc != 0:
             raise TaskFailed(f"command failed (rc={rc}): {display_argv(argv)}\n{_tail(tail, 30)}")
         return res
@@ -261,13 +262,18 @@ class Connection(abc.ABC):
         except TimeoutError:
             raise TaskFailed(f"command timed out after {timeout:g}s: {display_argv(argv)}") from None
         res = Result(list(argv), rc, out.decode(errors="replace"), err.decode(errors="replace"), out)
-        if become and rc != 0 and self._becomer is not None:
-            said = become_mod.refused_by_sudo(res.stderr)
-            if said:  # the command never ran: no rc of its own to read
-                raise become_mod.refusal_error(self.name, self._becomer.user, display_argv(argv), said)
+        self._refused(argv, rc, res.stderr, become)
         if check and rc != 0:
             raise TaskFailed(f"command failed (rc={rc}): {display_argv(argv)}\n{_tail(res.stderr or res.stdout)}")
         return res
+
+    def _refused(self, argv, rc: int, said_on_stderr: str, become: bool) -> None:
+        """sudo refused the command itself (a partial sudoers rule): it never ran, so there is no rc
+        of its own to read; raise naming the host, the login, the command and sudo's line."""
+        if become and rc != 0 and self._becomer is not None:
+            said = become_mod.refused_by_sudo(said_on_stderr)
+            if said:
+                raise become_mod.refusal_error(self.name, self._becomer.user, display_argv(argv), said)
 
     async def put(self, data: bytes | str, path: str, mode: int = 0o644, owner: str | None = None) -> None:
         if isinstance(data, str):
