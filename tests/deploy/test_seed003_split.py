@@ -22,7 +22,15 @@ import pytest
 from tunnelspec.lab import gguf_tiny
 
 from support.cli import failed_report, tunnelspec
-from support.labdeploy import UNIT, completion_on_main, example_in_lab, running_argv, sh
+from support.labdeploy import (
+    UNIT,
+    completion_on_main,
+    example_in_lab,
+    running_argv,
+    second_deploy_changes_nothing,
+    sh,
+    wait_serving,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -147,21 +155,6 @@ def test_bench_compares_the_split_with_main_alone(lab, inventory, deployed):
     assert "tunnelspec-llama-bench" not in sh(lab, "main", "systemctl", "list-units", "--all", "--no-legend")
 
 
-def _serving(inventory) -> tuple[dict, str]:
-    r = tunnelspec("status", str(inventory), "--format", "json", timeout=180)
-    return json.loads(r.stdout).get("serving") or {}, r.stdout
-
-
-def _wait_serving(inventory, mode: str, timeout: float) -> tuple[dict, float]:
-    t0 = time.monotonic()
-    while True:
-        sv, _ = _serving(inventory)
-        if sv.get("mode") == mode:
-            return sv, time.monotonic() - t0
-        assert time.monotonic() - t0 < timeout, f"not {mode} within {timeout}s: {sv}"
-        time.sleep(2)  # poll interval of the deadline loop
-
-
 def test_target_node_cut_is_served_from_the_rest_and_the_split_comes_back(lab, inventory, deployed):
     """A target node of a split lost while the rest holds the model: the deploy
     rendered a line without rpc-a (the tiny model fits main's CPU and rpc-b many times over: the
@@ -180,7 +173,7 @@ def test_target_node_cut_is_served_from_the_rest_and_the_split_comes_back(lab, i
     t_cut = main_time(lab)
     lab.link("rpc-a", False)
     try:
-        sv, took = _wait_serving(inventory, "split-degraded", 40)
+        sv, took = wait_serving(inventory, "split-degraded", 40)
         print(f"\n  rpc-a cut: split-degraded after {took:.1f}s: {sv}")
         assert sv["node"] == "rpc-a" and sv["reason"] and sv["since"], sv
         state = json.loads(sh(lab, "main", "cat", "/run/tunnelspec-llama/mode.json"))
@@ -200,7 +193,7 @@ def test_target_node_cut_is_served_from_the_rest_and_the_split_comes_back(lab, i
     finally:
         lab.link("rpc-a", True)
     t_back = main_time(lab)
-    sv, took = _wait_serving(inventory, "plain", 90)
+    sv, took = wait_serving(inventory, "plain", 90)
     print(f"  rpc-a back: full split after {took:.1f}s")
     argv = running_argv(lab)
     assert argv[argv.index("--rpc") + 1] == "127.0.0.1:15052,127.0.0.1:15053", argv
@@ -226,11 +219,4 @@ def test_target_node_cut_is_served_from_the_rest_and_the_split_comes_back(lab, i
 
 
 def test_second_deploy_changes_nothing(lab, inventory, deployed):
-    from support.labdeploy import main_pid
-
-    pid = main_pid(lab)
-    r = tunnelspec("deploy", str(inventory), "--format", "json", timeout=3600)
-    assert r.rc == 0, failed_report(r)
-    changed = {h: c["changed"] for h, c in r.recap.items()}
-    assert all(v == 0 for v in changed.values()), (changed, [e["task"] for e in r.results("changed")])
-    assert main_pid(lab) == pid
+    second_deploy_changes_nothing(lab, inventory)

@@ -22,8 +22,16 @@ import pytest
 
 from tunnelspec.lab import gguf_tiny
 
-from support.cli import failed_report, tunnelspec
-from support.labdeploy import example_in_lab, running_argv, sh
+from support.cli import tunnelspec
+from support.labdeploy import (
+    deploy,
+    example_in_lab,
+    failures,
+    running_argv,
+    second_deploy_changes_nothing,
+    sh,
+    wait_serving,
+)
 
 pytestmark = [pytest.mark.lab, pytest.mark.extended]
 
@@ -58,8 +66,8 @@ def inventory(lab, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def deployed(inventory):
-    r = tunnelspec("deploy", str(inventory), "--format", "json", timeout=3600)
-    assert r.rc == 0, failed_report(r)
+    r = deploy(inventory)
+    assert r.rc == 0, failures(r)
     return r
 
 
@@ -103,21 +111,6 @@ def test_three_endpoints_bench_waits_on_all_three(inventory, deployed):
     assert set(wait["by_node"]) == {"rpc-a", "rpc-b", "rpc-c"} and all(s > 0 for s in wait["by_node"].values()), wait
 
 
-def _mode(inventory) -> dict:
-    r = tunnelspec("status", str(inventory), "--format", "json", timeout=180)
-    return json.loads(r.stdout).get("serving") or {}
-
-
-def _wait_mode(inventory, mode: str, timeout: float) -> dict:
-    t0 = time.monotonic()
-    while True:
-        sv = _mode(inventory)
-        if sv.get("mode") == mode:
-            return sv
-        assert time.monotonic() - t0 < timeout, f"not {mode} within {timeout}s: {sv}"
-        time.sleep(2)  # poll interval of the deadline loop
-
-
 def test_three_endpoints_node_loss_every_request_answered_then_whole(lab, inventory, deployed):
     from support.lab_client import Client, main_time
 
@@ -127,7 +120,7 @@ def test_three_endpoints_node_loss_every_request_answered_then_whole(lab, invent
     t_cut = main_time(lab)
     lab.link("rpc-b", False)
     try:
-        sv = _wait_mode(inventory, "split-degraded", 40)
+        sv, _ = wait_serving(inventory, "split-degraded", 40)
         assert sv["node"] == "rpc-b", sv
         argv = running_argv(lab)
         assert argv[argv.index("--rpc") + 1] == "127.0.0.1:15052,127.0.0.1:15054", argv
@@ -135,7 +128,7 @@ def test_three_endpoints_node_loss_every_request_answered_then_whole(lab, invent
     finally:
         lab.link("rpc-b", True)
     t_back = main_time(lab)
-    _wait_mode(inventory, "plain", 90)
+    wait_serving(inventory, "plain", 90)
     argv = running_argv(lab)
     assert argv[argv.index("--rpc") + 1] == ENDPOINTS and argv[argv.index("-dev") + 1] == "RPC0,RPC1,RPC2", argv
     records = client.wait_done()
@@ -150,11 +143,4 @@ def test_three_endpoints_node_loss_every_request_answered_then_whole(lab, invent
 
 
 def test_three_endpoints_second_deploy_changes_nothing(lab, inventory, deployed):
-    from support.labdeploy import main_pid
-
-    pid = main_pid(lab)
-    r = tunnelspec("deploy", str(inventory), "--format", "json", timeout=3600)
-    assert r.rc == 0, failed_report(r)
-    changed = {h: c["changed"] for h, c in r.recap.items()}
-    assert all(v == 0 for v in changed.values()), (changed, [e["task"] for e in r.results("changed")])
-    assert main_pid(lab) == pid
+    second_deploy_changes_nothing(lab, inventory)

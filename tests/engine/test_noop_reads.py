@@ -11,20 +11,11 @@ from pathlib import Path
 
 from tunnelspec.components.teardown import PathsAbsent, PortsClosed, UnitsAbsent
 from tunnelspec.connection.base import Result
-from tunnelspec.connection.local import LocalConnection
 from tunnelspec.engine.context import HostContext, RunOptions
 from tunnelspec.engine.playbook import builtin_playbook, load_playbook
 from tunnelspec.engine.prefetch import Prefetch
 
-
-class Spy(LocalConnection):
-    def __init__(self) -> None:
-        super().__init__("main")
-        self.ran: list[list[str]] = []
-
-    async def _exec(self, argv, input, timeout):
-        self.ran.append(list(argv))
-        return await super()._exec(argv, input, timeout)
+from support.recording import RecordingConnection
 
 
 def ctx_of(conn) -> HostContext:
@@ -48,7 +39,7 @@ def layout(tmp_path: Path) -> dict:
 def test_paths_absent_reads_every_path_in_the_batch_and_applies_as_before(tmp_path):
     args = layout(tmp_path)
     task = PathsAbsent.build(args)
-    conn = Spy()
+    conn = RecordingConnection()
 
     async def go():
         await conn.prefetch([*task.probes(), ["true"]])
@@ -73,7 +64,7 @@ def test_paths_absent_reads_every_path_in_the_batch_and_applies_as_before(tmp_pa
 
 def test_paths_absent_without_a_batch_is_one_command_not_two_per_path(tmp_path):
     args = layout(tmp_path)
-    conn = Spy()
+    conn = RecordingConnection()
     ch = asyncio.run(PathsAbsent.build(args).check(ctx_of(conn)))
     assert ch.changed and len(conn.ran) == 1 and conn.changes_started == 0
 
@@ -84,7 +75,7 @@ def test_paths_absent_still_refuses_a_system_directory():
     from tunnelspec.core.errors import TaskFailed
 
     with pytest.raises(TaskFailed, match="refusing to remove '/var/lib'"):
-        asyncio.run(PathsAbsent.build({"paths": ["/var/lib"]}).check(ctx_of(Spy())))
+        asyncio.run(PathsAbsent.build({"paths": ["/var/lib"]}).check(ctx_of(RecordingConnection())))
 
 
 class Answers:

@@ -17,26 +17,12 @@ import pytest
 from tunnelspec.components.generation import live
 from tunnelspec.components.models import proof_cache
 from tunnelspec.components.models.files import ModelProof, parse_proofs, proof_argv, read_proofs
-from tunnelspec.connection.local import LocalConnection
 from tunnelspec.engine.context import HostContext, RunOptions
 from tunnelspec.lab import gguf_tiny
 
+from support.recording import RecordingConnection
+
 NAME = b"tunnelspec-tiny-llama"
-
-
-class Spy(LocalConnection):
-    """A local host that keeps every command it ran."""
-
-    def __init__(self) -> None:
-        super().__init__("main")
-        self.ran: list[list[str]] = []
-
-    async def _exec(self, argv, input, timeout):
-        self.ran.append(list(argv))
-        return await super()._exec(argv, input, timeout)
-
-    def programs(self) -> list[str]:
-        return [a[0] for a in self.ran]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +67,7 @@ def check(conn, model: Path, cache: Path, *, batched: bool = True):
 # ---- unchanged: no python3 -----------------------------------------------------------------------
 def test_an_unchanged_model_is_proven_from_the_batch_without_python3(proven):
     model, cache = proven
-    conn = Spy()
+    conn = RecordingConnection()
     ch = check(conn, model, cache)
     assert not ch.changed and "unchanged since proven" in ch.msg, ch.msg
     assert conn.programs() == ["sh"], conn.ran  # the batch alone: no test -f, no python3
@@ -92,14 +78,14 @@ def test_the_cache_answers_exactly_what_python3_prints_for_an_unchanged_file(pro
     model, cache = proven
     want = python3(["check", str(cache), str(model)])
     assert want[str(model)]["cached"] is True
-    conn = Spy()
+    conn = RecordingConnection()
     assert asyncio.run(read_proofs(conn, "main", [str(model)], str(cache))) == want
     assert "python3" not in conn.programs()
 
 
 def test_the_generation_record_names_the_same_read_and_skips_python3(proven):
     model, cache = proven
-    conn = Spy()
+    conn = RecordingConnection()
 
     async def go():
         probes = live.model_proofs_probe([str(model), ""], str(cache))
@@ -117,7 +103,7 @@ def test_a_touched_model_is_read_again(proven):
     model, cache = proven
     st = model.stat()
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    conn = Spy()
+    conn = RecordingConnection()
     ch = check(conn, model, cache)
     assert "python3" in conn.programs()
     assert ch.changed and "its sha256 to record" in ch.msg, ch.msg
@@ -127,7 +113,7 @@ def test_once_recorded_again_the_next_check_needs_no_python3(proven):
     model, cache = proven
     st = model.stat()
     os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
-    conn = Spy()
+    conn = RecordingConnection()
     task = ModelProof.build({"src": str(model), "cache": str(cache)})
     ctx = HostContext(host="main", conn=conn, vars={}, facts={}, options=RunOptions(), emit=lambda e: None)
 
@@ -150,7 +136,7 @@ def test_a_replaced_model_is_read_again_and_its_new_header_seen(proven, tiny):
     new.write_bytes(tiny[:at] + b"X" + tiny[at + 1 :])  # same size, another header
     os.utime(new, ns=(model.stat().st_atime_ns, model.stat().st_mtime_ns))  # even the same mtime
     new.replace(model)
-    conn = Spy()
+    conn = RecordingConnection()
     got = asyncio.run(read_proofs(conn, "main", [str(model)], str(cache)))[str(model)]
     assert "python3" in conn.programs()
     assert got["cached"] is False and got["header_sha256"] != old["header_sha256"]
@@ -160,7 +146,7 @@ def test_a_replaced_model_is_read_again_and_its_new_header_seen(proven, tiny):
 def test_a_missing_part_is_read_by_python3_which_names_it(proven):
     model, cache = proven
     gone = str(model.with_name("gone.gguf"))
-    conn = Spy()
+    conn = RecordingConnection()
     got = asyncio.run(live.model_proofs(conn, [str(model), gone], str(cache)))
     assert "python3" in conn.programs()
     assert got[gone]["error"].startswith("cannot read it")
@@ -206,7 +192,7 @@ def _untrusted(kind: str, model: Path, cache: Path) -> None:
 def test_a_cache_that_is_not_trusted_leaves_it_to_python3(proven, kind):
     model, cache = proven
     _untrusted(kind, model, cache)
-    conn = Spy()
+    conn = RecordingConnection()
     got = asyncio.run(read_proofs(conn, "main", [str(model)], str(cache)))
     assert "python3" in conn.programs(), kind
     assert got[str(model)]["path"] == str(model)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 from support.cli import tunnelspec
@@ -50,6 +51,29 @@ def failures(r) -> list:
 def converge(inventory) -> None:
     r = deploy(inventory)
     assert r.rc == 0, failures(r)
+
+
+def wait_serving(inventory, mode: str, timeout: float) -> tuple[dict, float]:
+    """`status`'s serving section once its mode is `mode` (polled every 2 s, failing after
+    `timeout`), and how long that took."""
+    t0 = time.monotonic()
+    while True:
+        r = tunnelspec("status", str(inventory), "--format", "json", timeout=180)
+        sv = json.loads(r.stdout).get("serving") or {}
+        if sv.get("mode") == mode:
+            return sv, time.monotonic() - t0
+        assert time.monotonic() - t0 < timeout, f"not {mode} within {timeout}s: {sv}"
+        time.sleep(2)  # poll interval of the deadline loop
+
+
+def second_deploy_changes_nothing(lab, inventory) -> None:
+    """Deploy again: exit 0, changed=0 on every host, llama-server's process the same."""
+    pid = main_pid(lab)
+    r = deploy(inventory)
+    assert r.rc == 0, failures(r)
+    changed = {h: c["changed"] for h, c in r.recap.items()}
+    assert all(v == 0 for v in changed.values()), (changed, [e["task"] for e in r.results("changed")])
+    assert main_pid(lab) == pid
 
 
 def task(result, name: str, host: str = "main") -> dict:

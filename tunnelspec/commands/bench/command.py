@@ -42,9 +42,9 @@ from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed, UsageError
 from tunnelspec.components import isolation_host
 from tunnelspec.facts import nft, port_owners
-from tunnelspec.llama import known_issues
 from tunnelspec.core import http
 from tunnelspec.components.server.args import UNIT
+from tunnelspec.components.server.verify import no_progress as verify_no_progress
 from tunnelspec.components.server.verify import read_api_key, start_timeout
 from tunnelspec.components.server.fit import gguf_facts
 from tunnelspec.components.tls.reach import ApiTls, api_opener
@@ -115,11 +115,8 @@ async def _measure(
 
 def no_progress(e: http.HttpError, argv: list[str]) -> str:
     """A deployed completion that got no answer within COMPLETION_TIMEOUT on 3 or more RPC endpoints:
-    the message naming llama.cpp issue 28487 (llama/known_issues.py); '' otherwise."""
-    if not isinstance(e, http.NoAnswer):
-        return ""
-    what = f"the deployed llama-server gave no answer to a bench completion within {e.timeout:g} s"
-    return known_issues.no_progress(len(rpc_ports(argv)), what, UNIT)
+    the message naming llama.cpp issue 28487; '' otherwise."""
+    return verify_no_progress(e, len(rpc_ports(argv)), "the deployed llama-server gave no answer to a bench completion")
 
 
 def as_user(user: str, argv: list[str]) -> list[str]:
@@ -319,9 +316,10 @@ async def run_bench(
                 port_nodes,
             )
         except http.HttpError as e:
+            stuck = no_progress(e, argv)
             raise TaskFailed(
-                f"main: {no_progress(e, argv)}"
-                if no_progress(e, argv)
+                f"main: {stuck}"
+                if stuck
                 else f"main: the deployed llama-server did not answer bench's completions: {e}; "
                 "see `tunnelspec status` (nothing was changed)"
             ) from None

@@ -10,7 +10,7 @@ from tunnelspec.components.generation import record as gen
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.components.models import proof_cache
-from tunnelspec.components.models.files import PROOFS, parse_proofs, parts_of, proof_argv
+from tunnelspec.components.models.files import PROOFS, checked_proofs, parts_of
 
 
 def hosts_of(cluster) -> list[tuple[str, str, str]]:
@@ -111,10 +111,7 @@ async def model_proofs(conn, paths: list[str], cache: str = PROOFS) -> dict[str,
     paths = model_parts(paths)
     if not paths:
         return {}
-    served = await proof_cache.cached_proofs(conn, paths, cache)
-    if served is not None:
-        return served
-    got = parse_proofs((await conn.probe(proof_argv("check", paths, cache), timeout=300)).stdout)
+    got, _ = await checked_proofs(conn, paths, cache, timeout=300)
     return {p: got.get(p) or {} for p in paths}
 
 

@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 
+from tunnelspec.connection.base import Result
 from tunnelspec.connection.upload import upload_file
 from tunnelspec.core.constants import STATE_DIR
 from tunnelspec.core.errors import TaskFailed
@@ -244,17 +245,24 @@ def parse_proofs(text: str) -> dict[str, dict]:
     return out
 
 
-async def read_proofs(conn, host: str, paths: list[str], cache: str = PROOFS) -> dict[str, dict]:
-    """Read-only: each file's proof as gguf_header.inspect gives it (cached when unchanged since):
-    from a `stat` and the cache when every file is as proven (proof_cache), else by python3."""
-    if not paths:
-        return {}
+async def checked_proofs(conn, paths: list[str], cache: str, timeout: float) -> tuple[dict[str, dict], Result | None]:
+    """Read-only: (each file's proof line, python3's result). From a `stat` and the cache when every
+    file is as proven (proof_cache; the result is then None), else from python3's `check`, which reads
+    the header of a file changed since."""
     served = await proof_cache.cached_proofs(conn, paths, cache)
     if served is not None:
-        return served
-    res = await conn.probe(proof_argv("check", paths, cache), timeout=600)
-    got = parse_proofs(res.stdout)
-    if res.rc != 0 or set(got) != set(paths):
+        return served, None
+    res = await conn.probe(proof_argv("check", paths, cache), timeout=timeout)
+    return parse_proofs(res.stdout), res
+
+
+async def read_proofs(conn, host: str, paths: list[str], cache: str = PROOFS) -> dict[str, dict]:
+    """Read-only: each file's proof as gguf_header.inspect gives it (cached when unchanged since);
+    every one of them, or TaskFailed."""
+    if not paths:
+        return {}
+    got, res = await checked_proofs(conn, paths, cache, timeout=600)
+    if res is not None and (res.rc != 0 or set(got) != set(paths)):
         raise TaskFailed(
             f"cannot read {', '.join(paths)} with python3 on {host} (rc={res.rc}): "
             f"{(res.stderr or res.stdout).strip()[-400:]}"

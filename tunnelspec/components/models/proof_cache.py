@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+from typing import TypeGuard
 
 # The login that reads (root under sudo), the cache and its directory without following a link,
 # then each model (`-L`: python3's os.stat follows links too) by name, then the cache's text.
@@ -36,7 +37,7 @@ def stat_argv(paths: list[str], cache: str) -> list[str]:
     return ["sh", "-c", _SCRIPT, "sh", cache, *paths]
 
 
-def _int(x) -> bool:
+def _int(x) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
@@ -91,7 +92,7 @@ def _entry(known) -> dict | None:
     ident, size, need = known.get("id"), known.get("size"), known.get("need")
     if not (isinstance(ident, list) and len(ident) == 3 and all(_int(x) and x >= 0 for x in ident)):
         return None
-    if not (isinstance(size, int) and isinstance(need, int)) or isinstance(size, bool) or isinstance(need, bool):
+    if not (_int(size) and _int(need)):
         return None
     if size != ident[0] or not 0 <= need <= size:
         return None

@@ -156,13 +156,13 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
     return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
 
 
-def _no_progress(plan: ServedPlan, host: str, port: int, n_predict: int, e: http.HttpError) -> str:
-    """A completion that got no answer in its time, on 3 or more RPC endpoints: the message naming
-    llama.cpp issue 28487 (llama/known_issues.py); '' for any other failure or topology."""
+def no_progress(e: http.HttpError, endpoints: int, what: str) -> str:
+    """A completion that got no answer in its time (`what` says which), on 3 or more RPC endpoints:
+    the message naming llama.cpp issue 28487 (llama/known_issues.py); '' for any other failure or
+    topology. Shared by verify and bench."""
     if not isinstance(e, http.NoAnswer):
         return ""
-    what = f"llama-server on {host}:{port} gave no answer to a {n_predict}-token test completion within {e.timeout:g} s"
-    return known_issues.no_progress(len(plan.endpoints), what, UNIT)
+    return known_issues.no_progress(endpoints, f"{what} within {e.timeout:g} s", UNIT)
 
 
 async def verify_server(
@@ -206,7 +206,8 @@ async def verify_server(
     except http.OutputParserError as e:
         raise TaskFailed(output_parser_failure(plan, e)) from None
     except http.HttpError as e:
-        if stuck := _no_progress(plan, host, port, n_predict, e):
+        what = f"llama-server on {host}:{port} gave no answer to a {n_predict}-token test completion"
+        if stuck := no_progress(e, len(plan.endpoints), what):
             raise TaskFailed(stuck) from None  # asking again would wait behind the stuck slot
         # llama-server never reconnects a lost RPC connection: it notices one (an rpc-server restarted by
         # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
@@ -219,7 +220,7 @@ async def verify_server(
         except http.OutputParserError as e2:
             raise TaskFailed(output_parser_failure(plan, e2)) from None
         except http.HttpError as e2:
-            if stuck := _no_progress(plan, host, port, n_predict, e2):
+            if stuck := no_progress(e2, len(plan.endpoints), what):
                 raise TaskFailed(f"{stuck} (first completion failed: {e})") from None
             # Dying again is more than a lost connection: say why from its journal and unit state.
             raise TaskFailed(
