@@ -197,9 +197,9 @@ class LocalIsolation(Task):
     def probes(self) -> list[list[str]]:
         owners = [port_owners.listeners().argv] if self.p["state"] == "present" and self.p["listeners"] else []
         if not self._want_present():
-            return [nft.isolation(self.all_users()).argv, *owners]
+            return [*nft.probes(self.all_users()), *owners]
         return [
-            nft.isolation(self.all_users()).argv,
+            *nft.probes(self.all_users()),
             read_argv(nft.RULES_PATH),
             read_argv(nft.UNIT_PATH),
             read_argv(NFT_CONF),

@@ -51,10 +51,10 @@ class LocalIsolationAvailable(Task):
         return super().validate(params)
 
     def probes(self) -> list[list[str]]:
-        out = [nft.isolation([]).argv]
+        out = nft.probes([])
         if self.p["listeners"]:
             guard = LocalIsolation(LocalIsolation.validate({"listeners": self.p["listeners"]}))
-            out += [nft.isolation(guard.all_users()).argv, port_owners.listeners().argv]
+            out += [*nft.probes(guard.all_users()), port_owners.listeners().argv]
         return out
 
     async def check(self, ctx):
@@ -132,7 +132,7 @@ class ListenersGuarded(Task):
     }
 
     def probes(self) -> list[list[str]]:
-        return [port_owners.listeners().argv, nft.isolation([]).argv]
+        return [port_owners.listeners().argv, *nft.probes([])]
 
     async def check(self, ctx):
         if not opted_in(self.p["enabled"]):

@@ -139,20 +139,25 @@ class Connection(abc.ABC):
         upload or stream): equal counts mean the host is as the last batch saw it."""
         return self._changes_started
 
+    def drop_probes(self) -> None:
+        """Forget every batched result (they were read before another host changed)."""
+        if self._probes is not None:
+            self._probes.clear()
+
     def probes_tried(self, argvs: list[list[str]]) -> bool:
-        """Did a batch since the host last changed already run all of these?"""
-        tried = self._probes.tried if self._probes is not None else set()
-        return all(tuple(reveal_argv(a)) in tried for a in argvs)
+        """Did a batch since the host last changed already run all of these, with each answer still
+        to be served (or failed)? (`ProbeCache.covers`)"""
+        return self._probes is not None and all(self._probes.covers(tuple(reveal_argv(a))) for a in argvs)
 
     async def prefetch(self, argvs: list[list[str]], *, more: bool = False) -> int:
         """Run these read-only commands in one round trip; `probe()` serves their results until
         anything else runs on this connection. Returns how many results are cached. `more`: add to
         the results of earlier batches (nothing changed since) instead of replacing them, and leave out
-        what those batches already ran."""
+        what they answered and still hold (`ProbeCache.covers`)."""
         wanted: dict[tuple, int] = {}
         for a in argvs:
             key = tuple(reveal_argv(a))
-            if more and self._probes is not None and key in self._probes.tried:
+            if more and self._probes is not None and self._probes.covers(key):
                 continue
             wanted[key] = wanted.get(key, 0) + 1
         unique = list(wanted)

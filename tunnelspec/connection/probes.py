@@ -129,11 +129,11 @@ class ProbeCache:
 
     def __init__(self) -> None:
         self._results: dict[tuple, list] = {}
-        self.tried: set[tuple] = set()  # every probe a batch ran since the host last changed
+        self._failed: set[tuple] = set()  # probes a batch ran that failed (a check runs them itself)
 
     def fill(self, argvs: list[list[str]], results: list[tuple[int, bytes]], wanted: dict | None = None) -> None:
         """Adds one batch's results to what earlier batches (since the last change) left."""
-        self.tried.update(tuple(a) for a in argvs)
+        self._failed.update(tuple(a) for a, (rc, _) in zip(argvs, results, strict=False) if rc != 0)
         self._results.update(
             {
                 tuple(a): [out, (wanted or {}).get(tuple(a), 1)]
@@ -152,9 +152,15 @@ class ProbeCache:
             del self._results[key]
         return got[0]
 
+    def covers(self, key: tuple) -> bool:
+        """A batch since the host last changed answered this probe, and its answer is still to be
+        served (or the probe failed there: it would fail again, its check runs it for real). A result
+        served as many times as asked is not covered: a later batch reads it again."""
+        return key in self._results or key in self._failed
+
     def clear(self) -> None:
         self._results.clear()
-        self.tried.clear()
+        self._failed.clear()
 
     def __len__(self) -> int:
         return len(self._results)

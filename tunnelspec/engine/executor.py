@@ -89,6 +89,7 @@ class Run(Prefetch, TaskExecution):
         self._groups: dict[str, list[str]] | None = None
         self._settled: dict[str, dict] = {}
         self._hostvars = HostvarsView(self.hosts)
+        self._ahead: dict[str, int] = {}  # engine/prefetch.py: look-ahead batches
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             self.hosts[name] = HostState(name, hv)
@@ -203,6 +204,7 @@ class Run(Prefetch, TaskExecution):
     async def run_playbook(self, playbook: Playbook) -> Summary:
         self.emit(events.run_start(playbook.path, self.options.check))
         self.preconnect(playbook)
+        self._plays = playbook.plays
         lock = None
         try:
             # Read-only preflight plays (facts, refusals) run before the lock: a host tunnelspec cannot

@@ -1,7 +1,15 @@
 """Batched read-only probes for a play on one host: the commands every check of the play will read,
 fetched in one round trip before the checks run (connection/probes.py serves them until anything
-changes on the host). A mixin of the executor's Run: it reads the run's options, template variables
-and tag selection."""
+changes on the host). A mixin of the executor's Run: it reads the run's options, template variables,
+tag selection, plays and hosts.
+
+Looking ahead: while nothing has changed on any host of the run, a play's batch also reads the probes
+of every later play on that host. The next play then needs no batch of its own as long as nothing has
+changed anywhere since (checked when it starts); a no-op run reads each host in one or two batches
+instead of one per play, and a probe that several plays read (the listeners, the firewall) runs once.
+Anything that may change any host (another host's change may be what a check here reads: an rpc
+server restarted drops llama-server's connections on main) ends it: the next play drops what was
+read ahead on every host and reads for itself, as without it."""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tunnelspec.core.templating import evaluate, render_value
+from tunnelspec.engine import pending
 from tunnelspec.engine.playbook import Play
 from tunnelspec.modules import TASKS, Task
 
@@ -16,14 +25,42 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tunnelspec.engine.context import RunOptions
+    from tunnelspec.engine.executor import HostState
     from tunnelspec.engine.playbook import TaskSpec
 
 
 class Prefetch:
     # What it reads of the run (tunnelspec.engine.executor.Run).
     options: RunOptions
+    hosts: dict[str, HostState]
     template_vars: Callable[..., dict]
+    select: Callable[[str], list[str]]
     _tag_selected: Callable[[TaskSpec], bool]
+    # The run's plays in order (set by run_playbook; empty: no look-ahead), and per host the count of
+    # commands that may change a host, anywhere in the run, when its look-ahead batch ran.
+    _plays: Sequence[Play] = ()
+    _ahead: dict[str, int]
+
+    def _changes_anywhere(self) -> int:
+        return sum(st.conn.changes_started for st in self.hosts.values() if st.conn is not None)
+
+    def _later_probes(self, play: Play, host: str) -> list[list[str]]:
+        """The probes of every play after `play` that runs on `host` (what their first batches would
+        read, their pending handlers' record included), named from what is known now."""
+        plays = list(self._plays)
+        at = next((i for i, p in enumerate(plays) if p is play), None)
+        if at is None:
+            return []
+        out: list[list[str]] = []
+        for later in plays[at + 1 :]:
+            if host not in self.select(later.hosts):
+                continue
+            if later.handlers:
+                out.append(pending.load_argv(self.hosts[host].vars, later.name))
+            variables: dict = {}
+            for j in range(len(later.tasks)):
+                out.extend(self._task_probes(later, j, host, variables) or ())
+        return out
 
     def _task_probes(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
         """The read-only commands task j's check names (`Task.probes()`); None when its args cannot be
@@ -86,9 +123,22 @@ class Prefetch:
         variables: dict = {}
         named = [self._task_probes(play, j, host, variables) for j in range(len(play.tasks))]
         argvs = [*extra, *(a for mine in named if mine for a in mine)]
-        if len(argvs) > 1:
+        now = self._changes_anywhere()
+        mark = self._ahead.get(host)
+        if mark is not None and mark != now:
+            del self._ahead[host]
+            conn.drop_probes()  # read ahead before a change somewhere: never served now
+            mark = None
+        if mark is not None and conn.probes_tried(argvs):
+            return named  # an earlier play's batch read them, and no host changed since
+        # Looking ahead only while the whole run has changed nothing: once a run changes hosts, a
+        # later play's reads would mostly be read again anyway.
+        later = self._later_probes(play, host) if now == 0 and self._plays else []
+        if len(argvs) + len(later) > 1:
             try:
-                await conn.prefetch(argvs)
+                # Still valid read-ahead results stay; only what they lack is read.
+                if await conn.prefetch([*argvs, *later], more=mark is not None) and later:
+                    self._ahead[host] = now
             except Exception:  # noqa: BLE001 - same: the checks run their commands themselves
                 pass
         return named

@@ -298,9 +298,11 @@ echo "== enabled"; systemctl is-enabled "$1" 2>/dev/null || :
 echo "== active"; systemctl is-active "$1" 2>/dev/null || :
 echo "== links"; find /etc/systemd/system -mindepth 2 -maxdepth 2 -name "$1" 2>/dev/null | sort
 echo "== reqdirs"; find /etc/systemd/system -mindepth 1 -maxdepth 1 -type d -name 'tunnelspec-*.requires' 2>/dev/null | sort
-echo "== uids"; shift; for u in "$@"; do id -u -- "$u" 2>/dev/null || echo -; done
 echo "== end"
 """
+# The users' uids: a probe of their own, so that the state above (nft's listing is most of the cost) is
+# one probe whatever users a task asks about: the tasks of a run that read it share one answer.
+_UIDS = 'for u do id -u -- "$u" 2>/dev/null || echo -; done'
 
 
 @dataclass
@@ -316,7 +318,8 @@ class HostIsolation:
     uids: dict[str, int | None]
 
 
-def parse_observation(text: str, users: list[str]) -> HostIsolation:
+def parse_observation(text: str) -> HostIsolation:
+    """The isolation probe's output; `uids` is left empty (`observe` fills it from `uids(users)`)."""
     s = sections(text)
     if "end" not in s:
         raise ValueError("incomplete isolation probe output")
@@ -333,10 +336,6 @@ def parse_observation(text: str, users: list[str]) -> HostIsolation:
         table = parse_live(body)
     elif rc_line != "rc=127" and "No such file or directory" not in body:
         err = body.strip().splitlines()[-1] if body.strip() else rc_line
-    uids = {}
-    # The host's answer may stop short (a failed lookup): a user without a uid is left out.
-    for u, v in zip(users, s.get("uids", []), strict=False):
-        uids[u] = int(v) if v.strip().isdigit() else None
     return HostIsolation(
         nft=(s.get("nft") or ["no"])[0] == "yes",
         net_admin=net_admin,
@@ -346,14 +345,34 @@ def parse_observation(text: str, users: list[str]) -> HostIsolation:
         active=" ".join(s.get("active", [])).strip(),
         links=[link for link in s.get("links", []) if link],
         requires_dirs=[dir_ for dir_ in s.get("reqdirs", []) if dir_],
-        uids=uids,
+        uids={},
     )
 
 
-def isolation(users: list[str]) -> Fact[HostIsolation]:
-    """nft, CAP_NET_ADMIN, the live table, the isolation unit's state and links, and `users`' uids."""
-    return Fact(["sh", "-c", _OBSERVE, "sh", UNIT, *users], partial(parse_observation, users=users))
+def parse_uids(text: str, users: list[str]) -> dict[str, int | None]:
+    """`users`' uids, one line each ("-": no such user). The host's answer may stop short (a failed
+    lookup): a user without a line is left out."""
+    return {u: int(v) if v.strip().isdigit() else None for u, v in zip(users, text.splitlines(), strict=False)}
+
+
+def isolation() -> Fact[HostIsolation]:
+    """nft, CAP_NET_ADMIN, the live table, the isolation unit's state and links (no uids)."""
+    return Fact(["sh", "-c", _OBSERVE, "sh", UNIT], parse_observation)
+
+
+def uids(users: list[str]) -> Fact[dict[str, int | None]]:
+    return Fact(["sh", "-c", _UIDS, "sh", *users], partial(parse_uids, users=users))
+
+
+def probes(users: list[str]) -> list[list[str]]:
+    """What `observe(conn, users)` reads, for a task's `probes()`."""
+    return [isolation().argv, *([uids(users).argv] if users else [])]
 
 
 async def observe(conn, users: list[str]) -> HostIsolation:
-    return await isolation(users).gather(conn, timeout=30)
+    """nft, CAP_NET_ADMIN, the live table, the isolation unit's state and links, and `users`' uids
+    (a user with no uid: None)."""
+    seen = await isolation().gather(conn, timeout=30)
+    if users:
+        seen.uids = await uids(users).gather(conn, timeout=30)
+    return seen
