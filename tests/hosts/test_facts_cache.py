@@ -200,12 +200,16 @@ def test_an_alternatives_switch_changes_the_key(host):
     assert facts(RecordingConnection()).cmake == (3, 31, 7) and runs(log) == 2
 
 
-@pytest.mark.parametrize("layout", ["snap", "shims"])
-def test_a_dispatcher_is_never_cached(host, layout):
+@pytest.mark.parametrize("layout", ["snap", "shims", "relative"])
+def test_a_dispatcher_is_never_cached(host, layout, monkeypatch):
     """A tool whose file is a dispatcher (snap's one binary for every snap command, a version manager's
-    shim) may run another version with its own file unchanged: no key, the commands run every time."""
+    shim) may run another version with its own file unchanged, and one found through a relative PATH
+    entry is another file in another directory: no key, the commands run every time."""
     tools, log = host
-    if layout == "snap":
+    if layout == "relative":
+        monkeypatch.chdir(tools.parent)
+        monkeypatch.setenv("PATH", f"{tools.name}:{os.environ['PATH']}")
+    elif layout == "snap":
         (tools / "cmake").rename(tools / "snap")
         (tools / "cmake").symlink_to(tools / "snap")
     else:

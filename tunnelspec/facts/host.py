@@ -98,8 +98,9 @@ VERSION_LINES = ("systemd", "nvcc", "sshd_version", "ssh_version", "gcc", "cmake
 # (`readlink -f`: real path, inode, size, mtime, ctime; an upgrade or an alternatives switch changes
 # it), a marker for each one not found. Empty where stat cannot tell (macOS, busybox), and where a
 # tool is a dispatcher whose own file says nothing of the version it runs: a real file not named for
-# the tool (snap, a ccache masquerade, mise) or a version manager's shim. When the key equals $2, the
-# version commands are not run (`versions_cached=yes`): the controller adds the lines it kept.
+# the tool (snap, a ccache masquerade, mise) or a version manager's shim; or found through a relative
+# PATH entry. When the key equals $2, the version commands are not run (`versions_cached=yes`): the
+# controller adds the lines it kept.
 _SCRIPT = r"""
 PATH="$PATH:__SBIN__:__CUDA_BIN__"; export PATH LC_ALL=C
 root=$1 held=${2-}
@@ -130,10 +131,10 @@ for f in __FILES__; do [ -e "$f" ] && say "file:$f" yes; done
 for d in __ICD_DIRS__; do for f in "$d"/*.json; do [ -e "$f" ] && say "icd:$f" yes; done; done
 v=$(for t in __VERSION_TOOLS__; do command -v "$t" 2>/dev/null || echo "$t:none"; done)
 set -f; IFS=$nl; set -- $v; unset IFS; set +f
-vm=; for p do shift; case $p in /*) set -- "$@" "$p" ;; *) vm="$vm$p;" ;; esac; done
+ok=1; vm=; for p do shift; case $p in /*) set -- "$@" "$p" ;; *:none) vm="$vm$p;" ;; *) ok= ;; esac; done
 vk=; n=$#
-if [ $n -gt 0 ] && v=$(readlink -f -- "$@" 2>/dev/null); then
-  set -f; IFS=$nl; c=0; ok=1
+if [ $n -gt 0 ] && [ -n "$ok" ] && v=$(readlink -f -- "$@" 2>/dev/null); then
+  set -f; IFS=$nl; c=0
   for r in $v; do
     c=$((c + 1)); [ $c -gt $n ] && { ok=; break; }
     t=${1##*/}; shift; set -- "$@" "$r"
