@@ -91,6 +91,12 @@ class Connection(abc.ABC):
         connection is not SSH (a local connection has no host key to pin)."""
         return None
 
+    def cache_identity(self) -> tuple[str, ...] | None:
+        """Whom this connection reaches, for what the controller keeps of a host between runs (the
+        host's version lines: components/host/facts_cache.py): the address, port and login, and
+        the jump hosts; None: nothing to key on."""
+        return None
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 

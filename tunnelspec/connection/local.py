@@ -25,6 +25,9 @@ class LocalConnection(Connection):
         if self._become:
             self._becomer = Become(name, getpass.getuser(), become_password)
 
+    def cache_identity(self) -> tuple[str, ...] | None:
+        return ("local", str(os.geteuid()), os.uname().nodename)
+
     async def _exec(self, argv, input, timeout):
         proc = await asyncio.create_subprocess_exec(
             *argv,

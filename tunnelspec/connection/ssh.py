@@ -44,6 +44,7 @@ class SSHConnection(Connection):
         self.name = name
         self._conn = conn
         self._hops: list[asyncssh.SSHClientConnection] = []  # jump hosts, first hop first
+        self._target: tuple[str, ...] | None = None  # login, address, port, jump hosts (set by open)
         self.user = user
         self.is_root = user == "root"
         self._become = become and not self.is_root
@@ -110,6 +111,7 @@ class SSHConnection(Connection):
             session.new_host_keys.append((name, policy.pinned_line.strip()))
         out = cls(name, conn, user, become, become_password)
         out._hops = hops
+        out._target = ("ssh", user, address, str(port), *map(str, jump))
         return out
 
     async def _exec(self, argv, input, timeout):
@@ -141,6 +143,9 @@ class SSHConnection(Connection):
             raise HostUnreachable(f"{self.name}: connection lost: {e}") from None
         rc = proc.exit_status if proc.exit_status is not None else 255
         return rc, "\n".join(tail)
+
+    def cache_identity(self) -> tuple[str, ...] | None:
+        return self._target
 
     def server_host_key(self) -> str | None:
         key = self._conn.get_server_host_key()

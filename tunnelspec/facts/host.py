@@ -5,7 +5,9 @@ tools tunnelspec runs and where they live, a GPU backend's runtime (Vulkan drive
 One read-only fact (`host_facts(build_root)`: a POSIX sh script that runs on Linux and macOS alike, as the
 login user: no become, so a host whose sudo is broken still tells what it is) and its pure parser
 (`parse_facts`). Gathered once per run per host (components/host/host.py); everything version-dependent on a
-host is decided from these facts, never assumed.
+host is decided from these facts, never assumed. The script computes a key of the binaries its version
+commands run and skips those commands when the controller already holds that key (`versions_of` reads what it
+said; the controller's lines stand in: components/host/facts_cache.py).
 """
 
 from __future__ import annotations
@@ -82,41 +84,84 @@ VULKAN_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/s
 DEVICE_FILES = ("/dev/kfd", "/opt/rocm/bin/rocminfo")
 PACKAGE_MANAGERS = ("apt-get", "dnf", "yum", "zypper", "pacman", "apk", "brew")
 
+# The version commands whose lines the controller may keep (components/host/facts_cache.py), and
+# the keys of the lines they print.
+VERSION_TOOLS = ("systemctl", "sshd", "ssh", "gcc", "cmake", "nvcc")
+VERSION_LINES = ("systemd", "nvcc", "sshd_version", "ssh_version", "gcc", "cmake")
+
 # $1: the directory whose file system holds builds (its nearest existing parent is measured).
-# It runs on every host of every run: `say` forks (a subshell and `tr`) only for a value of several
-# lines, and `command -v` prints each tool's path itself (an empty value: not found), so the script
-# costs the host a few dozen processes, not a hundred.
+# $2: the versions key the controller holds for this host ("": none).
+# It runs on every host of every run, so it forks little: `command -v`, `read`, `case` and parameter
+# expansion are the shell's own; a command's output is cut in the shell (no grep, head, sed or awk),
+# and `say` forks (a subshell and `tr`) only for a value of several lines.
+# The versions key: GNU `stat` of the version tools as `command -v` finds them, links resolved
+# (`readlink -f`: real path, inode, size, mtime, ctime; an upgrade or an alternatives switch changes
+# it), a marker for each one not found. Empty where stat cannot tell (macOS, busybox), and where a
+# tool is a dispatcher whose own file says nothing of the version it runs: a real file not named for
+# the tool (snap, a ccache masquerade, mise) or a version manager's shim; or found through a relative
+# PATH entry. When the key equals $2, the version commands are not run (`versions_cached=yes`): the
+# controller adds the lines it kept.
 _SCRIPT = r"""
 PATH="$PATH:__SBIN__:__CUDA_BIN__"; export PATH LC_ALL=C
+root=$1 held=${2-}
 nl='
 '
 say() { case $2 in *"$nl"*) printf '%s=%s\n' "$1" "$(printf '%s' "$2" | tr '\n' ' ')" ;; *) printf '%s=%s\n' "$1" "$2" ;; esac; }
-say system "$(uname -s 2>/dev/null)"
-say kernel "$(uname -r 2>/dev/null)"
-say arch "$(uname -m 2>/dev/null)"
-say uid "$(id -u 2>/dev/null)"
-say user "$(id -un 2>/dev/null)"
+pick() { l=; set -f; IFS=$nl; for x in $2; do case $x in *"$1"*) l=$x; break ;; esac; done; unset IFS; set +f; }
+ossh() { o=; t=$1; while :; do case $t in *OpenSSH_[0-9]*) t=${t#*OpenSSH_}; case $t in [0-9]*) o=OpenSSH_${t%%[!0-9.p]*}; return ;; esac ;; *) return ;; esac; done; }
+u=$(uname -s -r -m 2>/dev/null); set -f; set -- $u; set +f
+if [ $# -eq 3 ]; then say system "$1"; say kernel "$2"; say arch "$3"
+else say system "$(uname -s 2>/dev/null)"; say kernel "$(uname -r 2>/dev/null)"; say arch "$(uname -m 2>/dev/null)"; fi
+i=$(id 2>/dev/null); i=${i%% *}
+case $i in
+  uid=[0-9]*"("*")") uid=${i#uid=}; uid=${uid%%"("*}; user=${i#*"("}; user=${user%")"} ;;
+  *) uid=$(id -u 2>/dev/null); user=$(id -un 2>/dev/null) ;;
+esac
+say uid "$uid"; say user "$user"
 if [ -r /etc/os-release ]; then
-  sed -n 's/^\(ID\|VERSION_ID\|VERSION_CODENAME\|PRETTY_NAME\|ID_LIKE\)=/os_\1=/p' /etc/os-release
+  while IFS= read -r l || [ -n "$l" ]; do
+    case $l in ID=*|VERSION_ID=*|VERSION_CODENAME=*|PRETTY_NAME=*|ID_LIKE=*) printf 'os_%s\n' "$l" ;; esac
+  done </etc/os-release
 fi
 command -v sw_vers >/dev/null 2>&1 && say macos "$(sw_vers -productVersion 2>/dev/null)"
-say init "$(cat /proc/1/comm 2>/dev/null)"
+v=; [ -r /proc/1/comm ] && read -r v </proc/1/comm; say init "$v"
 [ -d /run/systemd/system ] && say systemd_booted yes
-command -v systemctl >/dev/null 2>&1 && say systemd "$(systemctl --version 2>/dev/null | head -n 1)"
 for t in __TOOLS__; do printf 'tool:%s=' "$t"; command -v "$t" 2>/dev/null || echo; done
 for f in __FILES__; do [ -e "$f" ] && say "file:$f" yes; done
 for d in __ICD_DIRS__; do for f in "$d"/*.json; do [ -e "$f" ] && say "icd:$f" yes; done; done
-command -v nvcc >/dev/null 2>&1 && say nvcc "$(nvcc --version 2>/dev/null | grep 'release' | head -n 1)"
-say sshd_version "$( (sshd -V 2>&1 || true) | grep -o 'OpenSSH_[0-9][0-9.p]*' | head -n 1)"
-say ssh_version "$( (ssh -V 2>&1 || true) | grep -o 'OpenSSH_[0-9][0-9.p]*' | head -n 1)"
-command -v gcc >/dev/null 2>&1 && say gcc "$(gcc -dumpfullversion -dumpversion 2>/dev/null)"
-command -v cmake >/dev/null 2>&1 && say cmake "$(cmake --version 2>/dev/null | head -n 1)"
-d=$1; while [ ! -d "$d" ] && [ "$d" != / ]; do d=$(dirname -- "$d"); done
+v=$(for t in __VERSION_TOOLS__; do command -v "$t" 2>/dev/null || echo "$t:none"; done)
+set -f; IFS=$nl; set -- $v; unset IFS; set +f
+ok=1; vm=; for p do shift; case $p in /*) set -- "$@" "$p" ;; *:none) vm="$vm$p;" ;; *) ok= ;; esac; done
+vk=; n=$#
+if [ $n -gt 0 ] && [ -n "$ok" ] && v=$(readlink -f -- "$@" 2>/dev/null); then
+  set -f; IFS=$nl; c=0
+  for r in $v; do
+    c=$((c + 1)); [ $c -gt $n ] && { ok=; break; }
+    t=${1##*/}; shift; set -- "$@" "$r"
+    case ${r##*/} in *"$t"*) ;; *) ok= ;; esac
+    case $r in */shims/*) ok= ;; esac
+  done
+  unset IFS; set +f
+  [ -n "$ok" ] && [ $c -eq $n ] && vk=$(stat --printf '%n:%i:%s:%.9Y:%.9Z;' -- "$@" 2>/dev/null) && vk=$vm$vk || vk=
+fi
+if [ -n "$vk" ] && [ "$vk" = "$held" ]; then say versions_cached yes
+else
+  if command -v systemctl >/dev/null 2>&1; then v=$(systemctl --version 2>/dev/null); say systemd "${v%%"$nl"*}"; fi
+  if command -v nvcc >/dev/null 2>&1; then pick release "$(nvcc --version 2>/dev/null)"; say nvcc "$l"; fi
+  v=; command -v sshd >/dev/null 2>&1 && v=$(sshd -V 2>&1); ossh "$v"; say sshd_version "$o"
+  v=; command -v ssh >/dev/null 2>&1 && v=$(ssh -V 2>&1); ossh "$v"; say ssh_version "$o"
+  command -v gcc >/dev/null 2>&1 && say gcc "$(gcc -dumpfullversion -dumpversion 2>/dev/null)"
+  if command -v cmake >/dev/null 2>&1; then v=$(cmake --version 2>/dev/null); say cmake "${v%%"$nl"*}"; fi
+fi
+say versions_key "$vk"
+d=$root; while [ ! -d "$d" ] && [ "$d" != / ]; do case $d in */*) d=${d%/*}; d=${d:-/} ;; *) d=. ;; esac; done
 say disk_dir "$d"
-say disk_free_kb "$(df -Pk -- "$d" 2>/dev/null | awk 'NR==2 {print $4}')"
+v=$(df -Pk -- "$d" 2>/dev/null); case $v in *"$nl"*) v=${v#*"$nl"}; v=${v%%"$nl"*} ;; *) v= ;; esac
+set -f; set -- $v; set +f; say disk_free_kb "${4-}"
 say nproc "$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)"
-say mem_kb "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo 2>/dev/null)"
-if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1; then
+v=; if [ -r /proc/meminfo ]; then while read -r k m _; do [ "$k" = MemTotal: ] && { v=$m; break; }; done </proc/meminfo; fi
+say mem_kb "$v"
+if [ "$uid" != 0 ] && command -v sudo >/dev/null 2>&1; then
   out=$(sudo -k -n true 2>&1 </dev/null); rc=$?
   say sudo_nopasswd_rc "$rc"
   say sudo_nopasswd_msg "$out"
@@ -130,6 +175,7 @@ SCRIPT = (
     .replace("__TOOLS__", " ".join(TOOLS))
     .replace("__FILES__", " ".join(FILES + FIXED + DEVICE_FILES))
     .replace("__ICD_DIRS__", " ".join(VULKAN_ICD_DIRS))
+    .replace("__VERSION_TOOLS__", " ".join(VERSION_TOOLS))
 )
 
 
@@ -291,9 +337,35 @@ def parse_facts(text: str) -> HostFacts:
     )
 
 
-def host_facts(build_root: str) -> Fact[HostFacts]:
-    """What the host is; `build_root`: the directory whose file system holds builds."""
-    return Fact(["sh", "-c", SCRIPT, "sh", build_root], parse_facts)
+def host_facts(build_root: str, versions_key: str = "") -> Fact[HostFacts]:
+    """What the host is; `build_root`: the directory whose file system holds builds; `versions_key`:
+    the key of the version lines the controller kept for this host ("": none, the commands run)."""
+    return Fact(["sh", "-c", SCRIPT, "sh", build_root, versions_key], parse_facts)
+
+
+@dataclass(frozen=True)
+class Versions:
+    """What the script said about its version commands: the host's key (empty: none to keep),
+    whether it skipped the commands because the key was the one it was given, and their lines."""
+
+    key: str
+    cached: bool
+    lines: tuple[str, ...]
+
+
+def versions_of(text: str) -> Versions:
+    key, cached, lines = "", False, []
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if not sep:
+            continue
+        if name == "versions_key":
+            key = value.strip()
+        elif name == "versions_cached":
+            cached = value.strip() == "yes"
+        elif name in VERSION_LINES:
+            lines.append(line)
+    return Versions(key, cached, tuple(lines))
 
 
 def facts_from_dict(d: dict) -> HostFacts:

@@ -1,6 +1,7 @@
 """The host itself: its facts, whether tunnelspec can serve it, and its prerequisites.
 
-`host_facts` gathers the facts once per run (facts/host.py, one round trip, as the login user) and
+`host_facts` gathers the facts once per run (facts/host.py, one round trip, as the login user; the
+version lines from the controller's cache when the host's binaries are unchanged: facts_cache.py) and
 refuses, naming the host and what was found, a host tunnelspec cannot serve: not Linux, PID 1 not
 systemd, a non-root login without working sudo, no `flock`, a compiler or cmake too old for
 llama.cpp, too little disk. It runs in the deploy's first play, before the run lock and before any
@@ -20,9 +21,9 @@ from __future__ import annotations
 
 import shlex
 
-from tunnelspec.components.host import prereqs
+from tunnelspec.components.host import facts_cache, prereqs
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.facts.host import HostFacts, facts_from_dict, host_facts
+from tunnelspec.facts.host import HostFacts, facts_from_dict, host_facts, parse_facts, versions_of
 from tunnelspec.reporting import events
 from tunnelspec.modules.base import Arg, Task, change, ok, register_task
 from tunnelspec.core.booleans import truthy
@@ -43,12 +44,30 @@ def _v(t) -> str:
     return ".".join(map(str, t))
 
 
-async def gather(conn, root: str = DEFAULT_ROOT) -> HostFacts:
-    fact = host_facts(root)
-    res = await conn.probe(fact.argv, become=False, timeout=60)
+async def _run(conn, root: str, key: str) -> str:
+    res = await conn.probe(host_facts(root, key).argv, become=False, timeout=60)
     if res.rc != 0 and not res.stdout:
         raise TaskFailed(f"cannot read the host's facts (rc={res.rc}): {res.stderr.strip()[-500:]}")
-    return fact.parse(res.stdout)
+    return res.stdout
+
+
+async def gather(conn, root: str = DEFAULT_ROOT, *, reuse: bool = True) -> HostFacts:
+    """The host's facts, its version lines from the controller's cache when the host says its
+    binaries are those of the cached lines (facts_cache.py); `reuse=False`: the version commands run
+    (after an install). A full gather's lines are kept for the next run."""
+    ident = facts_cache.identity(conn)
+    rec = facts_cache.load(ident) if reuse else None
+    text = await _run(conn, root, rec.key if rec else "")
+    got = versions_of(text)
+    if got.cached:
+        if rec is not None and got.key == rec.key:
+            return parse_facts(text + "".join(f"{line}\n" for line in rec.lines))
+        text = await _run(conn, root, "")  # never facts without versions: once more, in full
+        got = versions_of(text)
+        if got.cached:
+            raise TaskFailed("the host's facts script skipped its version commands without a key to skip them by")
+    facts_cache.save(ident, got.key, got.lines)
+    return parse_facts(text)
 
 
 def facts_of(ctx) -> HostFacts | None:
@@ -230,7 +249,7 @@ class Prerequisites(Task):
                 res = await ctx.conn.run(install, timeout=1800)
         if res.rc != 0:
             raise TaskFailed(f"installing failed: {shlex.join(install)}\n{_tail(res.stderr or res.stdout)}")
-        f = await gather(ctx.conn, self.p["root"])
+        f = await gather(ctx.conn, self.p["root"], reuse=False)
         ctx.register(FACTS_KEY, f.to_dict())
         why = toolchain_refusals(f, self.p["backend"])
         if why:

@@ -1,0 +1,99 @@
+"""What the controller keeps of a host's facts between runs: the version lines of its last full
+gather (`systemd=`, `sshd_version=`, `ssh_version=`, `gcc=`, `cmake=`, `nvcc=`) and the versions
+key the host computed for them (facts/host.py: `stat` of the binaries those lines come from).
+
+The next gather passes the key; a host whose binaries are unchanged skips its version commands and
+says so, and the lines kept here stand in for them (components/host/host.py `gather`). Nothing else
+is kept: disk, memory, CPUs and sudo are read on every run.
+
+One file per connection (login, address, port, jump hosts): `$XDG_CACHE_HOME/tunnelspec/facts/
+<hash>.json` (default `~/.cache/...`). The rule is the build record's (components/server/
+preflight.py): best effort, the cache root itself is never created (a CI runner's ephemeral home
+has no `~/.cache`, and a run leaves nothing there), the file is written whole (a temporary file
+renamed over it) with mode 0600, and a file that cannot be read, or is not a record of this
+version for this connection, is no record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tunnelspec.facts.host import VERSION_LINES
+
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    lines: tuple[str, ...]
+
+
+def identity(conn) -> tuple[str, ...] | None:
+    """The connection's identity (connection/base.py `cache_identity`), None for one without."""
+    get = getattr(conn, "cache_identity", None)
+    ident = get() if callable(get) else None
+    return tuple(ident) if ident else None
+
+
+def _cache_root() -> str | None:
+    """The cache root when it exists or is named (XDG_CACHE_HOME), else None: never created here."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return xdg
+    home = os.path.join(os.path.expanduser("~"), ".cache")
+    return home if os.path.isdir(home) else None
+
+
+def record_path(ident: tuple[str, ...]) -> Path | None:
+    root = _cache_root()
+    if root is None:
+        return None
+    name = hashlib.sha256(json.dumps([RECORD_VERSION, *ident]).encode()).hexdigest()[:24]
+    return Path(root) / "tunnelspec" / "facts" / f"{name}.json"
+
+
+def _line_ok(line) -> bool:
+    return isinstance(line, str) and "\n" not in line and line.partition("=")[0] in VERSION_LINES
+
+
+def load(ident: tuple[str, ...] | None) -> Record | None:
+    path = record_path(ident) if ident else None
+    if path is None:
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION or doc.get("identity") != list(ident or ()):
+        return None
+    key, lines = doc.get("key"), doc.get("lines")
+    if not isinstance(key, str) or not key or not isinstance(lines, list) or not all(map(_line_ok, lines)):
+        return None
+    return Record(key, tuple(lines))
+
+
+def save(ident: tuple[str, ...] | None, key: str, lines: tuple[str, ...]) -> None:
+    """Best effort: a controller that cannot write its cache only runs the version commands again."""
+    path = record_path(ident) if ident and key else None
+    if path is None:
+        return
+    doc = {"version": RECORD_VERSION, "identity": list(ident or ()), "key": key, "lines": list(lines)}
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".facts-", suffix=".tmp")  # mode 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(doc))
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
