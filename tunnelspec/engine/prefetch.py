@@ -24,6 +24,7 @@ from tunnelspec.modules import TASKS, Task
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from tunnelspec.cluster.model import Cluster
     from tunnelspec.engine.context import RunOptions
     from tunnelspec.engine.executor import HostState
     from tunnelspec.engine.playbook import TaskSpec
@@ -33,6 +34,7 @@ class Prefetch:
     # What it reads of the run (tunnelspec.engine.executor.Run).
     options: RunOptions
     hosts: dict[str, HostState]
+    cluster: Cluster | None
     template_vars: Callable[..., dict]
     select: Callable[[str], list[str]]
     _tag_selected: Callable[[TaskSpec], bool]
@@ -69,14 +71,17 @@ class Prefetch:
         on first need."""
         spec = play.tasks[j]
         cls = TASKS.get(spec.module)
-        if cls is None or cls.probes is Task.probes or not self._tag_selected(spec):
+        if cls is None or not self._tag_selected(spec):
+            return []
+        if cls.probes is Task.probes and cls.cluster_probes is Task.cluster_probes:
             return []
         try:
             if "v" not in variables:
                 variables["v"] = self.template_vars(host, play)
             if self._skipped(spec, variables["v"]):
                 return []
-            return cls(cls.validate(render_value(spec.args, variables["v"]))).probes()
+            task = cls(cls.validate(render_value(spec.args, variables["v"])))
+            return task.cluster_probes(self.cluster) if cls.reads_cluster else task.probes()
         except Exception:  # noqa: BLE001 - reported by the task itself when it runs
             return None
 

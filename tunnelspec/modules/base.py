@@ -138,6 +138,12 @@ class Task:
         checks of a play into one round trip per host (connection/probes.py). None by default."""
         return []
 
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        """The same, for a task that declares `reads_cluster` and needs the cluster to name them (a
+        unit per rpc node, a tunnel's port): the executor passes the run's cluster (None without
+        one). By default `probes()`."""
+        return self.probes()
+
     def secrets(self) -> list[str]:
         return [str(self.p[n]) for n, a in self.args.items() if a.secret and self.p.get(n)]
 
