@@ -271,3 +271,21 @@ def test_the_script_cuts_outputs_as_grep_and_head_did(host):
     assert (lines["system"], lines["kernel"], lines["arch"]) == ("Weird OS", "1.0", "x86_64")
     assert (lines["uid"], lines["user"]) == ("1234", "")
     assert lines["disk_dir"] == "/" and lines["disk_free_kb"].isdigit()
+
+
+def test_records_not_written_for_a_month_are_pruned_when_another_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    old, recent = ("ssh", "root", "10.0.0.1", "22"), ("ssh", "root", "10.0.0.2", "22")
+    facts_cache.save(old, "k1", ("gcc=12.2.0",))
+    facts_cache.save(recent, "k2", ("gcc=12.2.0",))
+    old_path, recent_path = facts_cache.record_path(old), facts_cache.record_path(recent)
+    assert old_path is not None and recent_path is not None
+    month = 31 * 86400
+    os.utime(old_path, (old_path.stat().st_atime - month, old_path.stat().st_mtime - month))
+    other = old_path.parent / "not-a-record.txt"
+    other.write_text("x")
+    os.utime(other, (0, 0))
+    facts_cache.save(("ssh", "root", "10.0.0.3", "22"), "k3", ("gcc=12.2.0",))
+    assert not old_path.exists()
+    assert facts_cache.load(recent) == facts_cache.Record("k2", ("gcc=12.2.0",))
+    assert other.exists()  # only records are pruned

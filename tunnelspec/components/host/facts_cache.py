@@ -11,7 +11,8 @@ One file per connection (login, address, port, jump hosts): `$XDG_CACHE_HOME/tun
 preflight.py): best effort, the cache root itself is never created (a CI runner's ephemeral home
 has no `~/.cache`, and a run leaves nothing there), the file is written whole (a temporary file
 renamed over it) with mode 0600, and a file that cannot be read, or is not a record of this
-version for this connection, is no record.
+version for this connection, is no record. Records not written for PRUNE_DAYS (a host gone, a
+test's sshd on a random port) are removed when another is written, so the directory stays small.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from tunnelspec.facts.host import VERSION_LINES
 
 RECORD_VERSION = 1
+PRUNE_DAYS = 30
 
 
 @dataclass(frozen=True)
@@ -91,9 +93,24 @@ def save(ident: tuple[str, ...] | None, key: str, lines: tuple[str, ...]) -> Non
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(doc))
         os.replace(tmp, path)
+        _prune(path.parent, keep=path.name)
     except OSError:
         if tmp is not None:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def _prune(folder: Path, keep: str) -> None:
+    """Remove the records of this folder not written for PRUNE_DAYS (best effort)."""
+    import time  # lazy: only when a record is written
+
+    old = time.time() - PRUNE_DAYS * 86400
+    for entry in os.scandir(folder):
+        try:
+            if entry.name != keep and entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+                if entry.stat(follow_symlinks=False).st_mtime < old:
+                    os.unlink(entry.path)
+        except OSError:
+            continue
