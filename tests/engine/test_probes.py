@@ -12,6 +12,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from support.cli import generic8_inventory, make_repo
 
 from tunnelspec.connection.base import read_argv
@@ -20,6 +22,8 @@ from tunnelspec.connection.probes import plan
 from tunnelspec.connection.ssh import SSHConnection
 from tunnelspec.facts.files import file_state
 from tunnelspec.facts.files import parse
+from tunnelspec.facts import units
+from tunnelspec.facts.units import parse_service_state, service
 
 DATA = Path(__file__).parent / "data"
 
@@ -232,6 +236,88 @@ def test_file_states_fall_back_to_one_probe_each_when_find_is_not_gnu(tmp_path, 
 def test_relative_paths_are_not_merged():
     batch, _ = plan([file_state("-rf").argv, file_state("/a").argv, file_state("rel").argv])
     assert len(batch) == 3                     # a lone absolute path is not merged either
+
+
+# systemctl as a Debian 12 host answers over the bus (systemd 252): a.service active and enabled,
+# b.service inactive and disabled, m.service failed and masked, any other unit not loaded and without
+# a file. is-active prints a line per unit; is-enabled stops at the first unit without a file (rc 1).
+# SYSTEMCTL_FAKE=later: is-enabled prints not-found there and goes on (later systemd);
+# SYSTEMCTL_FAKE=nobus: PID 1 is not systemd (is-active prints nothing, is-enabled reads the files).
+FAKE_SYSTEMCTL = r"""#!/bin/sh
+verb=$1; shift
+state() { case $1 in a.service) echo active enabled;; b.service) echo inactive disabled;;
+  m.service) echo failed masked;; *) echo inactive -;; esac; }
+case $verb in
+is-active)
+  [ "$SYSTEMCTL_FAKE" = nobus ] && { echo "System has not been booted with systemd" >&2; exit 1; }
+  for u do set -- $(state "$u"); echo "$1"; done ;;
+is-enabled)
+  rc=1
+  for u do
+    set -- $(state "$u")
+    if [ "$2" = - ]; then
+      [ "$SYSTEMCTL_FAKE" = "" ] && { echo "Failed to get unit file state for $u: No such file or directory" >&2; exit 1; }
+      echo not-found; continue
+    fi
+    echo "$2"; [ "$2" = enabled ] && rc=0
+  done
+  exit $rc ;;
+esac
+"""
+
+
+def _fake_systemctl(tmp_path, monkeypatch, mode=""):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    os.chmod(bin_dir / "systemctl", 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SYSTEMCTL_FAKE", mode)
+
+
+def test_service_states_are_one_probe_split_back_exactly():
+    names = ["a.service", "b.service", "nope.service"]
+    argvs = [service(u).argv for u in names] + [read_argv("/etc/hostname"), service("-x.service").argv]
+    batch, expand = plan(argvs)
+    assert batch[-1] == units._services_command(names)         # the three units: one entry
+    assert batch[:-1] == argvs[3:]                            # a file read and an option-like name run alone
+    out = b"active\ninactive\ninactive\n=\nenabled\n=\ndisabled\n=\n=\n"
+    got = expand([(0, b"host\n"), (0, b""), (0, out)])
+    assert got[:4] == [(0, b"active\nenabled\n"), (0, b"inactive\ndisabled\n"), (0, b"inactive\n"), (0, b"host\n")]
+    # An answer that cannot be split (is-active stopped short): none of the three is served.
+    got = expand([(0, b"host\n"), (0, b""), (0, b"active\n=\n")])
+    assert got[:3] == [(-1, b"")] * 3 and got[3] == (0, b"host\n")
+
+
+@pytest.mark.parametrize("mode", ["", "later"])
+def test_service_states_from_the_batch_equal_each_probe_alone(tmp_path, monkeypatch, mode):
+    _fake_systemctl(tmp_path, monkeypatch, mode)
+    # A missing unit first, in the middle and last; a unit named twice; every state word.
+    names = ["x.service", "a.service", "nope.service", "b.service", "m.service", "z.service"]
+    argvs = [service(u).argv for u in names]
+    assert len(plan(argvs)[0]) == 1
+
+    async def go():
+        conn = LocalConnection("local")
+        alone = [await conn.run(a) for a in argvs]
+        assert await conn.prefetch(argvs + [argvs[1]]) == len(names)       # every one served from the batch
+        for u, a, want in zip(names, argvs, alone, strict=True):
+            assert (await conn.probe(a)).stdout_bytes == want.stdout_bytes, u
+        assert parse_service_state(alone[2].stdout) == ("inactive", "not-found" if mode else "")
+
+    asyncio.run(go())
+
+
+def test_service_states_without_systemd_run_alone(tmp_path, monkeypatch):
+    _fake_systemctl(tmp_path, monkeypatch, "nobus")
+    argvs = [service(u).argv for u in ["a.service", "nope.service"]] + [read_argv("/etc/hostname")]
+
+    async def go():
+        conn = LocalConnection("local")
+        assert await conn.prefetch(argvs) == 1                 # the file read only
+        assert parse_service_state((await conn.probe(argvs[0])).stdout) == ("", "enabled")    # run alone
+
+    asyncio.run(go())
 
 
 def test_git_state_from_one_status(tmp_path):

@@ -27,7 +27,7 @@ KEYS = set(
     "expected raises xfail".split()
 )
 # Parsers outside the `parse*` names that each need their cases too (module: names).
-EXTRA_PARSERS = {"sshd": {"sshd_includes"}, "files": {"_many_split"}}
+EXTRA_PARSERS = {"sshd": {"sshd_includes"}, "files": {"_many_split"}, "units": {"_services_split"}}
 # Facts whose parser is inline in the fact function (`res.stdout.split()`, ...): driven whole.
 INLINE_FACTS = {"units": {"unit_values"}, "sockets": {"clients_of"}, "sshd": {"effective_settings"}}
 # PortRule and ListenRule have the same fields: their dicts say which one they are.

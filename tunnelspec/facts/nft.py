@@ -284,20 +284,28 @@ def describe(rules: tuple) -> str:
 
 # ---- what a host has now, in one round trip ------------------------------------------------------
 UNIT = "tunnelspec-isolation.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+SYSTEMD_DIR = "/etc/systemd/system"  # the script's `d`
+UNIT_PATH = f"{SYSTEMD_DIR}/{UNIT}"
 RULES_PATH = "/etc/tunnelspec/isolation.nft"
 CAP_NET_ADMIN = 12
 
+# Few processes (this runs on every host of a no-op run): CapEff read by the shell itself (its
+# capabilities are those a command it runs gets, unless the command's file has capabilities of its
+# own: nft's does not), and one `find` for the unit's links and the `.requires` directories (the
+# parser tells them apart by depth and sorts them).
 _OBSERVE = r"""
 nft=/usr/sbin/nft
 echo "== nft"; [ -x "$nft" ] && echo yes || echo no
-echo "== capeff"; sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status
+echo "== capeff"
+while read -r k v; do [ "$k" = CapEff: ] && { echo "$v"; break; }; done </proc/self/status
 echo "== table"
 if [ -x "$nft" ]; then "$nft" -j list table inet tunnelspec 2>&1; echo "rc=$?"; else echo "rc=127"; fi
 echo "== enabled"; systemctl is-enabled "$1" 2>/dev/null || :
 echo "== active"; systemctl is-active "$1" 2>/dev/null || :
-echo "== links"; find /etc/systemd/system -mindepth 2 -maxdepth 2 -name "$1" 2>/dev/null | sort
-echo "== reqdirs"; find /etc/systemd/system -mindepth 1 -maxdepth 1 -type d -name 'tunnelspec-*.requires' 2>/dev/null | sort
+echo "== systemd"
+d=/etc/systemd/system
+find "$d" -mindepth 1 -maxdepth 2 \( -path "$d/*/*" -name "$1" -o ! -path "$d/*/*" -type d -name 'tunnelspec-*.requires' \) \
+  -print 2>/dev/null
 echo "== end"
 """
 # The users' uids: a probe of their own, so that the state above (nft's listing is most of the cost) is
@@ -336,6 +344,9 @@ def parse_observation(text: str) -> HostIsolation:
         table = parse_live(body)
     elif rc_line != "rc=127" and "No such file or directory" not in body:
         err = body.strip().splitlines()[-1] if body.strip() else rc_line
+    # One `find` lists both: a link two levels under SYSTEMD_DIR, a `.requires` directory one level.
+    root = SYSTEMD_DIR + "/"
+    found = [p[len(root) :] for p in s.get("systemd", []) if p.startswith(root)]
     return HostIsolation(
         nft=(s.get("nft") or ["no"])[0] == "yes",
         net_admin=net_admin,
@@ -343,8 +354,8 @@ def parse_observation(text: str) -> HostIsolation:
         table_error=err,
         enabled=" ".join(s.get("enabled", [])).strip(),
         active=" ".join(s.get("active", [])).strip(),
-        links=[link for link in s.get("links", []) if link],
-        requires_dirs=[dir_ for dir_ in s.get("reqdirs", []) if dir_],
+        links=sorted(root + p for p in found if p.count("/") == 1),
+        requires_dirs=sorted(root + p for p in found if p and "/" not in p),
         uids={},
     )
 

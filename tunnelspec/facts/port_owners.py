@@ -29,15 +29,40 @@ from tunnelspec.facts.sockets import _PROC, _split_endpoint
 # (ss pads its columns: newer iproute2, trixie's 6.x, puts several spaces after the process list.)
 _OWNER = re.compile(r'(?:^|",pid=\d+,fd=\d+\)\)\s+)(?:uid:(\d+)\s+)?ino:\d+(?=\s|$)')
 
+# One `ss`, kept in a variable: the shell reads the processes' pids and the owners' uids from it (no
+# second listing), then one `ps` for every pid and one `getent` for every owner. The uids looked up
+# are read where _OWNER reads an owner (the word after the process list's first "))", else the 6th
+# field), so a uid written in a process name is not looked up; and a lookup only adds what the host's
+# passwd says of that uid: which uid owns a listener is parse's reading of the line (_OWNER) alone.
 SCRIPT = r"""
-echo "== ss"; ss -Hltnpe
-pids=$(ss -Hltnp | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un | paste -sd, -)
-echo "== ps"; [ -z "$pids" ] || ps -ww -o pid=,user:32=,args= -p "$pids"
-echo "== users"
-# Owners from a listing without process names (nothing a user chose before the 6th column).
-for u in $(ss -Hltne | awk '$6 ~ /^uid:[0-9]+$/ { print substr($6, 5) }' | sort -un); do
-  echo "$u $(getent passwd "$u" | cut -d: -f1,5)"
+l=$(ss -Hltnpe)
+echo "== ss"; [ -z "$l" ] || printf '%s\n' "$l"
+nl='
+'
+pids=, uids=
+set -f
+IFS=$nl
+for line in $l; do
+  r=$line
+  while :; do
+    case $r in *pid=*) r=${r#*pid=} ;; *) break ;; esac
+    p=${r%%[!0-9]*}
+    [ -z "$p" ] || case $pids in *",$p,"*) ;; *) pids=$pids$p, ;; esac
+  done
+  case $line in *"users:(("*) line="${line%%"users:(("*} ${line#*"))"}" ;; esac
+  unset IFS
+  set -- $line
+  IFS=$nl
+  case $6 in
+    uid: | uid:*[!0-9]*) ;;
+    uid:*) case "$uids " in *" ${6#uid:} "*) ;; *) uids="$uids ${6#uid:}" ;; esac ;;
+  esac
 done
+unset IFS
+pids=${pids#,}
+echo "== ps"; [ -z "$pids" ] || ps -ww -o pid=,user:32=,args= -p "${pids%,}"
+echo "== users"
+[ -z "$uids" ] || getent passwd $uids | while IFS=: read -r name pw uid gid comment rest; do echo "$uid $name:$comment"; done
 echo "== end"
 """
 

@@ -6,8 +6,10 @@ its play's batch)."""
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
+from tunnelspec.connection.probes import Merge, register_merge
 from tunnelspec.facts.fact import Fact
 
 # Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
@@ -138,3 +140,85 @@ def service(unit: str) -> Fact[tuple[str, str]]:
 
 async def service_state(conn, unit: str) -> tuple[str, str]:
     return await service(unit).gather(conn)
+
+
+# `service(unit)` of many units in one probe of a batch (connection/probes.py). `systemctl is-active`
+# of them all prints a line per unit, in order, or stops at an error: a short answer ends the script
+# (and the split serves none). `is-enabled` of several also prints a line per unit in order until an
+# error, where it stops: systemd 252 stops at a unit without a file (later versions print not-found and
+# go on). So each line of a whole-word answer is its unit's, the unit after the last one is asked alone
+# (as `service(unit)` asks it), and the rest together again. A `.service` with a SysV script
+# (/etc/init.d/NAME) is answered first, ahead of every native unit: with one among them, each unit is
+# asked alone. After is-active's lines and a "=" line, each unit's is-enabled answer and a "=" line.
+# Two processes for all the units when every one is installed, three or four with one missing,
+# instead of two per unit.
+_SERVICES = r"""
+nl='
+'
+w() { k=$#; }
+ok() { case $1 in *[!a-z"$nl"-]* | "$nl"* | *"$nl$nl"*) return 1 ;; esac; }
+set -f
+a=$(systemctl is-active "$@")
+ok "$a" && w $a && [ "$k" -eq $# ] || k=-1
+printf '%s\n=\n' "$a"
+[ "$k" -ge 0 ] || exit 0
+s=
+for u do
+  n=${u%.service}
+  if [ -e "/etc/init.d/$n" ] || [ -L "/etc/init.d/$n" ] || [ -e "/etc/rc.d/init.d/$n" ]; then s=1; fi
+done
+while [ $# -gt 0 ]; do
+  if [ -z "$s" ]; then
+    e=$(systemctl is-enabled "$@" 2>/dev/null)
+    if ok "$e" && w $e && [ "$k" -le $# ]; then
+      for x in $e; do printf '%s\n=\n' "$x"; done
+      shift "$k"
+    fi
+  fi
+  [ $# -gt 0 ] || break
+  systemctl is-enabled "$1" 2>/dev/null
+  echo =
+  shift
+done
+"""
+# A unit name as written in a playbook: no option, glob, path or space (systemctl would expand,
+# mangle or misread it), and a unit type's suffix.
+_UNIT_NAME = re.compile(
+    r"[A-Za-z0-9_][A-Za-z0-9:_.@-]{0,200}\."
+    r"(service|socket|target|timer|path|mount|automount|swap|slice|scope|device)"
+)
+_WORD = re.compile(rb"[a-z][a-z-]*")  # every word is-active and is-enabled print
+
+
+def _services_command(units: list[str]) -> list[str]:
+    return ["sh", "-c", _SERVICES, "sh", *dict.fromkeys(units)]
+
+
+def _services_split(rc: int, out: bytes, units: list[str]) -> list[bytes] | None:
+    """Per unit, the bytes `service(unit)`'s argv prints; None unless every answer is where it must be."""
+    names = list(dict.fromkeys(units))
+    lines = out.split(b"\n")
+    if rc != 0 or lines.pop() != b"":
+        return None
+    groups: list[list[bytes]] = [[]]  # is-active's lines, then each unit's is-enabled answer
+    for line in lines:
+        if line == b"=":
+            groups.append([])
+        elif _WORD.fullmatch(line):
+            groups[-1].append(line)
+        else:
+            return None
+    if groups.pop() or len(groups) != len(names) + 1 or len(groups[0]) != len(names):
+        return None
+    by_unit = {u: b"".join(w + b"\n" for w in [a, *e]) for u, a, e in zip(names, groups[0], groups[1:], strict=True)}
+    return [by_unit[u] for u in units]
+
+
+register_merge(
+    Merge(
+        prefix=("sh", "-c", SERVICE_STATE_SCRIPT, "sh"),
+        accepts=lambda u: _UNIT_NAME.fullmatch(u) is not None,
+        command=_services_command,
+        split=_services_split,
+    )
+)
