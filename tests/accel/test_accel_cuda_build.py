@@ -130,12 +130,12 @@ def test_check_mode_before_the_source_shows_the_architecture():
                       "(nvidia-smi: 1× NVIDIA H100 80GB HBM3 (9.0))")
 
 
-def test_inventory_architectures_win_and_cpu_builds_probe_nothing():
+def test_inventory_architectures_win_and_cpu_builds_probe_no_gpu():
     task = _task(cuda_architectures="86")
     ch = _check(task, FakeConn((DATA / "nvidia-smi-rtx4090.txt").read_text()))
     assert "CUDA architectures 86 (llama_cuda_architectures)" in ch.msg
     cpu = _task(backend="cpu")
-    assert cpu.probes() == []
+    assert [a[:3] for a in cpu.probes()] == [["sh", "-c", bp.STATE_SCRIPT]]  # its build state, no nvidia-smi
     conn = FakeConn("")
     assert "CUDA" not in _check(cpu, conn).msg and [k for k, _ in conn.seen] == ["run"]
 

@@ -43,6 +43,9 @@ CODE_REFS: dict[tuple[str, str], tuple[str, str]] = {
     ("tunnelspec/components/front/model.py", "add_serving"): ("llama-server's unit: RuntimeDirectory= (state_dir)", ""),
     ("tunnelspec/components/front/serving.py", "serving_state"): (
         "status reads the mode file through facts/safe_read.py (O_NOFOLLOW walk, one name, a cap)", "safe_read.read("),
+    ("tunnelspec/components/front/serving.py", "state_probes"): (
+        "names serving_state's read of the mode file for the play's batch: the same reader, facts/safe_read.py",
+        "safe_read.file_text("),
     ("tunnelspec/commands/logs.py", "_collect_server"): (
         "logs reads the mode file through facts/safe_read.py", "safe_read.file_text("),
 }

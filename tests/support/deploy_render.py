@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from tunnelspec.cluster.model import Cluster
+from tunnelspec.components.server.server import version_argv
 from tunnelspec.components.tunnel.units import selected_nodes
 from tunnelspec.core.templating import evaluate, render_value
 from tunnelspec.engine.context import HostContext, RunOptions
@@ -78,7 +79,7 @@ class StandIn:
         out = None
         if argv[-1:] == ["--help"]:
             out = self.help
-        elif argv[-1:] == ["--version"]:
+        elif argv[-1:] == ["--version"] or argv == version_argv(argv[-1]):
             out = self.version
         elif argv[:2] == ["getent", "group"]:
             out = "".join(f"{g}:x:{100 + i}:\n" for i, g in enumerate(argv[2:]))

@@ -45,22 +45,31 @@ class RpcServerBinary(Task):
     args = {
         "root": Arg(str, required=True, help="tunnelspec's directory on the host (its `current/bin`)."),
         "path": Arg(str, help="An explicit binary instead of the build's."),
+        "build_bin": Arg(
+            dict,
+            help="The build play's binaries (`llama_build.bin`), looked at first; unset: this run's `llama_build`.",
+        ),
     }
 
-    def _candidates(self, ctx) -> list[str]:
+    def _candidates(self, built: dict) -> list[str]:
         if self.p["path"]:
             return [self.p["path"]]
-        out = []
-        built = (ctx.vars.get("llama_build") or {}).get("bin") or {}
-        out += [built[n] for n in RPC_SERVER_NAMES if built.get(n)]
-        out += [f"{self.p['root']}/current/bin/{n}" for n in RPC_SERVER_NAMES]
-        return out
+        out = [built[n] for n in RPC_SERVER_NAMES if built.get(n)]
+        return out + [f"{self.p['root']}/current/bin/{n}" for n in RPC_SERVER_NAMES]
+
+    def _argv(self, built: dict) -> list[str]:
+        script = 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1'
+        return ["sh", "-c", script, "sh", *self._candidates(built)]
+
+    def probes(self) -> list[list[str]]:
+        return [self._argv(self.p["build_bin"])] if self.p["build_bin"] is not None else []
 
     async def check(self, ctx):
-        cands = self._candidates(ctx)
-        res = await ctx.conn.probe(
-            ["sh", "-c", 'for p; do [ -x "$p" ] && [ -f "$p" ] && { echo "$p"; exit 0; }; done; exit 1', "sh", *cands]
-        )
+        built = self.p["build_bin"]
+        if built is None:
+            built = (ctx.vars.get("llama_build") or {}).get("bin") or {}
+        cands = self._candidates(built)
+        res = await ctx.conn.probe(self._argv(built))
         if res.rc != 0:
             raise TaskFailed(
                 f"no RPC server binary on {ctx.host} (looked for {', '.join(cands)}); "
@@ -224,6 +233,11 @@ class RpcUnit(Task):
             }
         )
 
+    def probes(self) -> list[list[str]]:
+        # The unit file's state (SystemdUnit's own probe); the groups a GPU backend needs are the
+        # node's, which the cluster alone does not name without the host.
+        return SystemdUnit.build({"name": RPC_UNIT, "src": "tunnelspec-rpc.service.j2"}).probes()
+
     async def check(self, ctx):
         return await (await self._unit(ctx)).check(ctx)
 
@@ -267,8 +281,12 @@ fi
 """
 
 
+def start_of_run_argv(unit: str) -> list[str]:
+    return ["sh", "-c", START_OF_RUN_SCRIPT, "sh", unit]
+
+
 async def start_of_run(conn, unit: str) -> str:
-    return (await conn.probe(["sh", "-c", START_OF_RUN_SCRIPT, "sh", unit], timeout=60)).stdout
+    return (await conn.probe(start_of_run_argv(unit), timeout=60)).stdout
 
 
 async def _run_as(ctx, user: str, argv: list[str], env=(), timeout: float = 60):
@@ -339,6 +357,10 @@ class RpcServedDevices(Task):
             help="Restart a server serving the wrong device once (deploy); false: refuse at once (verify).",
         ),
     }
+
+    def probes(self) -> list[list[str]]:
+        # The banner of the current run; the device list only when the journal no longer has it.
+        return [start_of_run_argv(RPC_UNIT)]
 
     async def _served(self, ctx):
         node = ctx.require_cluster().node(ctx.host)

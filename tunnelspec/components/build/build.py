@@ -130,8 +130,14 @@ class LlamaBuild(Task):
         extra = [*self._extra(), *getattr(self, "_cuda_options", [])]
         return bp.keyed_options(self.p["commit"], self.p["build_number"], self.p["backend"], extra)
 
+    def _state_argv(self, key: str) -> list[str]:
+        return ["sh", "-c", bp.STATE_SCRIPT, "sh", self.p["root"], key, self.src]
+
     def probes(self) -> list[list[str]]:
-        return [nvidia_smi.NVIDIA_SMI_PROBE] if self.p["backend"] == "cuda" else []
+        # A CUDA build's key holds the architectures nvidia-smi reports: known only from its answer.
+        if self.p["backend"] == "cuda":
+            return [nvidia_smi.NVIDIA_SMI_PROBE]
+        return [self._state_argv(bp.build_key(self.p["tree"], self._options()))] if self.p["tree"] else []
 
     def _inventory_archs(self, ctx) -> str | None:
         if self.p["cuda_architectures"]:
@@ -199,7 +205,7 @@ class LlamaBuild(Task):
         options = self._options()
         key = bp.build_key(self.p["tree"], options)
         self._key, self._dir = key, posixpath.join(self.p["root"], "build", key)
-        res = await ctx.conn.probe(["sh", "-c", bp.STATE_SCRIPT, "sh", self.p["root"], key, self.src], check=True)
+        res = await ctx.conn.probe(self._state_argv(key), check=True)
         st = bp.parse_state(res.stdout)
         self._state = st
         if st.tree != self.p["tree"]:

@@ -50,8 +50,11 @@ class LlamaServerQuiesce(Task):
         "unit": Arg(str, default=UNIT, help="llama-server's unit."),
     }
 
+    def probes(self) -> list[list[str]]:
+        return [["sh", "-c", _STATE, "sh", self.p["unit"], self.p["binary"]]]
+
     async def check(self, ctx):
-        res = await ctx.conn.probe(["sh", "-c", _STATE, "sh", self.p["unit"], self.p["binary"]])
+        res = await ctx.conn.probe(self.probes()[0])
         running, current = parse_state(res.stdout)
         if running is None:
             return ok("llama-server not running")

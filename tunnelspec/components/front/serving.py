@@ -22,9 +22,20 @@ async def sh(conn, argv, timeout=20) -> str:
     return res.stdout.strip() if res.rc == 0 else ""
 
 
+def _is_active(unit: str) -> list[str]:
+    return ["systemctl", "is-active", unit]
+
+
 async def unit_state(conn, unit: str) -> str:
-    res = await conn.probe(["systemctl", "is-active", unit])
+    res = await conn.probe(_is_active(unit))
     return res.stdout.strip() or "unknown"
+
+
+def state_probes(cluster) -> list[list[str]]:
+    """What `serving_state(conn, cluster)` reads before the mode it finds decides more: the mode
+    file and, with a draft-only node, the draft watch's state."""
+    watch = [_is_active(front.WATCH_UNIT)] if front.skippable_draft(cluster) else []
+    return [safe_read.file_text(front.STATE_PATH, STATE_CAP).argv, *watch]
 
 
 def iso(t) -> str | None:

@@ -74,9 +74,18 @@ async def stamped_build_number(conn, build: str) -> int | None:
     return number if isinstance(number, int) and not isinstance(number, bool) else None
 
 
+def host_state_argv(role: str, root: str, nodes: tuple[str, ...] = ()) -> list[str]:
+    """What `host_state` reads on the host."""
+    return ["sh", "-c", gen.STATE_SCRIPT, "sh", root, *gen.managed_files(role, root, nodes)]
+
+
+def main_state_probes(cluster) -> list[list[str]]:
+    """The live state `live_state` reads on main itself (each node's is read on its own connection)."""
+    return [host_state_argv("main", cluster.main.root, nodes_of(cluster, "main"))]
+
+
 async def host_state(conn, role: str, root: str, nodes: tuple[str, ...] = ()) -> dict:
-    files = gen.managed_files(role, root, nodes)
-    res = await conn.probe(["sh", "-c", gen.STATE_SCRIPT, "sh", root, *files], check=True)
+    res = await conn.probe(host_state_argv(role, root, nodes), check=True)
     return {"role": role, "root": root, **gen.parse_state(res.stdout)}
 
 

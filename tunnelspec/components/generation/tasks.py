@@ -25,6 +25,7 @@ from tunnelspec.components.generation.live import (
     checked,
     hosts_of,
     live_state,
+    main_state_probes,
     model_proofs,
     model_proofs_probe,
     nodes_of,
@@ -78,6 +79,9 @@ class GenerationRecord(Task):
 
     def probes(self) -> list[list[str]]:
         return [RECORDS_ARGV, STATUS_ARGV, *model_proofs_probe(self.p["models"])]
+
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        return [*self.probes(), *(main_state_probes(cluster) if cluster is not None else [])]
 
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)

@@ -16,13 +16,19 @@ from tunnelspec.modules.base import Arg, Task, ok, register_task
 HEADER_BYTES = (2**20, 16 * 2**20)
 
 
+def header_argv(path: str, n: int = HEADER_BYTES[0]) -> list[str]:
+    """The probe of `gguf_header`: the file's size, then its first `n` bytes in base64 (the first
+    read, 1 MiB, is the one a task can name in its probes)."""
+    q = shlex.quote(path)
+    return ["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"]
+
+
 async def gguf_header(conn, path: str, enough) -> tuple[int, bytes, str]:
     """(size in bytes, the first bytes, a note) of a GGUF on the host: 1 MiB, or 16 MiB when
     `enough(header, size)` says the first read was not (a big vocabulary's token list)."""
-    q = shlex.quote(path)
     header, size = b"", 0
     for n in HEADER_BYTES:
-        res = await conn.probe(["sh", "-c", f"stat -L -c %s {q} && head -c {n} {q} | base64 -w0"], timeout=120)
+        res = await conn.probe(header_argv(path, n), timeout=120)
         if res.rc != 0:
             return 0, b"", f"cannot read {path}: {res.stderr.strip()[:200]}"
         size_line, _, b64 = res.stdout.partition("\n")
@@ -109,6 +115,14 @@ class ModelFit(Task):
         "target_model": Arg(str, help="The target GGUF's path on main (its shares on RPC nodes)."),
         "draft_devices": Arg(int, default=1, help="How many of the node's served devices the draft may use."),
     }
+
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        """The first read of each GGUF's header check makes (a second, larger one only when that
+        one was not enough)."""
+        out = [header_argv(self.p["draft_model"])] if self.p["draft_model"] else []
+        if self.p["target_model"] and cluster is not None and cluster.placement.weights is not None:
+            out.append(header_argv(self.p["target_model"]))
+        return out
 
     async def check(self, ctx):
         cluster = ctx.require_cluster()

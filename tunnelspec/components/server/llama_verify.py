@@ -7,8 +7,15 @@ from __future__ import annotations
 import asyncio
 
 from tunnelspec.components.front import model as front
-from tunnelspec.components.front.serving import serving_state
-from tunnelspec.components.server.verify import model_paths, model_sizes, start_timeout, verify_server
+from tunnelspec.components.front.serving import serving_state, state_probes
+from tunnelspec.components.server.verify import (
+    model_paths,
+    model_sizes,
+    sizes_argv,
+    start_timeout,
+    verify_probes,
+    verify_server,
+)
 from tunnelspec.components.tls.reach import ApiTls
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
@@ -68,6 +75,17 @@ class LlamaVerify(Task):
         if not self.p["tls_name"]:
             raise TaskFailed("tls_ca_file without tls_name: give the name the certificate must be valid for")
         return ApiTls(self.p["tls_ca_file"], self.p["tls_name"])
+
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        """The reads of check that its arguments name (the journal of the current run is named by an
+        answer: read when asked): the models' sizes, the serving mode (a plan with a degraded mode),
+        what the proof reads before the completion decides more."""
+        planned = ServedPlan.from_fact(self.p["plan"])
+        paths = [] if self.p["health_timeout"] else model_paths(list(planned.argv))
+        out = [sizes_argv(paths)] if paths else []
+        if planned.has_degraded_mode and cluster is not None:
+            out += state_probes(cluster)
+        return [*out, *verify_probes(self.p["api_key_file"])]
 
     async def check(self, ctx):
         planned = ServedPlan.from_fact(self.p["plan"])  # the template boundary: typed from here on

@@ -27,11 +27,17 @@ from tunnelspec.components.front.model import add_serving
 from tunnelspec.llama.speculative import spec_support
 from tunnelspec.llama.memory_fit import gguf_shape, ram_available
 from tunnelspec.llama.split_proof import slot_bytes
-from tunnelspec.components.server.fit import gguf_header
+from tunnelspec.components.server.fit import gguf_header, header_argv
 from tunnelspec.components.models.files import MODELS_DIR
-from tunnelspec.llama.versions import format_version
+from tunnelspec.llama.versions import RPC_HEADER, format_version
 from tunnelspec.components.tunnel.tunnels import main_rpc_version
 from tunnelspec.components.front import model as front
+
+
+def version_argv(binary: str) -> list[str]:
+    """`llama-server --version` with its stderr (where it prints the version) on stdout: a batch keeps
+    only a probe's stdout."""
+    return ["sh", "-c", '"$1" --version 2>&1', "sh", binary]
 
 
 def _nodes_key(cluster, binary_id: str) -> str:
@@ -151,12 +157,27 @@ class LlamaServerPlan(Task):
         ),
     }
 
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        """What check reads before anything it reads decides more (the MTP draft's headers, a header
+        read again larger): the build's --version and --help, the target's header (proportions
+        given), main's RPC header, the groups the backend needs, MemAvailable (a split's modes)."""
+        binary = self.p["binary"]
+        out = [version_argv(binary), [binary, "--help"]]
+        if cluster is None:
+            return out
+        if cluster.placement.weights is not None:
+            out.append(header_argv(self.p["model"]))
+        out.append(read_argv(f"{cluster.main.root}/src/llama.cpp/{RPC_HEADER}"))
+        if groups := BACKEND_GROUPS[cluster.main.build.backend]:
+            out.append(["getent", "group", *groups])
+        return [*out, *([read_argv("/proc/meminfo")] if front.split_candidates(cluster) else [])]
+
     async def check(self, ctx):
         cluster = ctx.require_cluster()
         conn, binary = ctx.conn, self.p["binary"]
         # Both are read-only and each loads the whole binary: run them side by side.
         ver, helped = await asyncio.gather(
-            conn.probe([binary, "--version"], timeout=60), conn.probe([binary, "--help"], timeout=60)
+            conn.probe(version_argv(binary), timeout=60), conn.probe([binary, "--help"], timeout=60)
         )
         try:
             label = flags.parse_version(ver.stdout + ver.stderr).label

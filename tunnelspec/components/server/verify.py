@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 from itertools import pairwise
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.core import http
+from tunnelspec.facts import units
 from tunnelspec.llama import known_issues, props, split_proof
 from tunnelspec.llama.served_plan import ServedPlan
 from tunnelspec.components.server import death as server_death
@@ -28,9 +30,26 @@ async def read_api_key(conn, path: str | None) -> Secret | None:
     return Secret(data.decode().strip())
 
 
+def invocation_argv(unit: str = UNIT) -> list[str]:
+    return ["systemctl", "show", "-p", "InvocationID", "--value", unit]
+
+
+def sizes_argv(paths: list[str]) -> list[str]:
+    """What `model_sizes(conn, paths)` reads."""
+    return ["stat", "-L", "-c", "%s", "--", *paths]
+
+
+def verify_probes(api_key_file: str | None) -> list[list[str]]:
+    """What `verify_server` reads before any answer decides what it reads next: the unit's state
+    (the crash watch's baseline), the API key, the current run's InvocationID (its journal is named
+    by that answer)."""
+    key = [read_argv(api_key_file)] if api_key_file else []
+    return [units.properties(UNIT, list(server_death.PROPS)).argv, *key, invocation_argv()]
+
+
 async def invocation_journal(conn, unit: str = UNIT) -> str:
     """The journal of the unit's current run only (its InvocationID), so old runs prove nothing."""
-    inv = (await conn.probe(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+    inv = (await conn.probe(invocation_argv(unit))).stdout.strip()
     argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit]
     if inv:
         argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
@@ -70,7 +89,7 @@ async def journal_last_line(conn, unit: str = UNIT, lines: int = 40) -> str:
     """The newest line of the unit's current run (its InvocationID), for a progress report; '' when
     there is none or the journal cannot be read (a report must not fail the wait)."""
     try:
-        inv = (await conn.probe(["systemctl", "show", "-p", "InvocationID", "--value", unit])).stdout.strip()
+        inv = (await conn.probe(invocation_argv(unit))).stdout.strip()
         argv = ["journalctl", "--no-pager", "-o", "cat", "-n", str(lines), "-u", unit]
         if inv:
             argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
@@ -152,7 +171,7 @@ async def model_sizes(conn, paths: list[str]) -> list[int]:
     """Sizes in bytes of the files that exist (a missing one counts 0: /health's wait then says why)."""
     if not paths:
         return []
-    res = await conn.probe(["stat", "-L", "-c", "%s", "--", *paths])
+    res = await conn.probe(sizes_argv(paths))
     return [int(x) for x in (res.stdout or "").split() if x.isdigit()]
 
 
@@ -211,7 +230,9 @@ async def verify_server(
             raise TaskFailed(stuck) from None  # asking again would wait behind the stuck slot
         # llama-server never reconnects a lost RPC connection: it notices one (an rpc-server restarted by
         # this deploy, or by another run just before) at its next request, aborts, and systemd starts it
-        # again (Restart=always). That next request is this one. Once healthy again, one more try.
+        # again (Restart=always). That next request is this one. Once healthy again, one more try;
+        # what the play's batch read of llama-server (its InvocationID) is from before that restart.
+        conn.drop_probes()
         try:
             await http.wait_health(opener, health_timeout, report=await report())
             body = await http.completion(

@@ -94,6 +94,13 @@ class LlamaSource(Task):
         )
         raise TaskFailed(f"llama_commit {ref!r} is not a full 40-hex commit SHA (tags and branches move); {hint}")
 
+    def _state_argv(self, commit: str) -> list[str]:
+        return ["sh", "-c", ss.STATE_SCRIPT, "sh", self.dir, commit]
+
+    def probes(self) -> list[list[str]]:
+        commit = str(self.p["commit"]).strip().lower()
+        return [self._state_argv(commit)] if ss.FULL_SHA.match(commit) else []
+
     async def check(self, ctx):
         commit = str(self.p["commit"]).strip().lower()
         if not ss.FULL_SHA.match(commit):
@@ -106,7 +113,7 @@ class LlamaSource(Task):
         self.p["commit"] = commit
         patches = self._patches(ctx)
         fp = ss.fingerprint(commit, patches)
-        res = await ctx.conn.probe(["sh", "-c", ss.STATE_SCRIPT, "sh", self.dir, commit], check=True)
+        res = await ctx.conn.probe(self._state_argv(commit), check=True)
         st = ss.parse_state(res.stdout)
         wanted = f"{commit[:12]} + {len(patches)} patch(es)"
         self._register(ctx, commit, patches, st, pending=True)

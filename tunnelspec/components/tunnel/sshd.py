@@ -7,6 +7,7 @@ import fnmatch
 import hashlib
 from typing import Any
 
+from tunnelspec.connection.base import read_argv
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.templating import render_file
 from tunnelspec.core.errors import TaskFailed
@@ -104,6 +105,9 @@ class TunnelSshdPolicy(Task):
             if src.exists():
                 return render_file(src.read_text(), {"user": user, "policy": SSHD_TUNNEL_POLICY}, str(src)).encode()
         raise TaskFailed(f"template {SSHD_DROPIN_TEMPLATE} not found")
+
+    def probes(self) -> list[list[str]]:
+        return [file_state(self.p["path"]).argv, read_argv(self.p["config"])]
 
     async def check(self, ctx):
         path = self.p["path"]

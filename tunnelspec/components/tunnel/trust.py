@@ -232,11 +232,22 @@ class TunnelAuthorizedKey(Task):
         except ValueError as e:  # a port, address or key the line cannot carry: the arguments' fault
             raise ArgumentError(str(e)) from None
 
+    @property
+    def _path(self) -> str:
+        return f"{self.p['home']}/.ssh/authorized_keys"
+
+    def _meta_argv(self) -> list[str]:
+        return ["stat", "-c", "%a %U", "--", self._path]
+
+    def probes(self) -> list[list[str]]:
+        # Main's `ip route get` (from_address unset) is read on main's connection, not this host's.
+        return [read_argv(self._path), self._meta_argv()]
+
     async def check(self, ctx):
-        path = f"{self.p['home']}/.ssh/authorized_keys"
+        path = self._path
         want = await self._line(ctx)
         cur = (await ctx.conn.get(path) or b"").decode()
-        meta = await ctx.conn.probe(["stat", "-c", "%a %U", "--", path])
+        meta = await ctx.conn.probe(self._meta_argv())
         if cur == want and meta.stdout.split() == ["644", "root"]:
             return ok("restricted tunnel key present")
         return change("install restricted tunnel key", Diff(cur, want, path), content=want)

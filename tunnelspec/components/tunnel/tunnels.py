@@ -9,8 +9,9 @@ import asyncio
 
 from tunnelspec.core.constants import LOOPBACK
 from tunnelspec.core.errors import TaskFailed
-from tunnelspec.facts.sockets import clients_of
-from tunnelspec.facts.units import stale_units
+from tunnelspec.connection.base import read_argv
+from tunnelspec.facts.sockets import clients_of, established
+from tunnelspec.facts import units as unit_facts
 from tunnelspec.components.tunnel.keypair import TUNNEL_FORCED_COMMAND, fingerprint
 from tunnelspec.llama.rpc import ProbeStatus
 from tunnelspec.llama.versions import RPC_HEADER, format_version, rpc_proto_version
@@ -64,6 +65,24 @@ class TunnelUnits(Task):
     def probes(self) -> list[list[str]]:
         return [AES_NI_PROBE, _INSTALLED_TUNNELS]
 
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        """What check reads per node besides: whether a unit runs from an older file, each unit
+        file's state (started only) and each service's state (the inner tasks' own probes)."""
+        if cluster is None:
+            return self.probes()
+        names = [unit_name(n.name) for n in selected_nodes(cluster, self.p["nodes"])]
+        started = self.p["state"] == "started"
+        out = [AES_NI_PROBE, *([unit_facts.stale(names).argv] if started and names else [])]
+        for name in names:
+            if started:
+                out += SystemdUnit.build({"name": name, "src": UNIT_TEMPLATE}).probes()
+            out += self._service(name).probes()
+        return [*out, _INSTALLED_TUNNELS]
+
+    def _service(self, name: str) -> Task:
+        want = self.p["state"] == "started"
+        return Service.build({"name": name, "state": self.p["state"], "enabled": want})
+
     async def _aes_ni(self, ctx) -> bool:
         return (await ctx.conn.probe(AES_NI_PROBE)).stdout.strip() == "aes"
 
@@ -96,16 +115,18 @@ class TunnelUnits(Task):
                 },
             }
         )
-        want = self.p["state"] == "started"
-        svc = Service.build({"name": name, "state": self.p["state"], "enabled": want})
-        return name, unit, svc
+        return name, unit, self._service(name)
 
     async def check(self, ctx):
         todo, plan = [], []
         aes_ni = await self._aes_ni(ctx)
         nodes = selected_nodes(ctx.require_cluster(), self.p["nodes"])
         # A run killed between writing a unit and restarting it left the old ssh running.
-        stale = await stale_units(ctx.conn, [unit_name(n.name) for n in nodes]) if self.p["state"] == "started" else {}
+        stale = (
+            await unit_facts.stale_units(ctx.conn, [unit_name(n.name) for n in nodes])
+            if self.p["state"] == "started"
+            else {}
+        )
         for node in nodes:
             name, unit, svc = self._parts(ctx, node, aes_ni)
             u = await unit.check(ctx) if self.p["state"] == "started" else ok("unit kept")
@@ -187,6 +208,13 @@ class TunnelProbe(Task):
         "timeout": Arg((int, float), default=30, help="Seconds to keep trying while tunnels come up."),
         "allow_busy": Arg(bool, default=True, help="A tunnel serving llama-server counts as up."),
     }
+
+    def cluster_probes(self, cluster) -> list[list[str]]:
+        """main's RPC header and, with allow_busy, each tunnel's clients (a busy one is not probed)."""
+        header = [read_argv(f"{self.p['source_dir']}/{RPC_HEADER}")]
+        if cluster is None or not self.p["allow_busy"]:
+            return header
+        return [*header, *(established(n.tunnel_port).argv for n in selected_nodes(cluster, self.p["nodes"]))]
 
     async def check(self, ctx):
         expected = await main_rpc_version(ctx.conn, self.p["source_dir"])
