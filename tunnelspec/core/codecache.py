@@ -31,21 +31,14 @@ import os
 import stat
 from types import CodeType
 
+from tunnelspec.core.cachedir import cache_root
+
 VERSION = 1
 CAP = 1000
 FILE = "code.marshal"
 FORMAT = "tunnelspec-codecache"
 
 Entry = tuple[CodeType, frozenset[str]]
-
-
-def cache_root() -> str | None:
-    """`$XDG_CACHE_HOME` or `~/.cache`; None when neither is set up (the root is never created)."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return xdg
-    home = os.path.join(os.path.expanduser("~"), ".cache")
-    return home if os.path.isdir(home) else None
 
 
 class CodeCache:

@@ -24,6 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunnelspec.core.cachedir import cache_root
 from tunnelspec.facts.host import VERSION_LINES
 
 RECORD_VERSION = 1
@@ -43,17 +44,8 @@ def identity(conn) -> tuple[str, ...] | None:
     return tuple(ident) if ident else None
 
 
-def _cache_root() -> str | None:
-    """The cache root when it exists or is named (XDG_CACHE_HOME), else None: never created here."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return xdg
-    home = os.path.join(os.path.expanduser("~"), ".cache")
-    return home if os.path.isdir(home) else None
-
-
 def record_path(ident: tuple[str, ...]) -> Path | None:
-    root = _cache_root()
+    root = cache_root()
     if root is None:
         return None
     name = hashlib.sha256(json.dumps([RECORD_VERSION, *ident]).encode()).hexdigest()[:24]

@@ -27,6 +27,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunnelspec.core.cachedir import cache_root
 from tunnelspec.core.errors import ClusterError
 from tunnelspec.llama import flags
 from tunnelspec.llama.speculative import SpecError, check_extra_args, spec_support, spec_type_argv, split_modes
@@ -62,7 +63,7 @@ def save_record(cluster, label: str, help_text: str) -> None:
     The cache root itself is never created: an ephemeral home (a CI runner's, a container's) has
     none, and a CI run leaves nothing on the runner's disk (docs/ci.md); the record would not
     outlive the runner anyway."""
-    if not os.environ.get("XDG_CACHE_HOME") and not os.path.isdir(os.path.join(os.path.expanduser("~"), ".cache")):
+    if cache_root() is None:
         return
     path = record_path(cluster)
     try:
