@@ -90,6 +90,7 @@ class Run(Prefetch, TaskExecution):
         self._settled: dict[str, dict] = {}
         self._hostvars = HostvarsView(self.hosts)
         self._ahead: dict[str, int] = {}  # engine/prefetch.py: look-ahead batches
+        self._selected: dict[int, frozenset[str]] = {}  # engine/prefetch.py: each play's hosts
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             self.hosts[name] = HostState(name, hv)

@@ -42,9 +42,17 @@ class Prefetch:
     # commands that may change a host, anywhere in the run, when its look-ahead batch ran.
     _plays: Sequence[Play] = ()
     _ahead: dict[str, int]
+    _selected: dict[int, frozenset[str]]  # by play: the hosts it selects (`_play_hosts`)
 
     def _changes_anywhere(self) -> int:
         return sum(st.conn.changes_started for st in self.hosts.values() if st.conn is not None)
+
+    def _play_hosts(self, play: Play) -> frozenset[str]:
+        """The hosts `play` selects, worked out once per run (the inventory and --limit do not change
+        while it runs; each host's read-ahead asks about every later play)."""
+        if id(play) not in self._selected:
+            self._selected[id(play)] = frozenset(self.select(play.hosts))
+        return self._selected[id(play)]
 
     def _later_probes(self, play: Play, host: str) -> list[list[str]]:
         """The probes of every play after `play` that runs on `host` (what their first batches would
@@ -55,7 +63,7 @@ class Prefetch:
             return []
         out: list[list[str]] = []
         for later in plays[at + 1 :]:
-            if host not in self.select(later.hosts):
+            if host not in self._play_hosts(later):
                 continue
             if later.handlers:
                 out.append(pending.load_argv(self.hosts[host].vars, later.name))
