@@ -32,7 +32,7 @@ from tunnelspec.components.server.args import UNIT as SERVER_UNIT
 from tunnelspec.components.server.fit import ModelFit
 from tunnelspec.components.server.llama_verify import LlamaVerify
 from tunnelspec.components.server.server import LlamaServerPlan
-from tunnelspec.components.server.verify import invocation_argv
+from tunnelspec.components.server.verify import journal_argv
 from tunnelspec.components.source.checkout import LlamaSource
 from tunnelspec.components.tunnel.sshd import TunnelSshdPolicy
 from tunnelspec.components.tunnel.trust import TunnelAuthorizedKey
@@ -352,19 +352,18 @@ def test_llama_verify_reads_what_it_names_but_the_journal_its_invocation_names(t
     cluster, binary, model = stand_in_main(tmp_path, ("", ""))
     _, plan = planned(cluster, binary, model, RecordingConnection(), tmp_path)
     assert ServedPlan.from_fact(plan).has_degraded_mode
-    journal = ["journalctl", "--no-pager", "-o", "cat", "-u", SERVER_UNIT, "_SYSTEMD_INVOCATION_ID=0f1e"]
+    journal = journal_argv(SERVER_UNIT)  # the InvocationID and the journal of that run, in one command
     table = {
         tuple(safe_read.file_text(front.STATE_PATH, STATE_CAP).argv): '{"mode": "speculative"}',
         ("systemctl", "is-active", front.WATCH_UNIT): "active\n",
         tuple(unit_facts.properties(SERVER_UNIT, list(server_death.PROPS)).argv): "ActiveState=active\nNRestarts=0\n",
-        tuple(invocation_argv()): "0f1e\n",
         tuple(journal): f"load_tensors: RPC0[127.0.0.1:{plan['draft_port']}] model buffer size = 1.00 MiB\n",
     }
     srv = llama_server_standin(draft_n=8)
     try:
         task = LlamaVerify.build({"port": srv.server_port, "plan": plan})
         ctx = ctx_of(Host(table), cluster=cluster)
-        assert probed_as_named(task, ctx, cluster, unnamed=(tuple(journal),)) == Counter()
+        assert probed_as_named(task, ctx, cluster) == Counter()
     finally:
         srv.shutdown()
     assert ctx.facts["llama_verify"]["draft_n"] == 8
@@ -373,8 +372,8 @@ def test_llama_verify_reads_what_it_names_but_the_journal_its_invocation_names(t
 
 def test_verify_reads_the_invocation_again_after_llama_server_restarted(tmp_path, monkeypatch):
     """A first completion that fails (llama-server lost an RPC connection and restarts): what the
-    play's batch read of llama-server, its InvocationID above all, is from before the restart and
-    is dropped before the journal of the current run is looked for."""
+    play's batch read of llama-server, its journal above all, is from before the restart and is
+    dropped before the journal of the current run is looked for."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     cluster, binary, model = stand_in_main(tmp_path, ("", ""))
     _, plan = planned(cluster, binary, model, RecordingConnection(), tmp_path)
@@ -385,9 +384,8 @@ def test_verify_reads_the_invocation_again_after_llama_server_restarted(tmp_path
             self.probed.append(("dropped",))
             super().drop_probes()
 
-    table = {tuple(invocation_argv()): "0f1e\n"}
-    journal = ["journalctl", "--no-pager", "-o", "cat", "-u", SERVER_UNIT, "_SYSTEMD_INVOCATION_ID=0f1e"]
-    table[tuple(journal)] = f"load_tensors: RPC0[127.0.0.1:{plan['draft_port']}] model buffer size = 1.00 MiB\n"
+    journal = journal_argv(SERVER_UNIT)
+    table = {tuple(journal): f"load_tensors: RPC0[127.0.0.1:{plan['draft_port']}] model buffer size = 1.00 MiB\n"}
     try:
         ctx = ctx_of(Dropping(table), cluster=cluster)
         ch = asyncio.run(LlamaVerify.build({"port": srv.server_port, "plan": plan, "health_timeout": 30}).check(ctx))
@@ -395,4 +393,4 @@ def test_verify_reads_the_invocation_again_after_llama_server_restarted(tmp_path
         srv.shutdown()
     assert "llama-server restarted, ok after" in ch.msg, ch.msg
     probed = ctx.conn.probed
-    assert probed.index(("dropped",)) < probed.index(tuple(invocation_argv()))
+    assert probed.index(("dropped",)) < probed.index(tuple(journal))

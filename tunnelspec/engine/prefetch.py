@@ -110,7 +110,8 @@ class Prefetch:
         """While nothing has changed on the host in this play, a check whose probes the play's first
         batch could not name (its args use a fact an earlier task registered) gets them, and those
         of the tasks after it, in one more batch: a no-op play stays a few round trips however many
-        of its tasks depend on registered facts. `named`: per task, the probes the first batch named
+        of its tasks depend on registered facts. While nothing has changed anywhere, that batch also
+        reads ahead for the later plays, as the first one did. `named`: per task, the probes the first batch named
         (None: its args could not be rendered then); only those are rendered again."""
         variables: dict = {}  # rendered now: facts registered since the first batch
 
@@ -122,8 +123,13 @@ class Prefetch:
         if not mine or conn.probes_tried(mine):
             return
         argvs = [*mine, *(a for j in range(i + 1, len(play.tasks)) for a in probes_of(j))]
+        # Still reading ahead (nothing changed anywhere): the later plays' probes too, named now that
+        # the facts this play registered so far (a model's path, the server's command line) render.
+        now = self._changes_anywhere()
+        later = self._later_probes(play, host) if now == 0 and self._plays else []
         try:
-            await conn.prefetch(argvs, more=True)
+            if await conn.prefetch([*argvs, *later], more=True) and later:
+                self._ahead[host] = now
         except Exception:  # noqa: BLE001 - the checks run their commands themselves
             pass
 

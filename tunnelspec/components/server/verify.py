@@ -39,21 +39,30 @@ def sizes_argv(paths: list[str]) -> list[str]:
     return ["stat", "-L", "-c", "%s", "--", *paths]
 
 
+# The journal of the unit's current run only (its InvocationID, read on the host in the same command),
+# so old runs prove nothing; the whole unit's journal where systemd names no run.
+_JOURNAL = (
+    'inv=$(systemctl show -p InvocationID --value "$1" 2>/dev/null) || inv=\n'
+    'if [ -n "$inv" ]; then exec journalctl --no-pager -o cat -u "$1" "_SYSTEMD_INVOCATION_ID=$inv"; fi\n'
+    'exec journalctl --no-pager -o cat -u "$1"\n'
+)
+
+
+def journal_argv(unit: str = UNIT) -> list[str]:
+    """What `invocation_journal(conn, unit)` reads: one command, so a play's batch can read it."""
+    return ["sh", "-c", _JOURNAL, "sh", unit]
+
+
 def verify_probes(api_key_file: str | None) -> list[list[str]]:
-    """What `verify_server` reads before any answer decides what it reads next: the unit's state
-    (the crash watch's baseline), the API key, the current run's InvocationID (its journal is named
-    by that answer)."""
+    """What `verify_server` reads: the unit's state (the crash watch's baseline), the API key, and
+    the current run's journal (the draft's placement)."""
     key = [read_argv(api_key_file)] if api_key_file else []
-    return [units.properties(UNIT, list(server_death.PROPS)).argv, *key, invocation_argv()]
+    return [units.properties(UNIT, list(server_death.PROPS)).argv, *key, journal_argv()]
 
 
 async def invocation_journal(conn, unit: str = UNIT) -> str:
     """The journal of the unit's current run only (its InvocationID), so old runs prove nothing."""
-    inv = (await conn.probe(invocation_argv(unit))).stdout.strip()
-    argv = ["journalctl", "--no-pager", "-o", "cat", "-u", unit]
-    if inv:
-        argv.append(f"_SYSTEMD_INVOCATION_ID={inv}")
-    return (await conn.probe(argv, timeout=60)).stdout
+    return (await conn.probe(journal_argv(unit), timeout=60)).stdout
 
 
 def output_parser_failure(plan: ServedPlan, e) -> str:
