@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from support.cli import generic8_inventory, make_repo
+from support.side_by_side import waiter_and_maker
 
 from tunnelspec.connection.base import read_argv
 from tunnelspec.connection.local import LocalConnection
-from tunnelspec.connection.probes import plan
+from tunnelspec.connection.probes import PER_SESSION, parts, plan
 from tunnelspec.connection.ssh import SSHConnection
 from tunnelspec.facts.files import file_state
 from tunnelspec.facts.files import parse
@@ -47,6 +48,28 @@ def test_batch_matches_each_command_and_failures_run_again(tmp_path):
         assert got[-1].stderr == "err\n"      # the failing probe ran for real, with its stderr
 
     asyncio.run(go())
+
+
+# Enough probes for two sessions (probes.PER_SESSION each); the first two land in different ones.
+FILLER = [["echo", str(i)] for i in range(PER_SESSION - 2)] + ODD_ARGVS
+
+
+def test_a_large_batch_runs_in_sessions_side_by_side(tmp_path):
+    cut = parts(len(FILLER) + 2)
+    assert len(cut) == 2 and 0 in cut[0] and 1 in cut[1]
+
+    async def go():
+        conn = LocalConnection("local")
+        want = [await conn.run(a) for a in FILLER]
+        assert await conn.prefetch([*waiter_and_maker(tmp_path / "flag", 200), *FILLER]) == len(FILLER) + 1
+        order = [await conn.probe(a) for a in waiter_and_maker(tmp_path / "flag", 200)]
+        got = [await conn.probe(a) for a in FILLER]
+        for w, g in zip(want, got):
+            assert (g.rc, g.stdout_bytes) == (w.rc, w.stdout_bytes)
+        return order
+
+    waited, made = asyncio.run(go())
+    assert (waited.stdout, made.stdout) == ("saw\n", "made\n")
 
 
 def test_probe_is_served_until_the_connection_runs_anything_else(tmp_path):
@@ -146,7 +169,10 @@ def test_noop_run_uses_one_session_per_host(tmp_path, sshd_cluster, monkeypatch)
     assert first > 8 * 2                       # the converging run really ran its changes
 
 
-def test_checks_that_use_a_registered_fact_get_a_second_batch(tmp_path, sshd_cluster, monkeypatch):
+def test_checks_that_use_a_registered_fact_get_a_second_batch_or_none(tmp_path, sshd_cluster, monkeypatch):
+    """A play whose checks use a fact an earlier task registers: without the facts of a last run, one
+    more batch per host for those checks (not one session each); with them (engine/recall.py), the
+    first batch names those probes too and a no-op run reads each host in one session."""
     from tunnelspec.engine.context import RunOptions
     from tunnelspec.commands.runner import run_playbook_file
 
@@ -159,16 +185,33 @@ def test_checks_that_use_a_registered_fact_get_a_second_batch(tmp_path, sshd_clu
         sessions.append(self.name)
         return await real_exec(self, argv, input, timeout)
 
+    def no_op_run() -> list[str]:
+        sessions.clear()
+        out = io.StringIO()
+        assert run_playbook_file(str(inv), DATA / "registered4.yml", RunOptions(), "json", stream=out) == 0, out.getvalue()
+        recap = json.loads(out.getvalue().splitlines()[-1])["hosts"]
+        assert all(r["changed"] == 0 and r["ok"] == 4 for r in recap.values()), recap
+        return sorted(sessions)
+
     monkeypatch.setattr(SSHConnection, "_exec", counting_exec)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "converge-cache"))
     assert run_playbook_file(str(inv), DATA / "registered4.yml", RunOptions(), "json", stream=io.StringIO()) == 0
-    sessions.clear()
-    out = io.StringIO()
-    assert run_playbook_file(str(inv), DATA / "registered4.yml", RunOptions(), "json", stream=out) == 0, out.getvalue()
-    recap = json.loads(out.getvalue().splitlines()[-1])["hosts"]
-    assert all(r["changed"] == 0 and r["ok"] == 4 for r in recap.values()), recap
-    # Per host: the directory's own probe (alone in its play's first batch: nothing to batch), then one
-    # batch for the three checks whose paths use `made` — not one session each.
-    assert sorted(sessions) == ["node0", "node0", "node1", "node1"], sessions
+    # No facts kept from a last run: the directory's own probe (alone in its play's first batch:
+    # nothing to batch), then one batch for the three checks whose paths use `made`.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    assert no_op_run() == ["node0", "node0", "node1", "node1"], sessions
+    # That run kept them: the next one names every probe in its first batch.
+    assert no_op_run() == ["node0", "node1"], sessions
+    # A wrong guess (the kept fact is not what this run registers) names probes no check asks for:
+    # the checks still read what they need, in the play's second batch, and answer the same.
+    kept = sorted((tmp_path / "fresh-cache" / "tunnelspec" / "registered").glob("*.json"))
+    assert len(kept) == 2
+    for f in kept:
+        doc = json.loads(f.read_text())
+        assert "made" in doc["facts"]
+        doc["facts"]["made"] = False
+        f.write_text(json.dumps(doc))
+    assert no_op_run() == ["node0", "node0", "node1", "node1"], sessions
 
 
 def _odd_tree(tmp_path: Path) -> list[str]:

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunnelspec.core import testhooks
-from tunnelspec.core.errors import TaskFailed
+from tunnelspec.core.errors import HostUnreachable, TaskFailed
 from tunnelspec.connection import become as become_mod
+from tunnelspec.connection import probes as probes_mod
 from tunnelspec.connection.probes import ProbeCache, batch_argv, parse_batch, plan
 from tunnelspec.core.secrets import Secret, display_argv
 
@@ -170,12 +171,10 @@ class Connection(abc.ABC):
         if len(unique) < 2:
             return 0
         batch, expand = plan([list(a) for a in unique])
-        argv, boundary = batch_argv(batch)
         if self._probes is not None and not more:
             self._probes.clear()
         started, busy = self._changes_started, self._changes_running
-        res = await self._run(argv, None, None, False, True)
-        parsed = parse_batch(res.stdout_bytes, boundary, len(batch)) if res.rc == 0 else None
+        parsed = await self._batch(batch)
         parsed = expand(parsed) if parsed is not None else None
         # A command that may change the host ran alongside the batch (another host's task using this
         # connection): what the batch saw may already be stale, so keep none of it.
@@ -185,6 +184,34 @@ class Connection(abc.ABC):
             self._probes = ProbeCache()
         self._probes.fill([list(a) for a in unique], parsed, wanted)
         return len(self._probes)
+
+    _batch_sessions = probes_mod.SESSIONS  # 1 once the host refused a second session at once
+
+    async def _batch(self, batch: list[list[str]]) -> list[tuple[int, bytes]] | None:
+        """(rc, stdout) per probe of `batch`, its parts run side by side (probes.parts); None when a
+        part's output is not what the batch prints."""
+        cut = probes_mod.parts(len(batch), self._batch_sessions)
+
+        async def part(idx: list[int]) -> list[tuple[int, bytes]] | None:
+            argv, boundary = batch_argv([batch[i] for i in idx])
+            res = await self._run(argv, None, None, False, True)
+            return parse_batch(res.stdout_bytes, boundary, len(idx)) if res.rc == 0 else None
+
+        got = await asyncio.gather(*(part(idx) for idx in cut), return_exceptions=True)
+        failed = [g for g in got if isinstance(g, BaseException)]
+        if failed and len(cut) > 1 and not any(isinstance(g, HostUnreachable) for g in failed):
+            # Sessions refused (a MaxSessions below ours): one session per batch on this host.
+            self._batch_sessions = 1
+            return await self._batch(batch)
+        if failed:
+            raise failed[0]
+        out: list[tuple[int, bytes]] = [(-1, b"")] * len(batch)
+        for idx, res in zip(cut, got, strict=True):
+            if res is None:
+                return None
+            for i, r in zip(idx, res, strict=True):  # type: ignore[arg-type]
+                out[i] = r
+        return out
 
     async def probe(
         self,

@@ -22,48 +22,27 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 # Positional parameters: BOUNDARY, then for every probe its argv length followed by its argv.
-# Each probe runs in a subshell (`_ts_one`) that rebuilds "$@" as just its own argv (POSIX sh has no
-# arrays: `for a do` expands the list once, so `set --` inside the loop does not disturb it) and execs
-# it. After each probe: a newline, the boundary and the exit status, so outputs need no escaping.
-# The probes run side by side, each into its own file of a private directory (`mktemp -d`: 0700, a
-# name no one else can guess or take), printed in order once all are done: a batch takes as long as
-# its slowest probe on a host with cores to spare, not the sum. Every probe is read-only, so running
-# them at once reads the same state. Where no directory can be made they run one after another.
+# Each probe runs in a subshell that rebuilds "$@" as just its own argv (POSIX sh has no arrays:
+# `for a do` expands the list once, so `set --` inside the loop does not disturb it) and execs it.
+# After each probe: a newline, the boundary and the exit status, so outputs need no escaping.
 _BATCH = r"""
 B=$1; shift
-_ts_one() (
-  c=0
-  for a do
-    [ $c -eq 0 ] && set --
-    c=$((c + 1))
-    [ $c -le "$n" ] && set -- "$@" "$a"
-  done
-  if [ "$1" = sh ] && [ "$2" = -c ] && [ $# -ge 3 ]; then
-    s=$3; shift 3; [ $# -gt 0 ] && shift
-    eval "$s"; exit
-  fi
-  exec "$@"
-)
-_ts_d=$(mktemp -d 2>/dev/null) || _ts_d=
-if [ -n "$_ts_d" ]; then
-  trap 'rm -rf -- "$_ts_d"' EXIT
-  trap 'exit 129' HUP; trap 'exit 130' INT; trap 'exit 143' TERM
-fi
-_ts_i=0
 while [ $# -gt 0 ]; do
-  n=$1; shift; _ts_i=$((_ts_i + 1))
-  if [ -n "$_ts_d" ]; then
-    { _ts_one "$@" </dev/null 2>/dev/null; printf '\n%s %s\n' "$B" "$?"; } >"$_ts_d/$_ts_i" &
-  else
-    _ts_one "$@" </dev/null 2>/dev/null; printf '\n%s %s\n' "$B" "$?"
-  fi
+  n=$1; shift
+  ( c=0
+    for a do
+      [ $c -eq 0 ] && set --
+      c=$((c + 1))
+      [ $c -le "$n" ] && set -- "$@" "$a"
+    done
+    if [ "$1" = sh ] && [ "$2" = -c ] && [ $# -ge 3 ]; then
+      s=$3; shift 3; [ $# -gt 0 ] && shift
+      eval "$s"; exit
+    fi
+    exec "$@" ) </dev/null 2>/dev/null
+  printf '\n%s %s\n' "$B" "$?"
   shift "$n"
 done
-[ -n "$_ts_d" ] || exit 0
-wait
-n=$_ts_i; _ts_i=0
-while [ $_ts_i -lt "$n" ]; do _ts_i=$((_ts_i + 1)); set -- "$@" "$_ts_d/$_ts_i"; done
-[ $# -eq 0 ] || cat -- "$@"
 """
 
 
@@ -114,6 +93,22 @@ def plan(argvs: list[list[str]]):
         return out
 
     return batch, expand
+
+
+# A large batch is cut into parts that run side by side, each its own session on the connection, so
+# it takes about as long as its slowest part on a host with cores to spare, not the sum of its
+# probes. Outputs come back over the sessions, never through a file on the host (a probe may read a
+# secret). At most SESSIONS at once: OpenSSH's MaxSessions is 10 by default and the run lock holds
+# one for the whole run; a host that refuses the extra sessions gets one per batch from then on.
+SESSIONS = 3
+PER_SESSION = 8
+
+
+def parts(count: int, most: int = SESSIONS) -> list[list[int]]:
+    """The batch's probe indices cut into sessions: one per PER_SESSION probes, at most `most`, probes
+    dealt in turn (neighbours are often alike: two slow reads of one play land in different parts)."""
+    k = max(1, min(most, -(-count // PER_SESSION)))
+    return [list(range(i, count, k)) for i in range(k)]
 
 
 def batch_argv(argvs: list[list[str]]) -> tuple[list[str], str]:

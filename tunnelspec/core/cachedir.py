@@ -7,6 +7,7 @@ container's) has no `~/.cache`, and a run there keeps nothing and leaves nothing
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 def cache_root() -> str | None:
@@ -16,3 +17,18 @@ def cache_root() -> str | None:
         return xdg
     home = os.path.join(os.path.expanduser("~"), ".cache")
     return home if os.path.isdir(home) else None
+
+
+def prune(folder: Path, keep: str, days: int) -> None:
+    """Remove the `*.json` records of `folder` not written for `days`, but `keep` (best effort: each
+    cache calls it when it writes one, so its directory stays small)."""
+    import time  # lazy: only when a record is written
+
+    old = time.time() - days * 86400
+    for entry in os.scandir(folder):
+        try:
+            if entry.name != keep and entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
+                if entry.stat(follow_symlinks=False).st_mtime < old:
+                    os.unlink(entry.path)
+        except OSError:
+            continue

@@ -91,6 +91,7 @@ class Run(Prefetch, TaskExecution):
         self._hostvars = HostvarsView(self.hosts)
         self._ahead: dict[str, int] = {}  # engine/prefetch.py: look-ahead batches
         self._selected: dict[int, frozenset[str]] = {}  # engine/prefetch.py: each play's hosts
+        self._recall: dict[str, dict] = {}  # engine/prefetch.py: each host's facts of its last run
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             self.hosts[name] = HostState(name, hv)
@@ -224,6 +225,7 @@ class Run(Prefetch, TaskExecution):
                 await lock.acquire(hosts)
             for play in playbook.plays[len(preflight) :]:
                 await self.run_play(play)
+            self.remember_facts(self.secrets)
         finally:
             if lock is not None:
                 await lock.release()

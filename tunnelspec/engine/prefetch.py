@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tunnelspec.core.templating import evaluate, render_value
-from tunnelspec.engine import pending
+from tunnelspec.engine import pending, recall
 from tunnelspec.engine.playbook import Play
 from tunnelspec.modules import TASKS, Task
 
@@ -43,6 +43,7 @@ class Prefetch:
     _plays: Sequence[Play] = ()
     _ahead: dict[str, int]
     _selected: dict[int, frozenset[str]]  # by play: the hosts it selects (`_play_hosts`)
+    _recall: dict[str, dict]  # by host: the facts of its last run (`_recalled`)
 
     def _changes_anywhere(self) -> int:
         return sum(st.conn.changes_started for st in self.hosts.values() if st.conn is not None)
@@ -69,26 +70,69 @@ class Prefetch:
                 out.append(pending.load_argv(self.hosts[host].vars, later.name))
             variables: dict = {}
             for j in range(len(later.tasks)):
-                out.extend(self._task_probes(later, j, host, variables) or ())
+                out.extend(self._task_probes(later, j, host, variables, guess=True) or ())
         return out
 
-    def _task_probes(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
+    def _recalled(self, host: str) -> dict:
+        """The facts `host` registered in its last run (engine/recall.py), loaded once per run."""
+        if host not in self._recall:
+            conn = self.hosts[host].conn
+            ident = conn.cache_identity() if conn is not None else None
+            self._recall[host] = recall.load(host, tuple(ident) if ident else None)
+        return self._recall[host]
+
+    def remember_facts(self, known_secrets: list[str]) -> None:
+        """Keep each host's registered facts for the next run's read-ahead (not after `--check`, whose
+        facts are plans, nor for a host that failed or was not reached)."""
+        if self.options.check:
+            return
+        for host, st in self.hosts.items():
+            if st.failed or st.unreachable or st.conn is None or not st.facts:
+                continue
+            ident = st.conn.cache_identity()
+            before = self._recall.get(host)
+            if before is None:
+                before = recall.load(host, tuple(ident) if ident else None)
+            recall.save(host, tuple(ident) if ident else None, st.facts, known_secrets, before)
+
+    def _task_probes(
+        self, play: Play, j: int, host: str, variables: dict, guess: bool = False
+    ) -> list[list[str]] | None:
         """The read-only commands task j's check names (`Task.probes()`); None when its args cannot be
-        rendered yet (they use a fact an earlier task registers). None of them for a task whose `when`
-        is already false (an rpc node's turn of a main-only task): it is skipped. `variables`: filled
-        on first need."""
+        rendered yet (they use a fact an earlier task registers) — unless `guess`: then they are
+        named from the facts the host registered in its last run where this run has not registered
+        them yet (engine/recall.py; a wrong guess is a read for nothing). None of them for a task
+        whose `when` is already false (an rpc node's turn of a main-only task): it is skipped.
+        `variables`: filled on first need."""
         spec = play.tasks[j]
         cls = TASKS.get(spec.module)
         if cls is None or not self._tag_selected(spec):
             return []
         if cls.probes is Task.probes and cls.cluster_probes is Task.cluster_probes:
             return []
+        if "v" not in variables:
+            variables["v"] = self.template_vars(host, play)
+        if guess:
+            if "g" not in variables:
+                # The last run's facts that this run has not registered yet, over this run's values
+                # (as registered facts are: engine/executor.py `template_vars`). None: nothing to add.
+                missing = {k: v for k, v in self._recalled(host).items() if k not in self.hosts[host].facts}
+                variables["g"] = {**variables["v"], **missing} if missing else None
+            if variables["g"] is not None:
+                # Both: the guess's, and what this play's own batch will name without it (a `when`
+                # on a fact not registered yet is not skipped there), so that batch finds them read.
+                got = self._probes_with(cls, spec, variables["g"])
+                plain = self._probes_with(cls, spec, variables["v"])
+                if got is None or plain is None:
+                    return got if plain is None else plain
+                return [*got, *(a for a in plain if a not in got)]
+        return self._probes_with(cls, spec, variables["v"])
+
+    def _probes_with(self, cls, spec: TaskSpec, values: dict) -> list[list[str]] | None:
         try:
-            if "v" not in variables:
-                variables["v"] = self.template_vars(host, play)
-            if self._skipped(spec, variables["v"]):
+            if self._skipped(spec, values):
                 return []
-            task = cls(cls.validate(render_value(spec.args, variables["v"])))
+            task = cls(cls.validate(render_value(spec.args, values)))
             return task.cluster_probes(self.cluster) if cls.reads_cluster else task.probes()
         except Exception:  # noqa: BLE001 - reported by the task itself when it runs
             return None
@@ -143,6 +187,16 @@ class Prefetch:
         named = [self._task_probes(play, j, host, variables) for j in range(len(play.tasks))]
         argvs = [*extra, *(a for mine in named if mine for a in mine)]
         now = self._changes_anywhere()
+        if now == 0 and self._plays:
+            # Still reading ahead: what this play's tasks will read once the facts an earlier task
+            # registers are in, guessed from the host's last run (`named` is unchanged: the play's
+            # second batch, if one is needed, renders them from this run's facts).
+            have = {tuple(a) for a in argvs}
+            for j in range(len(play.tasks)):
+                for a in self._task_probes(play, j, host, variables, guess=True) or ():
+                    if tuple(a) not in have:
+                        have.add(tuple(a))
+                        argvs.append(a)
         mark = self._ahead.get(host)
         if mark is not None and mark != now:
             del self._ahead[host]

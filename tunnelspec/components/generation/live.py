@@ -3,6 +3,7 @@ points, the serving files by sha256, the source's stack record, the running bina
 
 from __future__ import annotations
 
+import asyncio
 import json
 import posixpath
 
@@ -132,10 +133,17 @@ async def model_sums(conn, paths: list[str]) -> dict[str, str | None]:
 
 async def live_state(ctx) -> dict:
     cluster = ctx.require_cluster()
-    out = {}
-    for name, role, root in hosts_of(cluster):
+    hosts = hosts_of(cluster)
+
+    async def one(name: str, role: str, root: str) -> dict:
         conn = ctx.conn if name == ctx.host else await ctx.connection_to(name)
-        out[name] = await host_state(conn, role, root, nodes_of(cluster, role))
+        return await host_state(conn, role, root, nodes_of(cluster, role))
+
+    # Every host read at once (each on its own connection): one round trip, not one per host.
+    states = await asyncio.gather(*(one(*h) for h in hosts))
+    out = {}
+    for (name, role, _root), st in zip(hosts, states, strict=True):
+        out[name] = st
         if role == "rpc":
             # As data (a port), what the node's tunnel key and its tunnel on main forward to: a
             # return re-renders the key's line for it (the key itself may have been rotated since).

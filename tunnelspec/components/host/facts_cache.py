@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunnelspec.core.cachedir import cache_root
+from tunnelspec.core.cachedir import cache_root, prune
 from tunnelspec.facts.host import VERSION_LINES
 
 RECORD_VERSION = 1
@@ -85,24 +85,10 @@ def save(ident: tuple[str, ...] | None, key: str, lines: tuple[str, ...]) -> Non
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(doc))
         os.replace(tmp, path)
-        _prune(path.parent, keep=path.name)
+        prune(path.parent, keep=path.name, days=PRUNE_DAYS)
     except OSError:
         if tmp is not None:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-
-
-def _prune(folder: Path, keep: str) -> None:
-    """Remove the records of this folder not written for PRUNE_DAYS (best effort)."""
-    import time  # lazy: only when a record is written
-
-    old = time.time() - PRUNE_DAYS * 86400
-    for entry in os.scandir(folder):
-        try:
-            if entry.name != keep and entry.name.endswith(".json") and entry.is_file(follow_symlinks=False):
-                if entry.stat(follow_symlinks=False).st_mtime < old:
-                    os.unlink(entry.path)
-        except OSError:
-            continue
