@@ -1,21 +1,31 @@
 """facts/units.parse_stale: which units run from an older file than the one installed (what
-_STALE_SCRIPT prints: unit, NeedDaemonReload, ActiveEnterTimestamp in unix seconds, file mtime)."""
+_STALE_SCRIPT prints: systemd's block per unit, NeedDaemonReload and ActiveEnterTimestamp in unix
+seconds, then the unit files' mtimes)."""
 
 from tunnelspec.facts.units import parse_stale
 
 
 def test_reload_pending_and_file_newer_than_start_are_stale():
-    text = "\n".join([
-        "a.service no 1700000100 1700000000",    # started after its file was written: current
-        "b.service no 1700000000 1700000100",    # file written after the start: a restart is owed
-        "c.service yes 1700000100 1700000000",   # systemd itself says the file changed
-        "d.service no 1700000000 1700000000",    # same second: taken as current
-        "e.service no 1700000000",               # inactive (no start time): the service check's job
-        "f.service yes 1700000000",              # inactive, but the file changed
-    ])
-    assert parse_stale(text) == {"b.service": "unit file newer than the running service",
-                                 "c.service": "unit file changed, not reloaded",
-                                 "f.service": "unit file changed, not reloaded"}
+    names = ["a.service", "b.service", "c.service", "d.service", "e.service", "f.service"]
+    blocks = [
+        ("@1700000100", "no"),   # started after its file was written: current
+        ("@1700000000", "no"),   # file written after the start: a restart is owed
+        ("@1700000100", "yes"),  # systemd itself says the file changed
+        ("@1700000000", "no"),   # same second: taken as current
+        ("", "no"),              # inactive (no start time): the service check's job
+        ("", "yes"),             # inactive, but the file changed
+    ]
+    text = "\n\n".join(f"ActiveEnterTimestamp={t}\nNeedDaemonReload={r}" for t, r in blocks)
+    mtimes = [1700000000, 1700000100, 1700000000, 1700000000, 1700000000, 1700000000]
+    text += "\n== mtimes\n" + "".join(f"{m} {n}\n" for m, n in zip(mtimes, names))
+    assert parse_stale(text, names) == {"b.service": "unit file newer than the running service",
+                                        "c.service": "unit file changed, not reloaded",
+                                        "f.service": "unit file changed, not reloaded"}
+    # Blocks that cannot be lined up with the units (one missing) tell nothing.
+    assert parse_stale(text.replace("ActiveEnterTimestamp=@1700000100\nNeedDaemonReload=no\n\n", "", 1), names) == {}
+    # systemd before 248 (no --timestamp=unix): NeedDaemonReload alone.
+    assert parse_stale("NeedDaemonReload=yes\n\nNeedDaemonReload=no\n== mtimes\n", names[:2]) == {
+        "a.service": "unit file changed, not reloaded"}
 
 
 def test_systemctl_show_and_service_state_parsers():

@@ -225,7 +225,9 @@ class Connection(abc.ABC):
         """A read-only command (a fact): from the last prefetch if the host is unchanged since.
         Unlike `run`, it never drops the prefetched results: it changes nothing on the host, so what
         the batch read is still true after it. A probe with `input` is never served from a batch."""
-        out = self._probes.take(reveal_argv(argv)) if self._probes is not None and input is None and become else None
+        # A batch runs as root: it answers a probe run as the login only where the login is root's.
+        served = input is None and (become or self._becomer is None)
+        out = self._probes.take(reveal_argv(argv)) if self._probes is not None and served else None
         if out is not None:
             return Result(list(argv), 0, out.decode(errors="replace"), "", out)
         return await self._run(argv, input, timeout, check, become)

@@ -92,6 +92,7 @@ class Run(Prefetch, TaskExecution):
         self._ahead: dict[str, int] = {}  # engine/prefetch.py: look-ahead batches
         self._selected: dict[int, frozenset[str]] = {}  # engine/prefetch.py: each play's hosts
         self._recall: dict[str, dict] = {}  # engine/prefetch.py: each host's facts of its last run
+        self._remote: dict = {}  # engine/prefetch.py: what a task reads on other hosts
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             self.hosts[name] = HostState(name, hv)

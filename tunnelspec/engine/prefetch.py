@@ -13,7 +13,7 @@ read ahead on every host and reads for itself, as without it."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tunnelspec.core.templating import evaluate, render_value
@@ -27,12 +27,14 @@ if TYPE_CHECKING:
     from tunnelspec.cluster.model import Cluster
     from tunnelspec.engine.context import RunOptions
     from tunnelspec.engine.executor import HostState
+    from tunnelspec.inventory.model import Inventory
     from tunnelspec.engine.playbook import TaskSpec
 
 
 class Prefetch:
     # What it reads of the run (tunnelspec.engine.executor.Run).
     options: RunOptions
+    inventory: Inventory
     hosts: dict[str, HostState]
     cluster: Cluster | None
     template_vars: Callable[..., dict]
@@ -44,6 +46,7 @@ class Prefetch:
     _ahead: dict[str, int]
     _selected: dict[int, frozenset[str]]  # by play: the hosts it selects (`_play_hosts`)
     _recall: dict[str, dict]  # by host: the facts of its last run (`_recalled`)
+    _remote: dict[tuple[int, int], dict[str, list[list[str]]]]  # by (play, task): `_remote_probes`
 
     def _changes_anywhere(self) -> int:
         return sum(st.conn.changes_started for st in self.hosts.values() if st.conn is not None)
@@ -71,15 +74,45 @@ class Prefetch:
             variables: dict = {}
             for j in range(len(later.tasks)):
                 out.extend(self._task_probes(later, j, host, variables, guess=True) or ())
+        for later in plays[at + 1 :]:
+            for j in range(len(later.tasks)):
+                out.extend(self._remote_probes(later, j).get(host, ()))
+        return out
+
+    def _remote_probes(self, play: Play, j: int) -> dict[str, list[list[str]]]:
+        """What task j of `play` reads on other hosts' connections (`Task.remote_probes`: main's
+        route to each node, each node's state for main's generation record), by the host read, over
+        every host the play runs it on. Worked out once per run."""
+        key = (id(play), j)
+        if key in self._remote:
+            return self._remote[key]
+        spec = play.tasks[j]
+        cls = TASKS.get(spec.module)
+        out: dict[str, list[list[str]]] = {}
+        if cls is None or cls.remote_probes is Task.remote_probes or not self._tag_selected(spec):
+            self._remote[key] = out
+            return out
+        for h in sorted(self._play_hosts(play)):
+            variables: dict = {}
+            self._values(play, h, variables, guess=True)
+            for values in (variables.get("g"), variables.get("v")):
+                task = self._task_with(cls, spec, values) if values is not None else None
+                if task is not None:
+                    for target, argvs in task.remote_probes(self.cluster, h).items():
+                        out.setdefault(target, []).extend(a for a in argvs if a not in out.get(target, ()))
+                    break
+        self._remote[key] = out
         return out
 
     def _recalled(self, host: str) -> dict:
-        """The facts `host` registered in its last run (engine/recall.py), loaded once per run."""
+        """The facts `host` registered in its last runs from this inventory (engine/recall.py),
+        loaded once per run."""
         if host not in self._recall:
-            conn = self.hosts[host].conn
-            ident = conn.cache_identity() if conn is not None else None
-            self._recall[host] = recall.load(host, tuple(ident) if ident else None)
+            self._recall[host] = recall.load(host, self._recall_ident())
         return self._recall[host]
+
+    def _recall_ident(self) -> tuple[str, ...]:
+        return (str(self.inventory.path.resolve()),)
 
     def remember_facts(self, known_secrets: list[str]) -> None:
         """Keep each host's registered facts for the next run's read-ahead (not after `--check`, whose
@@ -89,11 +122,7 @@ class Prefetch:
         for host, st in self.hosts.items():
             if st.failed or st.unreachable or st.conn is None or not st.facts:
                 continue
-            ident = st.conn.cache_identity()
-            before = self._recall.get(host)
-            if before is None:
-                before = recall.load(host, tuple(ident) if ident else None)
-            recall.save(host, tuple(ident) if ident else None, st.facts, known_secrets, before)
+            recall.save(host, self._recall_ident(), st.facts, known_secrets, self._recalled(host))
 
     def _task_probes(
         self, play: Play, j: int, host: str, variables: dict, guess: bool = False
@@ -108,32 +137,55 @@ class Prefetch:
         cls = TASKS.get(spec.module)
         if cls is None or not self._tag_selected(spec):
             return []
-        if cls.probes is Task.probes and cls.cluster_probes is Task.cluster_probes:
+        if (
+            cls.probes is Task.probes
+            and cls.cluster_probes is Task.cluster_probes
+            and cls.connection_probes is Task.connection_probes
+        ):
             return []
-        if "v" not in variables:
-            variables["v"] = self.template_vars(host, play)
+        self._values(play, host, variables, guess)
         if guess:
-            if "g" not in variables:
-                # The last run's facts that this run has not registered yet, over this run's values
-                # (as registered facts are: engine/executor.py `template_vars`). None: nothing to add.
-                missing = {k: v for k, v in self._recalled(host).items() if k not in self.hosts[host].facts}
-                variables["g"] = {**variables["v"], **missing} if missing else None
             if variables["g"] is not None:
                 # Both: the guess's, and what this play's own batch will name without it (a `when`
                 # on a fact not registered yet is not skipped there), so that batch finds them read.
-                got = self._probes_with(cls, spec, variables["g"])
-                plain = self._probes_with(cls, spec, variables["v"])
+                got = self._probes_with(cls, spec, variables["g"], host)
+                plain = self._probes_with(cls, spec, variables["v"], host)
                 if got is None or plain is None:
                     return got if plain is None else plain
                 return [*got, *(a for a in plain if a not in got)]
-        return self._probes_with(cls, spec, variables["v"])
+        return self._probes_with(cls, spec, variables["v"], host)
 
-    def _probes_with(self, cls, spec: TaskSpec, values: dict) -> list[list[str]] | None:
+    def _values(self, play: Play, host: str, variables: dict, guess: bool) -> None:
+        """Fills `variables`: "v" this run's template values for `host`; with `guess`, "g" the same
+        with the facts of the host's last run that this run has not registered yet (as registered
+        facts are: engine/executor.py `template_vars`), and every host's in `hostvars` (None: no
+        last run's facts anywhere, nothing to guess)."""
+        if "v" not in variables:
+            variables["v"] = self.template_vars(host, play)
+        if guess and "g" not in variables:
+            missing = {k: v for k, v in self._recalled(host).items() if k not in self.hosts[host].facts}
+            guessing = missing or any(self._recall.values())
+            variables["g"] = {**variables["v"], **missing, "hostvars": _Guessed(self)} if guessing else None
+
+    def _task_with(self, cls, spec: TaskSpec, values: dict) -> Task | None:
+        """The task as these values render it; None when skipped by its `when` or not renderable."""
+        try:
+            if self._skipped(spec, values):
+                return None
+            return cls(cls.validate(render_value(spec.args, values)))
+        except Exception:  # noqa: BLE001 - reported by the task itself when it runs
+            return None
+
+    def _probes_with(self, cls, spec: TaskSpec, values: dict, host: str) -> list[list[str]] | None:
         try:
             if self._skipped(spec, values):
                 return []
             task = cls(cls.validate(render_value(spec.args, values)))
-            return task.cluster_probes(self.cluster) if cls.reads_cluster else task.probes()
+            out = task.cluster_probes(self.cluster) if cls.reads_cluster else task.probes()
+            conn = self.hosts[host].conn
+            if cls.connection_probes is not Task.connection_probes and conn is not None:
+                out = [*out, *task.connection_probes(conn)]
+            return out
         except Exception:  # noqa: BLE001 - reported by the task itself when it runs
             return None
 
@@ -215,3 +267,21 @@ class Prefetch:
             except Exception:  # noqa: BLE001 - same: the checks run their commands themselves
                 pass
         return named
+
+
+class _Guessed(Mapping):
+    """`hostvars` for a guess: each host's vars and facts, and the facts of its last run that this
+    run has not registered yet (a node's task naming what main registers: its tunnel key)."""
+
+    def __init__(self, run: Prefetch) -> None:
+        self._run = run
+
+    def __getitem__(self, name: str) -> dict:
+        st = self._run.hosts[name]
+        return {**st.vars, **self._run._recalled(name), **st.facts}
+
+    def __iter__(self):
+        return iter(self._run.hosts)
+
+    def __len__(self) -> int:
+        return len(self._run.hosts)

@@ -7,8 +7,8 @@ Only a guess, never an answer: a remembered fact names probes and nothing else. 
 its arguments from this run's facts; where a guess was wrong, the probe it named differs from the
 one the check asks for, is never served, and the check reads for itself (one read for nothing).
 
-One file per host and connection (login, address, port, jump hosts), as the host facts' cache
-(components/host/facts_cache.py) and under the same rule: best effort, the cache root is never
+One file per host and inventory file (the host's part in that cluster is what its facts follow),
+under the rule of the host facts' cache (components/host/facts_cache.py): best effort, the cache root is never
 created, written whole with mode 0600, and anything that is not a record of this version for this
 host is no record; records not written for PRUNE_DAYS are removed when another is written. Kept: the facts that are JSON data with no secret in them (a value the run
 masks, anywhere inside, leaves its fact out); nothing from a `--check` run (its facts are plans).
@@ -78,10 +78,12 @@ def keepable(facts: dict, known_secrets: list[str]) -> dict:
 
 
 def save(host: str, ident: tuple[str, ...] | None, facts: dict, known_secrets: list[str], before: dict) -> None:
-    """Keep `facts` for the next run (unless they equal `before`, what was loaded). Best effort: a
-    controller that cannot write its cache only reads more batches next time."""
+    """Keep `facts` over `before` (what was loaded: a fact this run did not register, as a `status`
+    registers fewer than a deploy, stays) for the next run; nothing is written when that is what
+    was loaded. Best effort: a controller that cannot write its cache only reads more batches next
+    time."""
     path = record_path(host, ident)
-    kept = keepable(facts, [*known_secrets, *secrets.seen()])
+    kept = {**before, **keepable(facts, [*known_secrets, *secrets.seen()])}
     if path is None or not kept or kept == before:
         return
     tmp = None

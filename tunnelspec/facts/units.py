@@ -12,23 +12,22 @@ from functools import partial
 from tunnelspec.connection.probes import Merge, register_merge
 from tunnelspec.facts.fact import Fact
 
-# Per unit, one round trip: does systemd still run it from an older version of its file? (its file is
-# newer than its last start: a run was killed between writing the unit and restarting it). Prints
-# `<unit> <NeedDaemonReload> <ActiveEnterTimestamp, unix s or empty> <file mtime, unix s>`.
+# One round trip for all the units: does systemd still run each from an older version of its file?
+# (its file is newer than its last start: a run was killed between writing the unit and restarting
+# it). One `systemctl show` for every unit (a block each, in their order; systemd before 248 has no
+# --timestamp=unix: NeedDaemonReload alone) and one `stat` of their files, however many units.
 _STALE_SCRIPT = r"""
-for u; do
-  f=/etc/systemd/system/$u
-  r=$(systemctl show -P NeedDaemonReload -- "$u" 2>/dev/null)
-  t=$(systemctl show --timestamp=unix -P ActiveEnterTimestamp -- "$u" 2>/dev/null)
-  m=$(stat -c %Y -- "$f" 2>/dev/null)
-  echo "$u ${r:-no} ${t#@} ${m:-0}" | tr -s ' '
-done
+systemctl show --timestamp=unix -p NeedDaemonReload,ActiveEnterTimestamp -- "$@" 2>/dev/null ||
+  systemctl show -p NeedDaemonReload -- "$@" 2>/dev/null
+echo "== mtimes"
+cd /etc/systemd/system 2>/dev/null && stat -c '%Y %n' -- "$@" 2>/dev/null
+exit 0
 """
 
 
 def stale(names: list[str]) -> Fact[dict[str, str]]:
     """Of the units `names`, those running from an older file than the one installed: {unit: why}."""
-    return Fact(["sh", "-c", _STALE_SCRIPT, "sh", *names], parse_stale)
+    return Fact(["sh", "-c", _STALE_SCRIPT, "sh", *names], partial(parse_stale, names=names))
 
 
 async def stale_units(conn, names: list[str]) -> dict[str, str]:
@@ -38,18 +37,25 @@ async def stale_units(conn, names: list[str]) -> dict[str, str]:
     return await stale(names).gather(conn)
 
 
-def parse_stale(text: str) -> dict[str, str]:
-    out = {}
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[2].isdigit() and parts[3].isdigit():
-            unit, reload, started, mtime = parts[0], parts[1], int(parts[2]), int(parts[3])
-            if reload == "yes":
-                out[unit] = "unit file changed, not reloaded"
-            elif started and mtime > started:
-                out[unit] = "unit file newer than the running service"
-        elif len(parts) >= 2 and parts[1] == "yes":
-            out[parts[0]] = "unit file changed, not reloaded"
+def parse_stale(text: str, names: list[str]) -> dict[str, str]:
+    """The stale script's output for the units `names`: systemd's blocks (one per unit, in order;
+    none when systemd cannot be asked) and the unit files' mtimes."""
+    head, _, tail = text.partition("== mtimes\n")
+    blocks = [parse_show(b) for b in head.strip("\n").split("\n\n")] if head.strip() else []
+    mtimes = {}
+    for line in tail.splitlines():
+        t, _, name = line.partition(" ")
+        if t.isdigit():
+            mtimes[name] = int(t)
+    out: dict[str, str] = {}
+    if len(blocks) != len(names):
+        return out  # not one block per unit: nothing can be told apart
+    for unit, props in zip(names, blocks, strict=True):
+        started = props.get("ActiveEnterTimestamp", "").removeprefix("@")
+        if props.get("NeedDaemonReload") == "yes":
+            out[unit] = "unit file changed, not reloaded"
+        elif started.isdigit() and int(started) and mtimes.get(unit, 0) > int(started):
+            out[unit] = "unit file newer than the running service"
     return out
 
 

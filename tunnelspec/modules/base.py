@@ -144,6 +144,19 @@ class Task:
         one). By default `probes()`."""
         return self.probes()
 
+    def connection_probes(self, conn) -> list[list[str]]:
+        """Read-only commands `check` will run whose arguments come from what the controller keeps for
+        this connection (a cache keyed by it), named for the play's batch beside `probes()`. A probe
+        `check` runs as the login (`become=False`) is served from the batch only where the two are
+        the same (no sudo). None by default."""
+        return []
+
+    def remote_probes(self, cluster, host: str) -> dict[str, list[list[str]]]:
+        """Read-only commands `check` runs on *other* hosts' connections (`ctx.connection_to`) when it
+        runs on `host`, by the host they run on: each is read ahead in that host's batch. None by
+        default."""
+        return {}
+
     def secrets(self) -> list[str]:
         return [str(self.p[n]) for n, a in self.args.items() if a.secret and self.p.get(n)]
 

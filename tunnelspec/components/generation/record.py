@@ -207,15 +207,31 @@ def validate_host_record(want, role: str, root: str, host: str, n=None, nodes: t
 # that is a symbolic link (dangling or not) or not a regular file is reported as such (`!` and its
 # kind), never followed: its sum and mode would be another file's (a link's own mode reads 777), and
 # the copy kept of it would be that other file.
+# The regular files' digests and modes come from one sha256sum and one stat for all of them (not
+# three processes a file); each digest line must name the file asked for, else nothing is printed.
 STATE_SCRIPT = r"""
 root=$1; shift
 printf 'build %s\n' "$(readlink -- "$root/current" 2>/dev/null)"
-for f in "$@"; do
+n=$#
+for f do
   if [ -L "$f" ]; then printf 'file ! link %s\n' "$f"
-  elif [ -f "$f" ]; then printf 'file %s %s %s\n' "$(sha256sum < "$f" | cut -d' ' -f1)" "$(stat -c %a -- "$f")" "$f"
+  elif [ -f "$f" ]; then set -- "$@" "$f"
   elif [ -e "$f" ]; then printf 'file ! other %s\n' "$f"
   else printf 'file - - %s\n' "$f"; fi
 done
+shift "$n"
+[ $# -gt 0 ] || exit 0
+nl='
+'
+modes=$(stat -c %a -- "$@")$nl || exit 1
+sha256sum -- "$@" | {
+  for f do
+    IFS=' ' read -r sum p || exit 1
+    [ "$p" = " $f" ] || [ "$p" = "$f" ] || exit 1
+    printf 'file %s %s %s\n' "$sum" "${modes%%"$nl"*}" "$f"
+    modes=${modes#*"$nl"}
+  done
+}
 """
 
 

@@ -23,6 +23,7 @@ from tunnelspec.llama import advisories
 from tunnelspec.modules.base import Arg, Diff, Task, change, ok, register_task
 from tunnelspec.components.generation.live import (
     checked,
+    host_state_argv,
     hosts_of,
     live_state,
     main_state_probes,
@@ -82,6 +83,16 @@ class GenerationRecord(Task):
 
     def cluster_probes(self, cluster) -> list[list[str]]:
         return [*self.probes(), *(main_state_probes(cluster) if cluster is not None else [])]
+
+    def remote_probes(self, cluster, host: str) -> dict[str, list[list[str]]]:
+        # The live state of every other host, each read on its own connection (`live_state`).
+        if cluster is None:
+            return {}
+        return {
+            name: [host_state_argv(role, root, nodes_of(cluster, role))]
+            for name, role, root in hosts_of(cluster)
+            if name != host
+        }
 
     async def check(self, ctx):
         records, current = await read_records(ctx.conn)

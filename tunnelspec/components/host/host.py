@@ -147,6 +147,11 @@ class HostFactsTask(Task):
         "build": Arg(bool, default=True, help="The host builds llama.cpp (compiler, cmake and disk are checked)."),
     }
 
+    def connection_probes(self, conn) -> list[list[str]]:
+        # What `gather` runs first: the version key the controller kept for this connection.
+        rec = facts_cache.load(facts_cache.identity(conn))
+        return [host_facts(self.p["root"], rec.key if rec else "").argv]
+
     async def check(self, ctx):
         f = await gather(ctx.conn, self.p["root"])
         ctx.register(FACTS_KEY, f.to_dict())

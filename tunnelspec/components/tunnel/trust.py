@@ -240,8 +240,14 @@ class TunnelAuthorizedKey(Task):
         return ["stat", "-c", "%a %U", "--", self._path]
 
     def probes(self) -> list[list[str]]:
-        # Main's `ip route get` (from_address unset) is read on main's connection, not this host's.
         return [read_argv(self._path), self._meta_argv()]
+
+    def remote_probes(self, cluster, host: str) -> dict[str, list[list[str]]]:
+        # Main's `ip route get` (from_address unset), read on main's connection (`source_address`).
+        if self.p["from_address"] or cluster is None:
+            return {}
+        addr, _ = node_ssh_target(cluster.inventory, host)
+        return {cluster.main.name: [["ip", "-o", "route", "get", addr]]} if _is_ip(addr) else {}
 
     async def check(self, ctx):
         path = self._path
