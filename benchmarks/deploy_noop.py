@@ -12,6 +12,9 @@ same number of remote commands per host.
    - floor:  one Python process that connects to every host in parallel (host keys verified) and runs,
              per host, as many trivial commands (`true`) as the deploy opened channels on that host,
              one after another.
+   - floor-1: the same with one command per host (the least a no-op can cost).
+   - floor-held (--held main=65,rpc-a=19,rpc-b=19): the same with counts held fixed, so that folding
+             commands into fewer batches does not also shrink what the deploy is measured against.
 The lab's hosts and the controller share the machine's 2 cores: only the ratio means much.
 """
 
@@ -145,7 +148,7 @@ def count(inventory: str, tmp: Path) -> dict:
     return got
 
 
-def bench(lab_dir: str, runs: int) -> dict:
+def bench(lab_dir: str, runs: int, held: dict[str, int] | None = None) -> dict:
     sys.path.insert(0, str(REPO))
     from tunnelspec.lab import Lab
 
@@ -163,6 +166,18 @@ def bench(lab_dir: str, runs: int) -> dict:
             for name, c in per_host.items() if name in lab.hosts]}))
         contenders = {"floor": [sys.executable, __file__, "--floor-child", str(spec)],
                       "deploy": deploy_argv(inventory)}
+        # The true floor: one connection and one command per host (the least a no-op can cost).
+        one = tmp / "floor-1.json"
+        one.write_text(json.dumps({**json.loads(spec.read_text()), "hosts": [
+            {"address": lab.hosts[name], "commands": 1} for name in per_host if name in lab.hosts]}))
+        contenders["floor-1"] = [sys.executable, __file__, "--floor-child", str(one)]
+        if held:
+            # A floor held at given counts (those of an earlier tree), so that folding commands into
+            # batches does not also shrink what the deploy is measured against.
+            fixed = tmp / "floor-held.json"
+            fixed.write_text(json.dumps({**json.loads(spec.read_text()), "hosts": [
+                {"address": lab.hosts[name], "commands": n} for name, n in held.items()]}))
+            contenders["floor-held"] = [sys.executable, __file__, "--floor-child", str(fixed)]
         times = {k: [] for k in contenders}
         for _ in range(runs):
             for name, argv in contenders.items():
@@ -172,7 +187,8 @@ def bench(lab_dir: str, runs: int) -> dict:
     return {"round_trips_per_host": per_host, "commands_by_program": counted["what"], "recap": counted["recap"],
             "command_seconds_by_program": counted["seconds"],
             "median_s": med, "all_s": times, "ratio": med["deploy"] / med["floor"], "runs": runs,
-            "load": os.getloadavg()}
+            "ratio_floor_1": med["deploy"] / med["floor-1"], "held": held,
+            "ratio_held": med["deploy"] / med["floor-held"] if held else None, "load": os.getloadavg()}
 
 
 def main() -> None:
@@ -185,8 +201,12 @@ def main() -> None:
     ap.add_argument("--lab", default=str(REPO / "lab"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--held", default="", metavar="HOST=N,...",
+                    help="also a floor of these commands per host, held fixed (e.g. the counts of an earlier "
+                         "tree: main=65,rpc-a=19,rpc-b=19), timed in the same interleaving")
     a = ap.parse_args()
-    r = bench(a.lab, max(1, a.runs))
+    held = {k: int(v) for k, v in (item.split("=", 1) for item in a.held.split(",") if item)} or None
+    r = bench(a.lab, max(1, a.runs), held)
     if a.json:
         print(json.dumps(r, indent=1))
         return
@@ -197,7 +217,12 @@ def main() -> None:
     for host, progs in r["command_seconds_by_program"].items():
         print(f"  {host:<8} seconds per program (command channels, counted run): "
               + ", ".join(f"{p} {t:.3f}" for p, t in list(progs.items())[:5]))
-    print(f"floor  {r['median_s']['floor']:.3f} s\ndeploy {r['median_s']['deploy']:.3f} s ({r['ratio']:.2f}x floor)")
+    print(f"floor  {r['median_s']['floor']:.3f} s (as many commands per host as the deploy opened)")
+    print(f"floor-1 {r['median_s']['floor-1']:.3f} s (one connection and one command per host)")
+    if r["held"]:
+        print(f"floor-held {r['median_s']['floor-held']:.3f} s ({', '.join(f'{h} {n}' for h, n in r['held'].items())})")
+    print(f"deploy {r['median_s']['deploy']:.3f} s ({r['ratio']:.2f}x floor, {r['ratio_floor_1']:.2f}x floor-1"
+          + (f", {r['ratio_held']:.2f}x floor-held)" if r["held"] else ")"))
 
 
 if __name__ == "__main__":

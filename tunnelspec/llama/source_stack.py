@@ -174,7 +174,9 @@ def fingerprint(base: str, patches: list[PatchSpec]) -> str:
 # ---- the host's state report ---------------------------------------------------------------------
 
 # One round trip: HEAD, tree, origin URL, an interrupted operation, local modifications, the nearest
-# `bNNNN` tag of the base, and the stored stack record. Arguments: dir, base commit.
+# `bNNNN` tag of the base, and the stored stack record. Arguments: dir, base commit. Read-only for
+# real: `git status` without its optional index refresh, so it never holds the index's lock that a
+# checkout or patch of this or another run needs (a batch reads it beside other probes).
 STATE_SCRIPT = r"""
 d=$1
 [ -e "$d/.git" ] || { echo absent; exit 0; }
@@ -186,7 +188,7 @@ echo "shallow $(git rev-parse --is-shallow-repository 2>/dev/null || echo unknow
 [ -e .git/tunnelspec-applying ] && echo "op tunnelspec checkout"
 [ -e .git/CHERRY_PICK_HEAD ] && echo "op cherry-pick"
 [ -d .git/rebase-apply ] || [ -d .git/rebase-merge ] && echo "op rebase"
-git status --porcelain=v1 2>/dev/null | head -n 20 | sed 's/^/dirty /'
+git --no-optional-locks status --porcelain=v1 2>/dev/null | head -n 20 | sed 's/^/dirty /'
 git describe --tags --match 'b[0-9]*' --long "$2" 2>/dev/null | sed 's/^/describe /'
 echo "--- stack"
 cat .git/tunnelspec-stack 2>/dev/null

@@ -4,6 +4,7 @@ back to it — files, `current`, source checkout — with a daemon-reload and a 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import posixpath
 
@@ -185,12 +186,21 @@ class GenerationRestore(Task):
         if not head:
             return
         src = posixpath.join(root, "src", "llama.cpp")
-        res = await ctx.conn.run(
-            ["git", *ss.GIT_CONFIG_ARGS, "-C", src, "checkout", "--quiet", "--detach", "--force", head]
-        )
+        for attempt in range(_LOCK_TRIES):
+            res = await ctx.conn.run(
+                ["git", *ss.GIT_CONFIG_ARGS, "-C", src, "checkout", "--quiet", "--detach", "--force", head]
+            )
+            if res.rc == 0 or "index.lock" not in res.stderr or attempt == _LOCK_TRIES - 1:
+                break
+            # Another git process holds the index for a moment (someone's `git status` there).
+            await asyncio.sleep(_LOCK_WAIT_S)
         if res.rc != 0:
             raise TaskFailed(f"{ctx.host}: cannot check out {head[:12]} in {src} again: {res.stderr.strip()}")
         await ctx.conn.run(["git", *ss.GIT_CONFIG_ARGS, "-C", src, "update-ref", "refs/tunnelspec/stack", head])
+
+
+# A checkout that finds the index locked by another git process waits this long, this many times.
+_LOCK_TRIES, _LOCK_WAIT_S = 6, 0.5
 
 
 def _stack_head(raw: bytes | None) -> str | None:
