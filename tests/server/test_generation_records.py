@@ -19,6 +19,7 @@ import pytest
 
 from tunnelspec.commands import rollback as rb
 from tunnelspec.components.generation import record as gen
+from tunnelspec.components.generation import state as gen_state
 from tunnelspec.components.generation import tasks as tg
 from tunnelspec.components.generation import live as glive
 from tunnelspec.components.generation import restore as grestore
@@ -125,9 +126,9 @@ def test_a_record_of_the_wrong_shape_is_refused():
 
 # ---- the state script: a link is reported, never followed ------------------------------------------
 def _state(root, *paths) -> dict:
-    out = subprocess.run(["sh", "-c", gen.STATE_SCRIPT, "sh", str(root), *map(str, paths)],
+    out = subprocess.run(["sh", "-c", gen_state.STATE_SCRIPT, "sh", str(root), *map(str, paths)],
                          capture_output=True, text=True, check=True).stdout
-    return gen.parse_state(out)
+    return gen_state.parse_state(out)
 
 
 def test_a_serving_file_that_is_a_link_or_no_regular_file_is_reported_as_such(tmp_path):

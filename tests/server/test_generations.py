@@ -8,6 +8,7 @@ import os
 import subprocess
 
 from tunnelspec.components.generation import record as gen
+from tunnelspec.components.generation import state as gen_state
 from tunnelspec.components.generation import store as gstore
 from tunnelspec.components.build import build as llama_build
 
@@ -26,7 +27,7 @@ def _record(n: int, build: str = "k1", sha: str = "a" * 64, node_build: str = "r
 
 def test_state_script_output_parses_into_build_and_files():
     text = (f"build /opt/t/build/k1\nfile {'b' * 64} 644 {MAIN}\nfile - - /etc/tunnelspec/front.cfg\n")
-    st = gen.parse_state(text)
+    st = gen_state.parse_state(text)
     assert st == {"build": "/opt/t/build/k1",
                   "files": {MAIN: {"sha256": "b" * 64, "mode": "644"}, "/etc/tunnelspec/front.cfg": None}}
 
@@ -37,9 +38,9 @@ def test_the_state_script_reads_a_real_tree(tmp_path):
     os.symlink(str(root / "build" / "k1"), root / "current")
     f = tmp_path / "unit"
     f.write_text("[Unit]\n")
-    out = subprocess.run(["sh", "-c", gen.STATE_SCRIPT, "sh", str(root), str(f), str(tmp_path / "absent")],
+    out = subprocess.run(["sh", "-c", gen_state.STATE_SCRIPT, "sh", str(root), str(f), str(tmp_path / "absent")],
                          capture_output=True, text=True, check=True).stdout
-    st = gen.parse_state(out)
+    st = gen_state.parse_state(out)
     assert st["build"] == str(root / "build" / "k1")
     assert st["files"][str(f)] == {"sha256": hashlib.sha256(b"[Unit]\n").hexdigest(), "mode": "644"}
     assert st["files"][str(tmp_path / "absent")] is None

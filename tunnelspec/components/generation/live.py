@@ -8,6 +8,7 @@ import json
 import posixpath
 
 from tunnelspec.components.generation import record as gen
+from tunnelspec.components.generation import state
 from tunnelspec.core.errors import TaskFailed
 from tunnelspec.llama import build_plan as bp
 from tunnelspec.components.models import proof_cache
@@ -77,7 +78,7 @@ async def stamped_build_number(conn, build: str) -> int | None:
 
 def host_state_argv(role: str, root: str, nodes: tuple[str, ...] = ()) -> list[str]:
     """What `host_state` reads on the host."""
-    return ["sh", "-c", gen.STATE_SCRIPT, "sh", root, *gen.managed_files(role, root, nodes)]
+    return ["sh", "-c", state.STATE_SCRIPT, "sh", root, *gen.managed_files(role, root, nodes)]
 
 
 def main_state_probes(cluster) -> list[list[str]]:
@@ -87,7 +88,7 @@ def main_state_probes(cluster) -> list[list[str]]:
 
 async def host_state(conn, role: str, root: str, nodes: tuple[str, ...] = ()) -> dict:
     res = await conn.probe(host_state_argv(role, root, nodes), check=True)
-    return {"role": role, "root": root, **gen.parse_state(res.stdout)}
+    return {"role": role, "root": root, **state.parse_state(res.stdout)}
 
 
 _RUNNING = r"""
