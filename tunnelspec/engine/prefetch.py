@@ -182,9 +182,9 @@ class Prefetch:
                 return []
             task = cls(cls.validate(render_value(spec.args, values)))
             out = task.cluster_probes(self.cluster) if cls.reads_cluster else task.probes()
-            conn = self.hosts[host].conn
-            if cls.connection_probes is not Task.connection_probes and conn is not None:
-                out = [*out, *task.connection_probes(conn)]
+            if cls.connection_probes is not Task.connection_probes:
+                conn = self.hosts[host].conn
+                out = [*out, *(task.connection_probes(conn) if conn is not None else ())]
             return out
         except Exception:  # noqa: BLE001 - reported by the task itself when it runs
             return None
