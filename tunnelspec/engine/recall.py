@@ -8,10 +8,12 @@ its arguments from this run's facts; where a guess was wrong, the probe it named
 one the check asks for, is never served, and the check reads for itself (one read for nothing).
 
 One file per host and inventory file (the host's part in that cluster is what its facts follow),
-under the rule of the host facts' cache (components/host/facts_cache.py): best effort, the cache root is never
-created, written whole with mode 0600, and anything that is not a record of this version for this
-host is no record; records not written for PRUNE_DAYS are removed when another is written. Kept: the facts that are JSON data with no secret in them (a value the run
-masks, anywhere inside, leaves its fact out); nothing from a `--check` run (its facts are plans).
+under the rule of the host facts' cache (components/host/facts_cache.py): best effort, the cache
+root is never created, written whole with mode 0600, and anything that is not a record of this
+version for this host is no record; records not written for PRUNE_DAYS are removed when another is
+written. Kept: the facts that are JSON data with no secret in them (a value the run masks, anywhere
+inside, leaves its fact out), over those of earlier runs (a `status` registers fewer than a
+deploy); nothing from a `--check` run (its facts are plans).
 """
 
 from __future__ import annotations
