@@ -7,6 +7,7 @@ container's) has no `~/.cache`, and a run there keeps nothing and leaves nothing
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -32,3 +33,23 @@ def prune(folder: Path, keep: str, days: int) -> None:
                     os.unlink(entry.path)
         except OSError:
             continue
+
+
+def write_record(path: Path, text: str, days: int) -> None:
+    """Best effort: `text` to `path` whole (a 0600 temporary file in its directory, renamed over it),
+    then the directory's records not written for `days` pruned. A controller that cannot write its
+    cache only does the work again next time."""
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.parent.name}-", suffix=".tmp")  # mode 0600
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+        prune(path.parent, keep=path.name, days=days)
+    except OSError:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from tunnelspec.core import secrets
-from tunnelspec.core.cachedir import cache_root, prune
+from tunnelspec.core.cachedir import cache_root, write_record
 
 RECORD_VERSION = 1
 PRUNE_DAYS = 30
@@ -88,17 +86,4 @@ def save(host: str, ident: tuple[str, ...] | None, facts: dict, known_secrets: l
     kept = {**before, **keepable(facts, [*known_secrets, *secrets.seen()])}
     if path is None or not kept or kept == before:
         return
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".registered-", suffix=".tmp")  # mode 0600
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"version": RECORD_VERSION, "host": host, "facts": kept}))
-        os.replace(tmp, path)
-        prune(path.parent, keep=path.name, days=PRUNE_DAYS)
-    except OSError:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    write_record(path, json.dumps({"version": RECORD_VERSION, "host": host, "facts": kept}), PRUNE_DAYS)

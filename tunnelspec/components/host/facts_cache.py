@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunnelspec.core.cachedir import cache_root, prune
+from tunnelspec.core.cachedir import cache_root, write_record
 from tunnelspec.facts.host import VERSION_LINES
 
 RECORD_VERSION = 1
@@ -78,17 +76,4 @@ def save(ident: tuple[str, ...] | None, key: str, lines: tuple[str, ...]) -> Non
     if path is None:
         return
     doc = {"version": RECORD_VERSION, "identity": list(ident or ()), "key": key, "lines": list(lines)}
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".facts-", suffix=".tmp")  # mode 0600
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(doc))
-        os.replace(tmp, path)
-        prune(path.parent, keep=path.name, days=PRUNE_DAYS)
-    except OSError:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    write_record(path, json.dumps(doc), PRUNE_DAYS)
