@@ -137,23 +137,26 @@ class Prefetch:
         cls = TASKS.get(spec.module)
         if cls is None or not self._tag_selected(spec):
             return []
-        if (
-            cls.probes is Task.probes
-            and cls.cluster_probes is Task.cluster_probes
-            and cls.connection_probes is Task.connection_probes
-        ):
+        if not _names_probes(cls):
             return []
         self._values(play, host, variables, guess)
-        if guess:
-            if variables["g"] is not None:
-                # Both: the guess's, and what this play's own batch will name without it (a `when`
-                # on a fact not registered yet is not skipped there), so that batch finds them read.
-                got = self._probes_with(cls, spec, variables["g"], host)
-                plain = self._probes_with(cls, spec, variables["v"], host)
-                if got is None or plain is None:
-                    return got if plain is None else plain
-                return [*got, *(a for a in plain if a not in got)]
-        return self._probes_with(cls, spec, variables["v"], host)
+        plain = self._probes_with(cls, spec, variables["v"], host)
+        got = self._guessed(play, j, host, variables) if guess else None
+        if got is None or plain is None:
+            return got if plain is None else plain
+        # Both: the guess's, and what this play's own batch will name without it (a `when` on a fact
+        # not registered yet is not skipped there), so that batch finds them read.
+        return [*got, *(a for a in plain if a not in got)]
+
+    def _guessed(self, play: Play, j: int, host: str, variables: dict) -> list[list[str]] | None:
+        """Task j's probes as the facts of the host's last run name them (`_values`' "g"); None when
+        there is nothing to guess with or they cannot be rendered."""
+        spec = play.tasks[j]
+        cls = TASKS.get(spec.module)
+        self._values(play, host, variables, guess=True)
+        if cls is None or not _names_probes(cls) or variables["g"] is None or not self._tag_selected(spec):
+            return None
+        return self._probes_with(cls, spec, variables["g"], host)
 
     def _values(self, play: Play, host: str, variables: dict, guess: bool) -> None:
         """Fills `variables`: "v" this run's template values for `host`; with `guess`, "g" the same
@@ -245,7 +248,7 @@ class Prefetch:
             # second batch, if one is needed, renders them from this run's facts).
             have = {tuple(a) for a in argvs}
             for j in range(len(play.tasks)):
-                for a in self._task_probes(play, j, host, variables, guess=True) or ():
+                for a in self._guessed(play, j, host, variables) or ():
                     if tuple(a) not in have:
                         have.add(tuple(a))
                         argvs.append(a)
@@ -267,6 +270,15 @@ class Prefetch:
             except Exception:  # noqa: BLE001 - same: the checks run their commands themselves
                 pass
         return named
+
+
+def _names_probes(cls) -> bool:
+    """Whether a task class names any read for a batch (else its args need no rendering here)."""
+    return not (
+        cls.probes is Task.probes
+        and cls.cluster_probes is Task.cluster_probes
+        and cls.connection_probes is Task.connection_probes
+    )
 
 
 class _Guessed(Mapping):
