@@ -174,6 +174,11 @@ def _is_ip(text: str) -> bool:
         return False
 
 
+def route_argv(node_address: str) -> list[str]:
+    """What main runs to learn the source address its routing picks for a node."""
+    return ["ip", "-o", "route", "get", node_address]
+
+
 async def source_address(ctx, node_address: str) -> str | None:
     """Main's address as the node sees it: the source main's routing picks for the node's IP.
     None when the node is addressed by name (no DNS from here) or main cannot tell."""
@@ -182,7 +187,7 @@ async def source_address(ctx, node_address: str) -> str | None:
     except ValueError:
         return None
     conn = await ctx.connection_to(ctx.require_cluster().main.name)
-    res = await conn.probe(["ip", "-o", "route", "get", node_address])
+    res = await conn.probe(route_argv(node_address))
     words = res.stdout.split()
     if res.rc == 0 and "src" in words:
         src = words[words.index("src") + 1]
@@ -247,7 +252,7 @@ class TunnelAuthorizedKey(Task):
         if self.p["from_address"] or cluster is None:
             return {}
         addr, _ = node_ssh_target(cluster.inventory, host)
-        return {cluster.main.name: [["ip", "-o", "route", "get", addr]]} if _is_ip(addr) else {}
+        return {cluster.main.name: [route_argv(addr)]} if _is_ip(addr) else {}
 
     async def check(self, ctx):
         path = self._path
