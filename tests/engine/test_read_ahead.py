@@ -7,53 +7,25 @@ one host changes is what the other reads, as an rpc node's restart is what main'
 from __future__ import annotations
 
 import asyncio
-import collections
 from pathlib import Path
 
 import pytest
 
-from tunnelspec.connection.base import read_argv
-from tunnelspec.connection.local import LocalConnection
+from support import reads_task
 from tunnelspec.engine.context import RunOptions
 from tunnelspec.engine.executor import Run
 from tunnelspec.engine.playbook import load_playbook
 from tunnelspec.engine.registry import load_all
 from tunnelspec.inventory import load_inventory
-from tunnelspec.modules import TASKS, Arg, Task, ok, register_task
 
 pytestmark = pytest.mark.unit
-load_all()
-
-
-class _Reads(Task):
-    """Test-only module: reads a file with a probe it names, and says what it read."""
-
-    module = "test_reads"
-    read_only = True
-    args = {"path": Arg(str, required=True, help="The file.")}
-
-    def probes(self) -> list[list[str]]:
-        return [read_argv(self.p["path"])]
-
-    async def check(self, ctx):
-        res = await ctx.conn.probe(read_argv(self.p["path"]))
-        return ok(f"read {res.stdout.strip()}")
 
 
 @pytest.fixture
-def ran(monkeypatch):
-    """Every command each host's connection ran, by host: a spy around the real `_exec`."""
-    register_task(_Reads)
-    seen: dict = collections.defaultdict(list)
-    real = LocalConnection._exec
-
-    async def spy(self, argv, input, timeout):
-        seen[self.name].append(list(argv))
-        return await real(self, argv, input, timeout)
-
-    monkeypatch.setattr(LocalConnection, "_exec", spy)
-    yield seen
-    TASKS.pop(_Reads.module, None)
+def reads_spy(monkeypatch):
+    """Every command each host's local connection ran or spawned, by host, in order."""
+    yield from reads_task.reads_spy(monkeypatch)
+load_all()
 
 
 def _run(tmp_path: Path, plays: str) -> list[dict]:
@@ -69,7 +41,7 @@ def _reads(name: str, *paths: Path) -> str:
     return "".join(f"    - name: {name} {i}\n      test_reads: {{path: '{p}'}}\n" for i, p in enumerate(paths))
 
 
-def test_a_no_op_run_reads_each_host_in_one_batch(tmp_path, ran):
+def test_a_no_op_run_reads_each_host_in_one_batch(tmp_path, reads_spy):
     files = [tmp_path / f"f{i}" for i in range(6)]
     for i, f in enumerate(files):
         f.write_text(f"v{i}\n")
@@ -80,11 +52,11 @@ def test_a_no_op_run_reads_each_host_in_one_batch(tmp_path, ran):
     assert [r["msg"] for r in results if r["host"] == "a"] == [f"read v{i}" for i in range(6)]
     assert all(r["status"] == "ok" for r in results)
     for host in ("a", "b"):
-        assert len(ran[host]) == 1, ran[host]  # one batch for the three plays
-        assert all(str(f) in ran[host][0] for f in files)
+        assert len(reads_spy[host]) == 1, reads_spy[host]  # one batch for the three plays
+        assert all(str(f) in reads_spy[host][0] for f in files)
 
 
-def test_a_change_on_another_host_is_seen_by_a_later_play(tmp_path, ran):
+def test_a_change_on_another_host_is_seen_by_a_later_play(tmp_path, reads_spy):
     shared = tmp_path / "shared"
     shared.write_text("before\n")
     other = tmp_path / "other"
@@ -99,6 +71,6 @@ def test_a_change_on_another_host_is_seen_by_a_later_play(tmp_path, ran):
     assert changed and changed[0]["status"] == "changed"
     assert shared.read_text() == "after\n"
     # a's first batch read `shared` ahead ("before"); b's change since drops that answer.
-    assert any(str(shared) in cmd for cmd in ran["a"][0])
+    assert any(str(shared) in cmd for cmd in reads_spy["a"][0])
     [late] = [r for r in results if r["host"] == "a" and r["task"] == "a reads 0"]
     assert late["msg"] == "read after"

@@ -38,6 +38,7 @@ class HostState:
     vars: dict
     facts: dict = field(default_factory=dict)
     conn: Connection | None = None
+    conn_error: TunnelspecError | None = None  # the run's one connect failed: said again, not retried
     failed: bool = False
     unreachable: bool = False
 
@@ -123,8 +124,16 @@ class Run(Prefetch, TaskExecution):
         st = self.hosts[name]
         lock = self._conn_locks.setdefault(name, asyncio.Lock())
         async with lock:
+            if st.conn is None and st.conn_error is not None:
+                raise st.conn_error
             if st.conn is None:
-                st.conn = await connect(name, st.vars, self.connect_options, self.inventory.path.parent, self.session)
+                try:
+                    st.conn = await connect(
+                        name, st.vars, self.connect_options, self.inventory.path.parent, self.session
+                    )
+                except TunnelspecError as e:
+                    st.conn_error = e  # the run lock's try and the first play ask once, not twice
+                    raise
         return st.conn
 
     async def close(self) -> None:
@@ -208,22 +217,31 @@ class Run(Prefetch, TaskExecution):
         self.emit(events.run_start(playbook.path, self.options.check))
         self.preconnect(playbook)
         self._plays = playbook.plays
-        lock = None
+        lock, held = None, False
         try:
-            # Read-only preflight plays (facts, refusals) run before the lock: a host tunnelspec cannot
-            # serve is refused in the run's first seconds, and never waits for another run's lock.
+            if self.options.lock and not self.options.check:
+                # Every host's lock before anything is read, if all are free now (never waited for
+                # here): then nothing this run reads can be another run's half-done work.
+                lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
+                held = await lock.try_now([h for play in playbook.plays for h in self.select(play.hosts)])
+            # Read-only preflight plays (facts, refusals) run before any wait for the lock: a host
+            # tunnelspec cannot serve is refused in the run's first seconds.
             preflight = [p for p in playbook.plays if p.preflight]
             for play in preflight:
                 await self.run_play(play)
-            if self.options.lock and not self.options.check:
+            if lock is not None and not held:
                 hosts = [
                     h
                     for play in playbook.plays
                     for h in self.select(play.hosts)
                     if not (self.hosts[h].failed or self.hosts[h].unreachable)
                 ]
-                lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
                 await lock.acquire(hosts)
+                # Read before the lock, maybe while another run was changing the hosts: read again.
+                self._ahead.clear()
+                for st in self.hosts.values():
+                    if st.conn is not None:
+                        st.conn.drop_probes()
             for play in playbook.plays[len(preflight) :]:
                 await self.run_play(play)
             self.remember_facts(self.secrets)

@@ -14,6 +14,12 @@ lock file) are recognised by the run's own token in the holder file and locked o
 
 Only mutating commands lock (deploy, teardown, tunnel open|close, keys rotate, play without
 --check); the CLI decides (RunOptions.lock names the command). Read-only ones never wait.
+
+What a run reads before its lock may be another run's half-done work. So a run first tries every
+host's lock at once without waiting (`try_now`), before it reads anything: when all are free it holds
+them from its first read on. When one is held it lets go of all (it never waits holding a part), runs
+its read-only preflight plays, waits for the locks in order (`acquire`), and then reads everything
+again (engine/executor.py drops what was read ahead).
 """
 
 from __future__ import annotations
@@ -132,6 +138,49 @@ class RunLock:
 
         return sorted(set(hosts), key=key)
 
+    async def try_now(self, hosts: list[str]) -> bool:
+        """Every host's lock at once, none waited for; True when this run holds them all (and keeps
+        them). False when a host is held by another run, cannot be reached now or cannot be locked
+        (no flock, ...): then none is kept, and `acquire` waits for them and says why, as before."""
+        order = self._order(hosts)
+        conns = await asyncio.gather(*(self.run.connection(h) for h in order), return_exceptions=True)
+        if any(isinstance(c, BaseException) and not isinstance(c, TunnelspecError) for c in conns):
+            raise next(c for c in conns if isinstance(c, BaseException) and not isinstance(c, TunnelspecError))
+        if any(isinstance(c, BaseException) for c in conns):
+            return False
+        got = await asyncio.gather(*(self._try_one(c) for c in conns), return_exceptions=True)
+        if all(g is True for g in got):
+            return True
+        await self.release()
+        return False
+
+    async def _try_one(self, conn) -> bool:
+        try:
+            proc = await conn.spawn(self._argv(conn.name, 0))
+        except HostUnreachable:
+            return False
+        word = (await proc.readline()).partition(" ")[0]
+        if word == "LOCKED":
+            self._held.append(proc)
+            return True
+        await proc.close()
+        return word == "SHARED"
+
+    def _argv(self, host: str, wait_s: int) -> list[str]:
+        chosen = self.run.hosts[host].vars.get(LOCK_DIR_VAR)
+        return [
+            "sh",
+            "-c",
+            _SCRIPT,
+            "sh",
+            str(chosen or LOCK_DIR),
+            holder_record(self.command, self.token),
+            self.token,
+            str(wait_s),
+            str(min(_STEP_S, max(1, wait_s))),
+            "" if chosen else "default",
+        ]
+
     async def acquire(self, hosts: list[str]) -> None:
         order = self._order(hosts)
         # Connect in parallel (the run reuses these connections); lock one by one, in order.
@@ -146,22 +195,8 @@ class RunLock:
             await self._lock_one(host, conn, max(1, int(left)) if self.wait else 0)
 
     async def _lock_one(self, host: str, conn, wait_s: int) -> None:
-        me = holder_record(self.command, self.token)
-        chosen = self.run.hosts[host].vars.get(LOCK_DIR_VAR)
-        argv = [
-            "sh",
-            "-c",
-            _SCRIPT,
-            "sh",
-            str(chosen or LOCK_DIR),
-            me,
-            self.token,
-            str(wait_s),
-            str(min(_STEP_S, max(1, wait_s))),
-            "" if chosen else "default",
-        ]
         try:
-            proc = await conn.spawn(argv)
+            proc = await conn.spawn(self._argv(host, wait_s))
         except HostUnreachable:
             return
         last_said, last_holder = 0.0, None

@@ -9,6 +9,7 @@ does not call it removed. A flag the build lacks is refused before any unit is w
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -36,9 +37,13 @@ class ServerHelp:
 
     build: str = "unknown build"  # shown in errors: e.g. "0.5.0-dev (build 0, commit 8c22f3ff0)"
     options: list[HelpOption] = field(default_factory=list)
+    # Every spelling's option, built on first use and again when options were added since.
+    _index: tuple[int, dict[str, HelpOption]] = field(default=(-1, {}), init=False, repr=False, compare=False)
 
     def _by_name(self) -> dict[str, HelpOption]:
-        return {n: o for o in self.options for n in o.names}
+        if self._index[0] != len(self.options):
+            self._index = (len(self.options), {n: o for o in self.options for n in o.names})
+        return self._index[1]
 
     def option(self, name: str) -> HelpOption | None:
         opt = self._by_name().get(name)
@@ -94,13 +99,20 @@ def _is_number(arg: str) -> bool:
 
 
 def parse_help(text: str, build: str = "unknown build") -> ServerHelp:
-    help_ = ServerHelp(build=build)
+    # A run reads the same build's help several times (the recorded settings, the command line):
+    # parsed once per text, each caller given its own list.
+    return ServerHelp(build=build, options=list(_parse_options(text)))
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_options(text: str) -> tuple[HelpOption, ...]:
+    options: list[HelpOption] = []
     current: dict | None = None
 
     def flush():
         if current is not None:
             desc = " ".join(current["help"]).strip()
-            help_.options.append(HelpOption(tuple(current["names"]), current["hint"], desc, _REMOVED in desc))
+            options.append(HelpOption(tuple(current["names"]), current["hint"], desc, _REMOVED in desc))
 
     for line in text.splitlines():
         if line.startswith("-") and not line.startswith("---"):
@@ -115,7 +127,7 @@ def parse_help(text: str, build: str = "unknown build") -> ServerHelp:
             current["help"].append(line.strip())
         # Whitespace-only lines occur inside descriptions (before "(env: …)"): not a boundary.
     flush()
-    return help_
+    return tuple(options)
 
 
 def _split_columns(line: str) -> tuple[str, str]:
