@@ -29,10 +29,14 @@ def reads_spy(monkeypatch):
     yield from reads_task.reads_spy(monkeypatch)
 
 
-def _inventory(tmp_path: Path) -> Path:
+def _inventory(tmp_path: Path, one_lock: bool = False) -> Path:
+    """Hosts a and b, each its own lock directory; or one for both (two names for one machine)."""
     inv = tmp_path / "inv.ini"
     inv.write_text(
-        "".join(f"{h} ansible_connection=local tunnelspec_lock_dir={tmp_path / ('lock-' + h)}\n" for h in "ab")
+        "".join(
+            f"{h} ansible_connection=local tunnelspec_lock_dir={tmp_path / ('lock' if one_lock else 'lock-' + h)}\n"
+            for h in "ab"
+        )
     )
     return inv
 
@@ -95,12 +99,15 @@ def test_a_run_that_waited_for_the_lock_reads_again_what_it_read_before(tmp_path
     assert late == {"a": "read after", "b": "read after"}, late
 
 
-def test_free_locks_are_taken_before_the_first_read_and_one_batch_still_reads_every_play(tmp_path, reads_spy):
+@pytest.mark.parametrize("one_lock", [False, True], ids=["own locks", "one lock for both names"])
+def test_free_locks_are_taken_before_the_first_read_and_one_batch_still_reads_every_play(
+    tmp_path, reads_spy, one_lock
+):
     (tmp_path / "other").write_text("x\n")
     shared = tmp_path / "shared"
     shared.write_text("v\n")
     events: list[dict] = []
-    asyncio.run(_run(_inventory(tmp_path), _plays(tmp_path, shared), events))
+    asyncio.run(_run(_inventory(tmp_path, one_lock), _plays(tmp_path, shared), events))
     assert not any(e["event"] == "run_lock" for e in events)  # nothing waited for
     for host in "ab":
         cmds = [" ".join(c) for c in reads_spy[host]]

@@ -149,22 +149,29 @@ class RunLock:
         if any(isinstance(c, BaseException) for c in conns):
             return False
         got = await asyncio.gather(*(self._try_one(c) for c in conns), return_exceptions=True)
-        if all(g is True for g in got):
+        # Two names for one machine share its lock: the second's try, beside the first's, may find it
+        # taken before the first wrote this run's token. Asked again now, that is SHARED.
+        again = [c for c, g in zip(conns, got, strict=True) if g == "BUSY"]
+        if again:
+            got = [g for g in got if g != "BUSY"]
+            for c in again:
+                got.append(await self._try_one(c))
+        if all(g in ("LOCKED", "SHARED") for g in got):
             return True
         await self.release()
         return False
 
-    async def _try_one(self, conn) -> bool:
+    async def _try_one(self, conn) -> str:
         try:
             proc = await conn.spawn(self._argv(conn.name, 0))
         except HostUnreachable:
-            return False
+            return "UNREACHABLE"
         word = (await proc.readline()).partition(" ")[0]
         if word == "LOCKED":
             self._held.append(proc)
-            return True
+            return word
         await proc.close()
-        return word == "SHARED"
+        return word
 
     def _argv(self, host: str, wait_s: int) -> list[str]:
         chosen = self.run.hosts[host].vars.get(LOCK_DIR_VAR)
