@@ -1,5 +1,5 @@
-"""The real `tunnelspec deploy`, converged (no-op), on the lab, against the raw asyncssh floor for the
-same number of remote commands per host.
+"""The real `tunnelspec deploy`, converged (no-op), on the lab, against raw floors: trivial commands
+(as many per host as the deploy opened, or one), and the deploy's own reads with nothing around them.
 
     python benchmarks/deploy_noop.py [--lab lab] [--runs 5] [--json]
 
@@ -15,6 +15,14 @@ same number of remote commands per host.
    - floor-1: the same with one command per host (the least a no-op can cost).
    - floor-held (--held main=65,rpc-a=19,rpc-b=19): the same with counts held fixed, so that folding
              commands into fewer batches does not also shrink what the deploy is measured against.
+   - floor-reads: one connection per host (asyncssh, raw_floor.py --lean's settings) running the
+             deploy's own reads as the counted run sent them: every part of every batch, a batch's
+             parts side by side, then each TCP channel's request (verify's HTTP requests, the
+             isolation's port probes), each answer read to its end. Nothing else.
+   - floor-reads-mux: the same reads through OpenSSH masters kept open (no key exchange): one `ssh`
+             per part, `ssh -W` per channel. The lesser of the two is the reads' true floor: the
+             least a no-op that checks what this deploy checks can cost; the deploy's ratio to it is
+             what tunnelspec adds.
 The lab's hosts and the controller share the machine's 2 cores: only the ratio means much.
 """
 
