@@ -94,6 +94,7 @@ class Run(Prefetch, TaskExecution):
         self._selected: dict[int, frozenset[str]] = {}  # engine/prefetch.py: each play's hosts
         self._recall: dict[str, dict] = {}  # engine/prefetch.py: each host's facts of its last run
         self._remote: dict = {}  # engine/prefetch.py: what a task reads on other hosts
+        self._first_lock: asyncio.Future | None = None  # the run lock's first try (run_playbook)
         for name in inventory.hosts:
             hv = dict(inventory.host_vars(name))
             self.hosts[name] = HostState(name, hv)
@@ -189,6 +190,12 @@ class Run(Prefetch, TaskExecution):
             return False
         return host in self.cluster.optional_hosts
 
+    async def _reads_may_start(self) -> None:
+        """Before a host's first read: the run lock's first try is over (`run_playbook`), so what is
+        read is read under this run's lock when it got them all. Never raises: `run_playbook` does."""
+        if self._first_lock is not None and not self._first_lock.done():
+            await asyncio.wait([self._first_lock])
+
     # ---- plays ----------------------------------------------------------------------------
     def preconnect(self, playbook: Playbook) -> None:
         """TCP connects to the first play's first --forks hosts, before asyncssh is imported
@@ -217,19 +224,24 @@ class Run(Prefetch, TaskExecution):
         self.emit(events.run_start(playbook.path, self.options.check))
         self.preconnect(playbook)
         self._plays = playbook.plays
-        lock, held = None, False
+        lock = None
         try:
             if self.options.lock and not self.options.check:
                 # Every host's lock before anything is read, if all are free now (never waited for
-                # here): then nothing this run reads can be another run's half-done work.
+                # here): then nothing this run reads can be another run's half-done work. The first
+                # play names its reads meanwhile; a host's first read waits for this try
+                # (`_reads_may_start`).
                 lock = RunLock(self, self.options.lock, self.options.lock_timeout, self.options.lock_wait)
-                held = await lock.try_now([h for play in playbook.plays for h in self.select(play.hosts)])
+                self._first_lock = asyncio.ensure_future(
+                    lock.try_now([h for play in playbook.plays for h in self.select(play.hosts)])
+                )
             # Read-only preflight plays (facts, refusals) run before any wait for the lock: a host
             # tunnelspec cannot serve is refused in the run's first seconds.
             preflight = [p for p in playbook.plays if p.preflight]
             for play in preflight:
                 await self.run_play(play)
-            if lock is not None and not held:
+            if self._first_lock is not None and not await self._first_lock:
+                assert lock is not None
                 hosts = [
                     h
                     for play in playbook.plays
@@ -246,6 +258,9 @@ class Run(Prefetch, TaskExecution):
                 await self.run_play(play)
             self.remember_facts(self.secrets)
         finally:
+            if self._first_lock is not None and not self._first_lock.done():
+                self._first_lock.cancel()  # a preflight play raised: the try's locks go below
+                await asyncio.wait([self._first_lock])
             if lock is not None:
                 await lock.release()
             await self.close()
@@ -333,6 +348,7 @@ class Run(Prefetch, TaskExecution):
             return
         # The play's read-only checks in one round trip (with the pending handlers' record, read next).
         named = await self._prefetch(play, host, conn, [pending.load_argv(st.vars, play.name)] if play.handlers else [])
+        await self._reads_may_start()  # (`_prefetch` waited before its batch; it may have sent none)
         try:
             # Handlers a killed run of this play notified and never ran (engine/pending.py).
             notified: list[str] = await pending.load(conn, st.vars, play.name) if play.handlers else []

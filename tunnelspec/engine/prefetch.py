@@ -22,7 +22,7 @@ from tunnelspec.engine.playbook import Play
 from tunnelspec.modules import TASKS, Task
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from tunnelspec.cluster.model import Cluster
     from tunnelspec.engine.context import RunOptions
@@ -40,6 +40,7 @@ class Prefetch:
     template_vars: Callable[..., dict]
     select: Callable[[str], list[str]]
     _tag_selected: Callable[[TaskSpec], bool]
+    _reads_may_start: Callable[[], Awaitable[None]]  # before a host's first read (the run lock)
     # The run's plays in order (set by run_playbook; empty: no look-ahead), and per host the count of
     # commands that may change a host, anywhere in the run, when its look-ahead batch ran.
     _plays: Sequence[Play] = ()
@@ -263,6 +264,7 @@ class Prefetch:
         # later play's reads would mostly be read again anyway.
         later = self._later_probes(play, host) if now == 0 and self._plays else []
         if len(argvs) + len(later) > 1:
+            await self._reads_may_start()
             try:
                 # Still valid read-ahead results stay; only what they lack is read.
                 if await conn.prefetch([*argvs, *later], more=mark is not None) and later:
