@@ -1,5 +1,6 @@
 """`tunnelspec check`: every mistake of a broken inventory in one run, each with its `file:line`,
-exit 2, in seconds and with no connection; the shipped inventories pass and show their plan.
+exit 2, with no connection; the shipped inventories pass and show their plan. (How fast it answers is
+measured by benchmarks/check_latency.py, not here: a run's time only bounds a hang, 5 s.)
 
 The corpus (corpus/*.ini, *.yml) holds one mistake per file, a few files several. Each file ends
 with `# expect: LINE TEXT` lines: some line of the output must name `FILE:LINE:` and hold TEXT, and
@@ -80,15 +81,6 @@ def test_corpus_is_big_and_varied():
     assert len(several) >= 10, "at least ten files hold several mistakes"
     assert any("header" in c.name for c in several), "a broken header among the files with several mistakes"
     assert all(expectations(c) for c in CASES), [c.name for c in CASES if not expectations(c)]
-
-
-def test_check_answers_in_under_a_second(guard):
-    """The corpus's slowest kinds (several mistakes, a broken header, YAML): the median of their
-    runs, interpreter start included, is under a second (a single run may meet a busy machine)."""
-    env, _ = guard
-    cases = [c for c in CASES if len(expectations(c)) >= 3][:9]
-    took = sorted(run(env, "check", c.name)[1] for c in cases)
-    assert took[len(took) // 2] < 1.0, took
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
