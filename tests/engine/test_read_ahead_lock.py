@@ -29,8 +29,13 @@ def reads_spy(monkeypatch):
     yield from reads_task.reads_spy(monkeypatch)
 
 
-def _inventory(tmp_path: Path, one_lock: bool = False) -> Path:
-    """Hosts a and b, each its own lock directory; or one for both (two names for one machine)."""
+def _inventory(tmp_path: Path, one_lock: bool = False, fresh: bool = False) -> Path:
+    """Hosts a and b, each its own lock directory; or one for both (two names for one machine).
+    The lock files are there, as an earlier run leaves them, unless `fresh`."""
+    if not fresh:
+        for d in ("lock",) if one_lock else ("lock-a", "lock-b"):
+            (tmp_path / d).mkdir(exist_ok=True)
+            (tmp_path / d / "run.lock").touch()
     inv = tmp_path / "inv.ini"
     inv.write_text(
         "".join(
@@ -117,3 +122,33 @@ def test_free_locks_are_taken_before_the_first_read_and_one_batch_still_reads_ev
         assert len(batches) == 1, cmds  # the preflight's batch read the later play's probe too
     late = {e["host"]: e["msg"] for e in events if e["event"] == "task_result" and e["task"] == "late"}
     assert late == {"a": "read v", "b": "read v"}
+
+
+def test_a_first_run_creates_nothing_before_its_preflight_and_locks_after_it(tmp_path, reads_spy):
+    """No lock file yet (a host's first run, or after a reboot): the first try creates nothing (a host
+    the preflight then refuses is left as it was); the run locks after its preflight, then reads again."""
+    (tmp_path / "other").write_text("x\n")
+    shared = tmp_path / "shared"
+    shared.write_text("v\n")
+    events: list[dict] = []
+    inv, pb = _inventory(tmp_path, fresh=True), _plays(tmp_path, shared)
+    asyncio.run(_run(inv, pb, events))
+    for host in "ab":
+        cmds = [" ".join(c) for c in reads_spy[host]]
+        locks = [i for i, c in enumerate(cmds) if "run.lock" in c]
+        reads = [i for i, c in enumerate(cmds) if str(shared) in c]
+        assert len(locks) == 2 and len(reads) == 2, cmds  # the try (NEW), the lock; read ahead, again
+        assert reads[0] < locks[1] < reads[1], cmds
+        assert (tmp_path / f"lock-{host}" / "run.lock").exists()
+    late = {e["host"]: e["msg"] for e in events if e["event"] == "task_result" and e["task"] == "late"}
+    assert late == {"a": "read v", "b": "read v"}
+
+
+def test_the_first_try_leaves_a_host_without_a_lock_directory_as_it_was(tmp_path):
+    """The try alone, on a host the preflight may still refuse: NEW, and no directory made."""
+    lock_dir = tmp_path / "lock"
+    out = subprocess.run(
+        ["sh", "-c", _SCRIPT, "sh", str(lock_dir), holder_record("deploy", "1" * 16), "1" * 16, "0", "1", "", "try"],
+        capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+    assert out.stdout.strip() == "NEW" and not lock_dir.exists(), out

@@ -48,6 +48,9 @@ _EXIT_BUSY = 75  # EX_TEMPFAIL: locked and not waiting, or waited out
 # own runtime dir: it can only change what it owns, and a run of tunnelspec must not fail for it).
 # Prints BUSY <holder> while waiting, then LOCKED (or SHARED: this run holds it already), then holds
 # the lock until its stdin ends. The holder file goes before the lock does (fd 9 is still open).
+# $7 "try": the run's first try, before it has read anything and before its preflight may refuse the
+# host: it creates nothing. Where the lock file is not there yet, or where the directory the wait
+# would use cannot be told without creating one, it prints NEW and the run locks after its preflight.
 # It never spins: no flock(1) is NOFLOCK at once (a missing command would otherwise read as "busy"),
 # a flock failure other than "held by another" (rc 1) is FLOCKERR, and a wait that returned sooner
 # than its -w step is paced by a sleep.
@@ -56,11 +59,19 @@ set -u
 dir=$1 me=$2 token=$3 wait=$4 step=$5
 command -v flock >/dev/null 2>&1 || { echo "NOFLOCK $(uname -s 2>/dev/null) PATH=$PATH"; exit 69; }
 umask 022
-if [ "$6" = default ] && ! { mkdir -p -m 0755 -- "$dir" 2>/dev/null && [ -w "$dir" ]; }; then
-  dir=${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/tunnelspec
-  mkdir -p -m 0700 -- "$dir" 2>/dev/null || dir=/tmp/tunnelspec-lock-$(id -u)
+if [ "${7:-}" = try ]; then
+  if [ "$6" = default ] && ! { [ -d "$dir" ] && [ -w "$dir" ]; }; then
+    [ -d "$dir" ] || { echo NEW; exit 0; }
+    dir=${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/tunnelspec
+  fi
+  [ -d "$dir" ] && [ -f "$dir/run.lock" ] || { echo NEW; exit 0; }
+else
+  if [ "$6" = default ] && ! { mkdir -p -m 0755 -- "$dir" 2>/dev/null && [ -w "$dir" ]; }; then
+    dir=${XDG_RUNTIME_DIR:-${HOME:-/nonexistent}/.cache}/tunnelspec
+    mkdir -p -m 0700 -- "$dir" 2>/dev/null || dir=/tmp/tunnelspec-lock-$(id -u)
+  fi
+  mkdir -p -m 0755 -- "$dir" || exit 70
 fi
-mkdir -p -m 0755 -- "$dir" || exit 70
 info="$dir/run.holder"
 exec 9>>"$dir/run.lock" || exit 70
 holder() { head -c 2000 -- "$info" 2>/dev/null | tr -d '\n'; }
@@ -139,9 +150,10 @@ class RunLock:
         return sorted(set(hosts), key=key)
 
     async def try_now(self, hosts: list[str]) -> bool:
-        """Every host's lock at once, none waited for; True when this run holds them all (and keeps
-        them). False when a host is held by another run, cannot be reached now or cannot be locked
-        (no flock, ...): then none is kept, and `acquire` waits for them and says why, as before."""
+        """Every host's lock at once, none waited for and nothing created; True when this run holds
+        them all (and keeps them). False when a host is held by another run, cannot be reached now,
+        has no lock file yet (its first run, or after a reboot) or cannot be locked (no flock, ...):
+        then none is kept, and `acquire` waits for them and says why, as before."""
         order = self._order(hosts)
         conns = await asyncio.gather(*(self.run.connection(h) for h in order), return_exceptions=True)
         if any(isinstance(c, BaseException) and not isinstance(c, TunnelspecError) for c in conns):
@@ -163,7 +175,7 @@ class RunLock:
 
     async def _try_one(self, conn) -> str:
         try:
-            proc = await conn.spawn(self._argv(conn.name, 0))
+            proc = await conn.spawn(self._argv(conn.name, 0, first=True))
         except HostUnreachable:
             return "UNREACHABLE"
         word = (await proc.readline()).partition(" ")[0]
@@ -173,7 +185,7 @@ class RunLock:
         await proc.close()
         return word
 
-    def _argv(self, host: str, wait_s: int) -> list[str]:
+    def _argv(self, host: str, wait_s: int, first: bool = False) -> list[str]:
         chosen = self.run.hosts[host].vars.get(LOCK_DIR_VAR)
         return [
             "sh",
@@ -186,6 +198,7 @@ class RunLock:
             str(wait_s),
             str(min(_STEP_S, max(1, wait_s))),
             "" if chosen else "default",
+            "try" if first else "",
         ]
 
     async def acquire(self, hosts: list[str]) -> None:
