@@ -153,15 +153,13 @@ def floor_child(spec_path: str, lean: bool = False) -> None:
     import asyncssh
 
     spec = json.loads(Path(spec_path).read_text())
-    # --lean: the cheapest asyncssh settings (as raw_floor.py --lean): the key read once, no agent,
-    # no ssh config, AES-GCM, no compression.
-    key = asyncssh.read_private_key(spec["key"]) if lean else spec["key"]
-    known = asyncssh.read_known_hosts(spec["known_hosts"]) if lean else spec["known_hosts"]
-    extra = {"agent_path": None, "encryption_algs": ["aes128-gcm@openssh.com"], "compression_algs": None} if lean else {}
+    sys.path.insert(0, str(HERE))
+    from raw_floor import asyncssh_options
+
+    options = asyncssh_options(spec, lean)   # --lean: raw_floor.py --lean's settings
 
     async def one(h):
-        async with asyncssh.connect(h["address"], port=22, username="root", client_keys=[key],
-                                    known_hosts=known, config=None, **extra) as conn:
+        async with asyncssh.connect(h["address"], port=22, username="root", **options) as conn:
             for _ in range(h.get("commands", 0)):
                 res = await conn.run("true", check=True)
                 assert res.exit_status == 0

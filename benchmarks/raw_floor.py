@@ -25,16 +25,25 @@ import sys
 COMMANDS_PER_HOST = 8
 
 
-async def with_asyncssh(spec: dict, commands: int, lean: bool) -> None:
+def asyncssh_options(spec: dict, lean: bool) -> dict:
+    """asyncssh.connect's key, known hosts and settings for a floor; `lean`: the cheapest ones (the key
+    read once, no agent, no ssh config, AES-GCM, no compression)."""
     import asyncssh  # imported here so that the OpenSSH floor does not pay for it
 
-    key = asyncssh.read_private_key(spec["key"]) if lean else spec["key"]
-    known = asyncssh.read_known_hosts(spec["known_hosts"]) if lean else spec["known_hosts"]
-    extra = {"agent_path": None, "encryption_algs": ["aes128-gcm@openssh.com"], "compression_algs": None} if lean else {}
+    if not lean:
+        return {"client_keys": [spec["key"]], "known_hosts": spec["known_hosts"], "config": None}
+    return {"client_keys": [asyncssh.read_private_key(spec["key"])],
+            "known_hosts": asyncssh.read_known_hosts(spec["known_hosts"]), "config": None,
+            "agent_path": None, "encryption_algs": ["aes128-gcm@openssh.com"], "compression_algs": None}
+
+
+async def with_asyncssh(spec: dict, commands: int, lean: bool) -> None:
+    import asyncssh
+
+    options = asyncssh_options(spec, lean)
 
     async def one(h: dict) -> None:
-        async with asyncssh.connect(h["address"], port=h["port"], username=h["user"], client_keys=[key],
-                                    known_hosts=known, config=None, **extra) as conn:
+        async with asyncssh.connect(h["address"], port=h["port"], username=h["user"], **options) as conn:
             for _ in range(commands):
                 res = await conn.run("true", check=True)
                 assert res.exit_status == 0

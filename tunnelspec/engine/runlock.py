@@ -156,18 +156,16 @@ class RunLock:
         then none is kept, and `acquire` waits for them and says why, as before."""
         order = self._order(hosts)
         conns = await asyncio.gather(*(self.run.connection(h) for h in order), return_exceptions=True)
-        if any(isinstance(c, BaseException) and not isinstance(c, TunnelspecError) for c in conns):
-            raise next(c for c in conns if isinstance(c, BaseException) and not isinstance(c, TunnelspecError))
-        if any(isinstance(c, BaseException) for c in conns):
+        failed = [c for c in conns if isinstance(c, BaseException)]
+        for c in failed:
+            if not isinstance(c, TunnelspecError):
+                raise c
+        if failed:
             return False
         got = await asyncio.gather(*(self._try_one(c) for c in conns), return_exceptions=True)
         # Two names for one machine share its lock: the second's try, beside the first's, may find it
         # taken before the first wrote this run's token. Asked again now, that is SHARED.
-        again = [c for c, g in zip(conns, got, strict=True) if g == "BUSY"]
-        if again:
-            got = [g for g in got if g != "BUSY"]
-            for c in again:
-                got.append(await self._try_one(c))
+        got = [await self._try_one(c) if g == "BUSY" else g for c, g in zip(conns, got, strict=True)]
         if all(g in ("LOCKED", "SHARED") for g in got):
             return True
         await self.release()
